@@ -1,0 +1,50 @@
+// Datasets: a sample is a row of inputs and either a row of float targets (regression) or an
+// integer label (classification), addressed by its index in the train or the test split.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+
+namespace mlptrain {
+
+enum class TargetKind { regression, classification };
+enum class Split { train, test };
+
+struct DatasetInfo {
+  std::string name;
+  std::int64_t train_size = 0;
+  std::int64_t test_size = 0;  // 0: no held-out split
+  std::int64_t input_dim = 0;
+  std::int64_t output_dim = 0;  // target columns, or classes
+  TargetKind kind = TargetKind::regression;
+};
+
+class Dataset {
+ public:
+  virtual ~Dataset() = default;
+  virtual const DatasetInfo& info() const = 0;
+  // Rows of the given samples, in the given order. Any output pointer may be null (not wanted).
+  virtual void read(Split split, std::span<const std::int64_t> indices, float* inputs,
+                    float* targets, std::int32_t* labels) = 0;
+};
+
+struct DataOptions {
+  std::string name;  // teacher | mixture | hdf5
+  std::string path;  // hdf5 only
+  std::int64_t input_dim = 0;   // 0: the dataset's default
+  std::int64_t output_dim = 0;  // 0: the dataset's default
+};
+
+// Throws UsageError for an unknown dataset, a missing or malformed file, or dimensions that
+// contradict the file.
+std::unique_ptr<Dataset> open_dataset(const DataOptions& options);
+
+// The built-in generators (synthetic.cpp) and the file reader (hdf5_dataset.cpp).
+std::unique_ptr<Dataset> make_teacher_dataset(std::int64_t input_dim, std::int64_t output_dim);
+std::unique_ptr<Dataset> make_mixture_dataset(std::int64_t input_dim, std::int64_t classes);
+std::unique_ptr<Dataset> open_hdf5_dataset(const std::string& path, std::int64_t input_dim,
+                                           std::int64_t output_dim);
+
+}  // namespace mlptrain

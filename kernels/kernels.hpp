@@ -1,0 +1,75 @@
+// The compute ops of training behind one interface, so a backend for another device sits beside
+// the CPU one and the model code never knows which it runs on. Matrices are row-major; pointers
+// are device pointers of the backend's device.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "core/buffer.hpp"
+
+namespace mlptrain {
+
+enum class Transpose { no, yes };
+
+// One AdamW update, as torch.optim.AdamW computes it; `step` counts from 1.
+struct AdamWStep {
+  float learning_rate = 1e-3f;
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float eps = 1e-8f;
+  float weight_decay = 0.01f;
+  std::int64_t step = 1;
+};
+
+struct CrossEntropyResult {
+  double loss_sum = 0;       // sum over rows of -log softmax(logits)[label]
+  std::int64_t correct = 0;  // rows whose arg-max (ties to the lower index) is the label
+};
+
+class Kernels {
+ public:
+  virtual ~Kernels() = default;
+  virtual Device device() const = 0;
+
+  // c = alpha * op(a) * op(b) + beta * c with op(a) [m, k], op(b) [k, n], c [m, n].
+  virtual void gemm(Transpose transpose_a, Transpose transpose_b, std::int64_t m, std::int64_t n,
+                    std::int64_t k, float alpha, const float* a, std::int64_t lda, const float* b,
+                    std::int64_t ldb, float beta, float* c, std::int64_t ldc) = 0;
+
+  // pre[r, :] += bias; activated = GELU(pre) (exact, erf form).
+  virtual void bias_gelu_forward(float* pre, const float* bias, float* activated,
+                                 std::int64_t rows, std::int64_t cols) = 0;
+  // data[r, :] += bias.
+  virtual void bias_add(float* data, const float* bias, std::int64_t rows, std::int64_t cols) = 0;
+  // grad_pre = grad_activated * GELU'(pre); bias_grad = (or +=) the column sums of grad_pre.
+  virtual void gelu_backward(const float* grad_activated, const float* pre, float* grad_pre,
+                             float* bias_grad, bool accumulate, std::int64_t rows,
+                             std::int64_t cols) = 0;
+  // sums = (or +=) the column sums of data.
+  virtual void column_sums(const float* data, float* sums, bool accumulate, std::int64_t rows,
+                           std::int64_t cols) = 0;
+
+  // Returns the sum of squared errors; grad (if not null) = grad_scale * 2 (prediction - target).
+  virtual double mse(const float* prediction, const float* target, float* grad, std::int64_t rows,
+                     std::int64_t cols, float grad_scale) = 0;
+  // Softmax cross-entropy over rows; grad (if not null) = grad_scale * (softmax - one_hot).
+  virtual CrossEntropyResult cross_entropy(const float* logits, const std::int32_t* labels,
+                                           float* grad, std::int64_t rows, std::int64_t cols,
+                                           float grad_scale) = 0;
+
+  // AdamW over one flat range; returns the sum of squares of grads (the step's norm comes free).
+  virtual double adamw(float* params, const float* grads, float* exp_avg, float* exp_avg_sq,
+                       std::size_t count, const AdamWStep& step) = 0;
+
+  virtual double sum_of_squares(const float* data, std::size_t count) = 0;
+  virtual void scale(float* data, std::size_t count, float factor) = 0;
+  virtual void fill(float* data, std::size_t count, float value) = 0;
+  virtual void copy(float* destination, const float* source, std::size_t count) = 0;
+  virtual void add(float* destination, const float* source, std::size_t count) = 0;
+};
+
+std::unique_ptr<Kernels> make_cpu_kernels();
+
+}  // namespace mlptrain

@@ -1,0 +1,50 @@
+// The communication ledger: every collective and point-to-point transfer records its operation,
+// group, size and time here. Sizes follow nccl-tests' size column (see DESIGN.md §2.4), so a
+// ledger figure can be set beside a commbench or nccl-tests figure directly.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <string_view>
+
+namespace mlptrain {
+
+enum class CommOp : int { all_reduce, reduce_scatter, all_gather, all_to_all, broadcast, send, recv };
+inline constexpr int comm_op_count = 7;
+inline constexpr std::array<CommOp, comm_op_count> all_comm_ops = {
+    CommOp::all_reduce, CommOp::reduce_scatter, CommOp::all_gather, CommOp::all_to_all,
+    CommOp::broadcast,  CommOp::send,           CommOp::recv};
+
+std::string_view comm_op_name(CommOp op);
+
+struct CommTotals {
+  std::array<std::int64_t, comm_op_count> bytes{};
+  std::array<double, comm_op_count> milliseconds{};
+  std::array<std::int64_t, comm_op_count> calls{};
+
+  void add(CommOp op, std::int64_t byte_count, double ms);
+  std::int64_t bytes_of(CommOp op) const { return bytes[static_cast<int>(op)]; }
+  double milliseconds_of(CommOp op) const { return milliseconds[static_cast<int>(op)]; }
+};
+
+class CommLedger {
+ public:
+  // Called for every completed operation; `ms` runs from posting to completion.
+  void record(CommOp op, std::string_view group, std::int64_t bytes, double ms);
+
+  // The step window: totals since the last begin_step().
+  void begin_step() { step_ = {}; }
+  const CommTotals& step() const { return step_; }
+  const CommTotals& run() const { return run_; }
+  // Totals by group name over the whole run.
+  const std::map<std::string, CommTotals, std::less<>>& by_group() const { return by_group_; }
+
+ private:
+  CommTotals step_;
+  CommTotals run_;
+  std::map<std::string, CommTotals, std::less<>> by_group_;
+};
+
+}  // namespace mlptrain

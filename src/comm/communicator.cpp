@@ -1,0 +1,94 @@
+// Ledger accounting shared by every communicator backend (see communicator.hpp).
+#include "comm/communicator.hpp"
+
+#include <numeric>
+
+#include "core/timer.hpp"
+
+namespace mlptrain {
+
+std::size_t size_of(DataType type) {
+  switch (type) {
+    case DataType::float32: return 4;
+    case DataType::float64: return 8;
+    case DataType::int32: return 4;
+    case DataType::int64: return 8;
+    case DataType::uint8: return 1;
+  }
+  return 0;
+}
+
+std::int64_t Operation::ledger_bytes(int group_size) const {
+  const auto element_bytes = static_cast<std::int64_t>(size_of(type));
+  const auto elements = static_cast<std::int64_t>(count);
+  switch (op) {
+    case CommOp::all_reduce:
+    case CommOp::broadcast:
+    case CommOp::send:
+    case CommOp::recv: return elements * element_bytes;
+    case CommOp::reduce_scatter:
+    case CommOp::all_gather: return elements * group_size * element_bytes;
+    case CommOp::all_to_all:
+      if (!send_counts.empty()) {
+        const auto sent = std::accumulate(send_counts.begin(), send_counts.end(), std::size_t{0});
+        return static_cast<std::int64_t>(sent) * element_bytes;
+      }
+      return elements * group_size * element_bytes;
+  }
+  return 0;
+}
+
+Request::Request(std::unique_ptr<PendingOperation> pending, CommLedger* ledger, std::string group,
+                 CommOp op, std::int64_t bytes, double start_ms)
+    : pending_(std::move(pending)), ledger_(ledger), group_(std::move(group)), op_(op),
+      bytes_(bytes), start_ms_(start_ms) {}
+
+Request& Request::operator=(Request&& other) noexcept {
+  if (this != &other) {
+    if (pending_) wait();
+    pending_ = std::move(other.pending_);
+    ledger_ = other.ledger_;
+    group_ = std::move(other.group_);
+    op_ = other.op_;
+    bytes_ = other.bytes_;
+    start_ms_ = other.start_ms_;
+  }
+  return *this;
+}
+
+Request::~Request() {
+  if (pending_) wait();
+}
+
+bool Request::test() {
+  if (!pending_) return true;
+  if (!pending_->test()) return false;
+  finish();
+  return true;
+}
+
+void Request::wait() {
+  if (!pending_) return;
+  pending_->wait();
+  finish();
+}
+
+void Request::finish() {
+  pending_.reset();
+  if (ledger_ != nullptr) ledger_->record(op_, group_, bytes_, now_ms() - start_ms_);
+}
+
+void Communicator::run(const Operation& operation) {
+  const double start_ms = now_ms();
+  run_backend(operation);
+  ledger_.record(operation.op, group_, operation.ledger_bytes(size()), now_ms() - start_ms);
+}
+
+Request Communicator::start(const Operation& operation) {
+  const double start_ms = now_ms();
+  auto pending = start_backend(operation);
+  return Request(std::move(pending), &ledger_, group_, operation.op, operation.ledger_bytes(size()),
+                 start_ms);
+}
+
+}  // namespace mlptrain

@@ -1,0 +1,160 @@
+// One process group's communication. Every operation is described by an Operation value and
+// handed to the backend (MPI now, NCCL later) through two entry points, blocking and non-blocking;
+// this base class records each completed operation in the comm ledger under the group's name, so
+// no backend and no caller can forget to.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "comm/comm_ledger.hpp"
+
+namespace mlptrain {
+
+enum class DataType { float32, float64, int32, int64, uint8 };
+enum class ReduceOp { sum, max, min };
+
+std::size_t size_of(DataType type);
+
+template <typename T>
+constexpr DataType data_type_of();
+template <> constexpr DataType data_type_of<float>() { return DataType::float32; }
+template <> constexpr DataType data_type_of<double>() { return DataType::float64; }
+template <> constexpr DataType data_type_of<std::int32_t>() { return DataType::int32; }
+template <> constexpr DataType data_type_of<std::int64_t>() { return DataType::int64; }
+template <> constexpr DataType data_type_of<std::uint64_t>() { return DataType::int64; }
+template <> constexpr DataType data_type_of<std::uint8_t>() { return DataType::uint8; }
+template <> constexpr DataType data_type_of<char>() { return DataType::uint8; }
+
+// What `count` means per op: all_reduce and broadcast, the buffer; reduce_scatter, the elements
+// each rank receives; all_gather, the elements each rank contributes; all_to_all, the elements
+// sent to each rank (or per-rank counts in send_counts/receive_counts when variable); send and
+// recv, the message. Variable all-to-all data is packed by destination rank, in rank order.
+struct Operation {
+  CommOp op = CommOp::all_reduce;
+  const void* send = nullptr;
+  void* receive = nullptr;
+  std::size_t count = 0;
+  std::vector<std::size_t> send_counts;
+  std::vector<std::size_t> receive_counts;
+  DataType type = DataType::float32;
+  ReduceOp reduce = ReduceOp::sum;
+  int peer = 0;  // broadcast root, or send/recv partner
+  int tag = 0;
+
+  // Bytes in nccl-tests' size convention, for a group of `group_size` ranks.
+  std::int64_t ledger_bytes(int group_size) const;
+};
+
+// A backend's in-flight operation.
+class PendingOperation {
+ public:
+  virtual ~PendingOperation() = default;
+  virtual bool test() = 0;  // true once complete
+  virtual void wait() = 0;
+};
+
+// Handle to a non-blocking operation; completing it (test() true, or wait()) records it in the
+// ledger. Dropping an incomplete request waits for it.
+class Request {
+ public:
+  Request() = default;
+  Request(std::unique_ptr<PendingOperation> pending, CommLedger* ledger, std::string group,
+          CommOp op, std::int64_t bytes, double start_ms);
+  Request(Request&&) noexcept = default;
+  Request& operator=(Request&& other) noexcept;
+  ~Request();
+
+  bool test();
+  void wait();
+  bool done() const { return pending_ == nullptr; }
+
+ private:
+  void finish();
+  std::unique_ptr<PendingOperation> pending_;
+  CommLedger* ledger_ = nullptr;
+  std::string group_;
+  CommOp op_ = CommOp::all_reduce;
+  std::int64_t bytes_ = 0;
+  double start_ms_ = 0;
+};
+
+class Communicator {
+ public:
+  Communicator(std::string group, CommLedger& ledger) : group_(std::move(group)), ledger_(ledger) {}
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  const std::string& group() const { return group_; }
+  CommLedger& ledger() { return ledger_; }
+
+  void run(const Operation& operation);
+  Request start(const Operation& operation);
+  virtual void barrier() = 0;
+
+  // Typed conveniences for the common cases.
+  template <typename T>
+  void all_reduce(T* data, std::size_t count, ReduceOp reduce = ReduceOp::sum) {
+    run(all_reduce_operation(data, count, data_type_of<T>(), reduce));
+  }
+  template <typename T>
+  Request all_reduce_async(T* data, std::size_t count, ReduceOp reduce = ReduceOp::sum) {
+    return start(all_reduce_operation(data, count, data_type_of<T>(), reduce));
+  }
+  template <typename T>
+  void reduce_scatter(const T* send, T* receive, std::size_t receive_count) {
+    run({.op = CommOp::reduce_scatter, .send = send, .receive = receive, .count = receive_count,
+         .type = data_type_of<T>()});
+  }
+  template <typename T>
+  void all_gather(const T* send, T* receive, std::size_t send_count) {
+    run({.op = CommOp::all_gather, .send = send, .receive = receive, .count = send_count,
+         .type = data_type_of<T>()});
+  }
+  template <typename T>
+  void broadcast(T* data, std::size_t count, int root) {
+    run({.op = CommOp::broadcast, .receive = data, .count = count, .type = data_type_of<T>(),
+         .peer = root});
+  }
+  template <typename T>
+  void all_to_all(const T* send, T* receive, std::size_t count_per_rank) {
+    run({.op = CommOp::all_to_all, .send = send, .receive = receive, .count = count_per_rank,
+         .type = data_type_of<T>()});
+  }
+  template <typename T>
+  void all_to_all_variable(const T* send, std::vector<std::size_t> send_counts, T* receive,
+                           std::vector<std::size_t> receive_counts) {
+    run({.op = CommOp::all_to_all, .send = send, .receive = receive,
+         .send_counts = std::move(send_counts), .receive_counts = std::move(receive_counts),
+         .type = data_type_of<T>()});
+  }
+  template <typename T>
+  void send(const T* data, std::size_t count, int peer, int tag = 0) {
+    run({.op = CommOp::send, .send = data, .count = count, .type = data_type_of<T>(), .peer = peer,
+         .tag = tag});
+  }
+  template <typename T>
+  void recv(T* data, std::size_t count, int peer, int tag = 0) {
+    run({.op = CommOp::recv, .receive = data, .count = count, .type = data_type_of<T>(),
+         .peer = peer, .tag = tag});
+  }
+
+ protected:
+  virtual void run_backend(const Operation& operation) = 0;
+  virtual std::unique_ptr<PendingOperation> start_backend(const Operation& operation) = 0;
+
+ private:
+  static Operation all_reduce_operation(void* data, std::size_t count, DataType type,
+                                        ReduceOp reduce) {
+    return {.op = CommOp::all_reduce, .send = data, .receive = data, .count = count, .type = type,
+            .reduce = reduce};
+  }
+  std::string group_;
+  CommLedger& ledger_;
+};
+
+}  // namespace mlptrain

@@ -1,0 +1,23 @@
+// Splits the world communicator into the grid's groups (see process_groups.hpp).
+#include "comm/process_groups.hpp"
+
+#include "comm/mpi_communicator.hpp"
+
+namespace mlptrain {
+
+ProcessGroups::ProcessGroups(MPI_Comm world, const GridShape& shape, CommLedger& ledger)
+    : shape_(shape) {
+  MPI_Comm_rank(world, &world_rank_);
+  place_ = coordinates_of(shape_, world_rank_);
+  for (GroupKind kind : all_group_kinds) {
+    MPI_Comm comm = world;
+    if (kind != GroupKind::world) {
+      // Every rank takes part in every split, so the calls match across the world.
+      MPI_Comm_split(world, group_index_of(shape_, kind, world_rank_), world_rank_, &comm);
+    }
+    communicators_[static_cast<int>(kind)] =
+        std::make_unique<MpiCommunicator>(comm, std::string(group_name(kind)), ledger);
+  }
+}
+
+}  // namespace mlptrain

@@ -1,0 +1,32 @@
+// The process grid made real: one communicator per group kind that holds this rank, split from
+// the world communicator along the pure grid of process_grid.hpp.
+#pragma once
+
+#include <mpi.h>
+
+#include <array>
+#include <memory>
+
+#include "comm/communicator.hpp"
+#include "comm/process_grid.hpp"
+
+namespace mlptrain {
+
+class ProcessGroups {
+ public:
+  ProcessGroups(MPI_Comm world, const GridShape& shape, CommLedger& ledger);
+
+  const GridShape& shape() const { return shape_; }
+  const GridCoordinates& place() const { return place_; }
+  int world_rank() const { return world_rank_; }
+  Communicator& group(GroupKind kind) const { return *communicators_[static_cast<int>(kind)]; }
+  Communicator& world() const { return group(GroupKind::world); }
+
+ private:
+  GridShape shape_;
+  GridCoordinates place_;
+  int world_rank_ = 0;
+  std::array<std::unique_ptr<Communicator>, std::size(all_group_kinds)> communicators_;
+};
+
+}  // namespace mlptrain

@@ -1,0 +1,80 @@
+// Buffers and allocators (see buffer.hpp).
+#include "core/buffer.hpp"
+
+#include <cstdlib>
+#include <new>
+
+namespace mlptrain {
+
+namespace {
+constexpr std::size_t alignment_bytes = 64;
+// Blocks are cached by their rounded size, so near sizes share blocks.
+std::size_t rounded_size(std::size_t bytes) {
+  const std::size_t granule = bytes >= 65536 ? 4096 : alignment_bytes;
+  return (bytes + granule - 1) / granule * granule;
+}
+}  // namespace
+
+Buffer& Buffer::operator=(Buffer&& other) noexcept {
+  if (this != &other) {
+    reset();
+    allocator_ = other.allocator_;
+    data_ = other.data_;
+    bytes_ = other.bytes_;
+    state_ = other.state_;
+    other.allocator_ = nullptr;
+    other.data_ = nullptr;
+    other.bytes_ = 0;
+  }
+  return *this;
+}
+
+void Buffer::reset() {
+  if (allocator_ != nullptr && data_ != nullptr) allocator_->release(*this);
+  allocator_ = nullptr;
+  data_ = nullptr;
+  bytes_ = 0;
+}
+
+Buffer Allocator::allocate(MemoryState state, std::size_t bytes) {
+  Buffer buffer;
+  if (bytes == 0) return buffer;
+  buffer.data_ = obtain(bytes);
+  buffer.allocator_ = this;
+  buffer.bytes_ = bytes;
+  buffer.state_ = state;
+  ledger_.charge(state, bytes);
+  return buffer;
+}
+
+void Allocator::release(Buffer& buffer) {
+  ledger_.release(buffer.state_, buffer.bytes_);
+  give_back(buffer.data_, buffer.bytes_);
+}
+
+HostAllocator::~HostAllocator() {
+  for (auto& [size, blocks] : free_blocks_)
+    for (void* block : blocks) std::free(block);
+}
+
+void* HostAllocator::obtain(std::size_t bytes) {
+  const std::size_t size = rounded_size(bytes);
+  auto found = free_blocks_.find(size);
+  if (found != free_blocks_.end() && !found->second.empty()) {
+    void* block = found->second.back();
+    found->second.pop_back();
+    cached_bytes_ -= size;
+    return block;
+  }
+  void* block = std::aligned_alloc(alignment_bytes, size);
+  if (block == nullptr) throw std::bad_alloc();
+  return block;
+}
+
+void HostAllocator::give_back(void* data, std::size_t bytes) {
+  const std::size_t size = rounded_size(bytes);
+  free_blocks_[size].push_back(data);
+  cached_bytes_ += size;
+}
+
+}  // namespace mlptrain

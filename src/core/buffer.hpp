@@ -1,0 +1,84 @@
+// Memory that charges the ledger. An Allocator hands out Buffers, each charged to one memory state
+// for as long as it lives; the host allocator keeps freed blocks for reuse, so a training step
+// that allocates the same activations every step costs no page faults after the first.
+#pragma once
+
+#include <cstddef>
+#include <map>
+#include <vector>
+
+#include "core/memory_ledger.hpp"
+
+namespace mlptrain {
+
+enum class Device { cpu, cuda };
+
+class Allocator;
+
+// A block of memory owned by one holder and charged to one state. Move-only.
+class Buffer {
+ public:
+  Buffer() = default;
+  Buffer(Buffer&& other) noexcept { *this = std::move(other); }
+  Buffer& operator=(Buffer&& other) noexcept;
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  ~Buffer() { reset(); }
+
+  void reset();
+  bool empty() const { return data_ == nullptr; }
+  std::size_t bytes() const { return bytes_; }
+  MemoryState state() const { return state_; }
+  template <typename T>
+  T* as() const { return static_cast<T*>(data_); }
+  float* floats() const { return as<float>(); }
+
+ private:
+  friend class Allocator;
+  Allocator* allocator_ = nullptr;
+  void* data_ = nullptr;
+  std::size_t bytes_ = 0;
+  MemoryState state_ = MemoryState::workspace;
+};
+
+class Allocator {
+ public:
+  explicit Allocator(MemoryLedger& ledger) : ledger_(ledger) {}
+  virtual ~Allocator() = default;
+  virtual Device device() const = 0;
+
+  // Zero-byte requests give an empty buffer (an empty batch slice is legal).
+  Buffer allocate(MemoryState state, std::size_t bytes);
+  Buffer allocate_floats(MemoryState state, std::size_t count) {
+    return allocate(state, count * sizeof(float));
+  }
+  MemoryLedger& ledger() { return ledger_; }
+
+ protected:
+  virtual void* obtain(std::size_t bytes) = 0;
+  virtual void give_back(void* data, std::size_t bytes) = 0;
+
+ private:
+  friend class Buffer;
+  void release(Buffer& buffer);
+  MemoryLedger& ledger_;
+};
+
+// 64-byte aligned host memory, cached by size.
+class HostAllocator final : public Allocator {
+ public:
+  using Allocator::Allocator;
+  ~HostAllocator() override;
+  Device device() const override { return Device::cpu; }
+  std::size_t cached_bytes() const { return cached_bytes_; }
+
+ protected:
+  void* obtain(std::size_t bytes) override;
+  void give_back(void* data, std::size_t bytes) override;
+
+ private:
+  std::map<std::size_t, std::vector<void*>> free_blocks_;
+  std::size_t cached_bytes_ = 0;
+};
+
+}  // namespace mlptrain

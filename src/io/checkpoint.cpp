@@ -1,0 +1,363 @@
+// Checkpoint writing and loading (see checkpoint.hpp). Every HDF5 call that creates or opens an
+// object is made by all ranks in the same order (parallel HDF5 requires it for metadata);
+// data moves with collective transfers, ranks without a piece selecting nothing. Problems are
+// agreed on across ranks before the next collective, so a bad file fails everywhere alike.
+#include "io/checkpoint.hpp"
+
+#include <fcntl.h>
+#include <mpi.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "comm/consensus.hpp"
+#include "core/error.hpp"
+#include "core/hdf5_handle.hpp"
+#include "io/hdf5_attributes.hpp"
+
+namespace mlptrain {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// The three parts of the state stored per tensor.
+constexpr int part_count = 3;
+constexpr const char* part_prefixes[part_count] = {"/model/", "/optimizer/exp_avg/",
+                                                   "/optimizer/exp_avg_sq/"};
+
+float* part_data(const TrainingState& state, int part) {
+  if (part == 0) return state.parameters.values();
+  return part == 1 ? state.exp_avg : state.exp_avg_sq;
+}
+
+std::string dataset_name(const ParameterTensor& tensor, int part) {
+  return part_prefixes[part] + tensor.path;
+}
+
+std::string shape_text(const std::vector<std::int64_t>& shape) {
+  std::string text = "[";
+  for (std::size_t dim = 0; dim < shape.size(); ++dim)
+    text += (dim ? ", " : "") + std::to_string(shape[dim]);
+  return text + "]";
+}
+
+// The locally held tensor for a global one, or null (another pipeline stage holds it).
+const ParameterTensor* held(const ParameterStore& store, const ParameterTensor& global) {
+  for (const auto& tensor : store.tensors())
+    if (tensor.path == global.path) return &tensor;
+  return nullptr;
+}
+
+Hdf5Handle mpio_access() {
+  Hdf5Handle access = property_handle(H5Pcreate(H5P_FILE_ACCESS));
+  H5Pset_fapl_mpio(access.get(), MPI_COMM_WORLD, MPI_INFO_NULL);
+  return access;
+}
+
+Hdf5Handle collective_transfer() {
+  Hdf5Handle transfer = property_handle(H5Pcreate(H5P_DATASET_XFER));
+  H5Pset_dxpl_mpio(transfer.get(), H5FD_MPIO_COLLECTIVE);
+  return transfer;
+}
+
+// Selects `tensor`'s local box in the file space and returns a matching memory space; with no
+// tensor, selects nothing in both.
+Hdf5Handle select_piece(hid_t file_space, const ParameterTensor* tensor) {
+  if (tensor == nullptr) {
+    H5Sselect_none(file_space);
+    const hsize_t one = 1;
+    Hdf5Handle memory = dataspace_handle(H5Screate_simple(1, &one, nullptr));
+    H5Sselect_none(memory.get());
+    return memory;
+  }
+  const std::vector<hsize_t> start(tensor->local_start.begin(), tensor->local_start.end());
+  const std::vector<hsize_t> count(tensor->local_shape.begin(), tensor->local_shape.end());
+  H5Sselect_hyperslab(file_space, H5S_SELECT_SET, start.data(), nullptr, count.data(), nullptr);
+  return dataspace_handle(
+      H5Screate_simple(static_cast<int>(count.size()), count.data(), nullptr));
+}
+
+// A checksummed run of a dataset: [offset, offset + length) bytes in row-major order.
+struct Run {
+  std::uint64_t dataset = 0, offset = 0, length = 0, crc = 0;
+};
+
+// CRC-32 of every dataset from the runs this rank owns, combined over all ranks. Every element must
+// be owned exactly once; anything else is a broken invariant, not a user error.
+std::vector<std::uint32_t> dataset_checksums(const TrainingState& state,
+                                             const CheckpointScope& scope) {
+  std::vector<std::uint64_t> local;
+  const auto& globals = scope.global_tensors;
+  for (std::size_t index = 0; index < globals.size(); ++index) {
+    const ParameterTensor* tensor = held(state.parameters, globals[index]);
+    if (tensor == nullptr || !ParameterStore::owns(*tensor, scope.shape, scope.place)) continue;
+    for (int part = 0; part < part_count; ++part) {
+      const float* data = part_data(state, part) + tensor->offset;
+      for_each_run(tensor->global_shape, tensor->local_start, tensor->local_shape,
+                   [&](std::int64_t global_offset, std::int64_t local_offset, std::int64_t count) {
+                     const auto bytes = static_cast<uInt>(count * sizeof(float));
+                     const auto crc = crc32(0L, reinterpret_cast<const Bytef*>(data + local_offset),
+                                            bytes);
+                     local.insert(local.end(), {index * part_count + part,
+                                                static_cast<std::uint64_t>(global_offset) * 4,
+                                                bytes, crc});
+                   });
+    }
+  }
+  // Gather every rank's runs (padded to the longest list).
+  Communicator& world = scope.world;
+  std::uint64_t longest = local.size();
+  world.all_reduce(&longest, 1, ReduceOp::max);
+  local.resize(longest, ~std::uint64_t{0});
+  std::vector<std::uint64_t> all(longest * static_cast<std::size_t>(world.size()));
+  world.all_gather(local.data(), all.data(), longest);
+  std::vector<Run> runs;
+  for (std::size_t i = 0; i + 3 < all.size(); i += 4)
+    if (all[i] != ~std::uint64_t{0}) runs.push_back({all[i], all[i + 1], all[i + 2], all[i + 3]});
+  std::sort(runs.begin(), runs.end(), [](const Run& a, const Run& b) {
+    return a.dataset != b.dataset ? a.dataset < b.dataset : a.offset < b.offset;
+  });
+
+  std::vector<std::uint32_t> checksums(globals.size() * part_count, 0);
+  std::vector<std::uint64_t> covered(checksums.size(), 0);
+  for (const Run& run : runs) {
+    if (run.offset != covered[run.dataset])
+      throw RuntimeFailure("checkpoint: pieces of a tensor overlap or leave a gap");
+    checksums[run.dataset] = static_cast<std::uint32_t>(
+        crc32_combine(checksums[run.dataset], run.crc, static_cast<z_off_t>(run.length)));
+    covered[run.dataset] += run.length;
+  }
+  for (std::size_t dataset = 0; dataset < checksums.size(); ++dataset) {
+    std::int64_t elements = 1;
+    for (std::int64_t extent : globals[dataset / part_count].global_shape) elements *= extent;
+    if (covered[dataset] != static_cast<std::uint64_t>(elements) * 4)
+      throw RuntimeFailure("checkpoint: a tensor is not fully owned by the ranks");
+  }
+  return checksums;
+}
+
+void sync_path(const fs::path& path) {
+  const int descriptor = ::open(path.c_str(), O_RDONLY);
+  if (descriptor >= 0) {
+    ::fsync(descriptor);
+    ::close(descriptor);
+  }
+}
+
+// Rank 0's part of publishing a file: make it durable, rename it into place, update `latest`.
+void publish(const fs::path& temporary, const fs::path& final_path) {
+  sync_path(temporary);
+  std::error_code error;
+  fs::rename(temporary, final_path, error);
+  if (error) throw RuntimeFailure("checkpoint: cannot rename into '" + final_path.string() + "'");
+  const fs::path directory = final_path.parent_path();
+  const fs::path latest_temporary = directory / ".latest.partial";
+  {
+    std::ofstream latest(latest_temporary, std::ios::trunc);
+    latest << final_path.filename().string() << '\n';
+    latest.flush();
+    if (!latest) throw RuntimeFailure("checkpoint: cannot write '" + latest_temporary.string() + "'");
+  }
+  sync_path(latest_temporary);
+  fs::rename(latest_temporary, directory / "latest", error);
+  if (error) throw RuntimeFailure("checkpoint: cannot update '" + (directory / "latest").string() + "'");
+  sync_path(directory);
+}
+
+}  // namespace
+
+std::string checkpoint_file_name(std::int64_t step) {
+  char name[32];
+  std::snprintf(name, sizeof name, "step_%08lld.h5", static_cast<long long>(step));
+  return name;
+}
+
+void prepare_checkpoint_directory(const std::string& directory) {
+  std::error_code error;
+  fs::create_directories(directory, error);
+  if (error || !fs::is_directory(directory))
+    throw UsageError("--checkpoint-dir: cannot create directory '" + directory + "'");
+  const fs::path probe = fs::path(directory) / ".write-probe";
+  {
+    std::ofstream file(probe);
+    if (!file) throw UsageError("--checkpoint-dir: directory '" + directory + "' is not writable");
+  }
+  fs::remove(probe, error);
+}
+
+std::string save_checkpoint(const std::string& directory, const TrainingState& state,
+                            const CheckpointDescription& description,
+                            const CheckpointScope& scope) {
+  const fs::path final_path = fs::path(directory) / checkpoint_file_name(state.step);
+  const fs::path temporary = fs::path(directory) / ("." + checkpoint_file_name(state.step) + ".partial");
+  const std::vector<std::uint32_t> checksums = dataset_checksums(state, scope);
+  agree_or_throw(scope.world, [&] {
+    Hdf5Handle access = mpio_access();
+    Hdf5Handle file = file_handle(
+        H5Fcreate(temporary.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, access.get()));
+    if (!file.valid())
+      throw RuntimeFailure("checkpoint: cannot create '" + temporary.string() + "'");
+    Hdf5Handle links = property_handle(H5Pcreate(H5P_LINK_CREATE));
+    H5Pset_create_intermediate_group(links.get(), 1);
+    Hdf5Handle transfer = collective_transfer();
+    bool written = true;
+    for (std::size_t index = 0; index < scope.global_tensors.size(); ++index) {
+      const ParameterTensor& global = scope.global_tensors[index];
+      const ParameterTensor* tensor = held(state.parameters, global);
+      const bool writes = tensor != nullptr && ParameterStore::owns(*tensor, scope.shape, scope.place);
+      const std::vector<hsize_t> dims(global.global_shape.begin(), global.global_shape.end());
+      for (int part = 0; part < part_count; ++part) {
+        Hdf5Handle file_space =
+            dataspace_handle(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr));
+        Hdf5Handle dataset = dataset_handle(
+            H5Dcreate2(file.get(), dataset_name(global, part).c_str(), H5T_IEEE_F32LE,
+                       file_space.get(), links.get(), H5P_DEFAULT, H5P_DEFAULT));
+        Hdf5Handle memory_space = select_piece(file_space.get(), writes ? tensor : nullptr);
+        const float* data = writes ? part_data(state, part) + tensor->offset : nullptr;
+        written = written && dataset.valid() &&
+                  H5Dwrite(dataset.get(), H5T_NATIVE_FLOAT, memory_space.get(), file_space.get(),
+                           transfer.get(), data) >= 0 &&
+                  write_uint32_attribute(dataset.get(), "crc32",
+                                         checksums[index * part_count + part]);
+      }
+    }
+    const hid_t root = file.get();
+    written = written && write_string_attribute(root, "format", checkpoint_format) &&
+              write_int64_attribute(root, "format_version", checkpoint_format_version) &&
+              write_int64_attribute(root, "step", state.step) &&
+              write_string_attribute(root, "config", description.config_ini) &&
+              write_string_attribute(root, "layout", description.layout) &&
+              write_int64_attribute(root, "seed", description.seed);
+    Hdf5Handle optimizer = group_handle(H5Gopen2(root, "/optimizer", H5P_DEFAULT));
+    written = written && optimizer.valid() &&
+              write_int64_attribute(optimizer.get(), "step", state.step);
+    optimizer.close();
+    if (!file.close() || !written)
+      throw RuntimeFailure("checkpoint: writing '" + temporary.string() + "' failed");
+  });
+  agree_or_throw(scope.world, [&] {
+    if (scope.world.rank() == 0) publish(temporary, final_path);
+  });
+  return final_path.string();
+}
+
+namespace {
+
+fs::path resolve_checkpoint(const std::string& path) {
+  std::error_code error;
+  if (!fs::exists(path, error)) throw UsageError("--resume: no such file or directory '" + path + "'");
+  if (!fs::is_directory(path, error)) return path;
+  std::ifstream latest(fs::path(path) / "latest");
+  std::string name;
+  if (!(latest >> name)) throw UsageError("--resume: directory '" + path + "' has no 'latest' file");
+  const fs::path file = fs::path(path) / name;
+  if (!fs::exists(file, error))
+    throw UsageError("--resume: '" + path + "/latest' names missing file '" + name + "'");
+  return file;
+}
+
+std::int64_t count_links(hid_t file, const char* group_name) {
+  if (H5Lexists(file, "/model", H5P_DEFAULT) <= 0 || H5Lexists(file, group_name, H5P_DEFAULT) <= 0)
+    return -1;
+  Hdf5Handle group = group_handle(H5Gopen2(file, group_name, H5P_DEFAULT));
+  H5G_info_t info;
+  if (!group.valid() || H5Gget_info(group.get(), &info) < 0) return -1;
+  return static_cast<std::int64_t>(info.nlinks);
+}
+
+// The shape of a dataset, or empty when it does not exist.
+std::vector<std::int64_t> dataset_shape(hid_t file, const std::string& name) {
+  // H5Lexists needs every parent to exist, so walk the path.
+  for (std::size_t slash = name.find('/', 1); slash != std::string::npos;
+       slash = name.find('/', slash + 1))
+    if (H5Lexists(file, name.substr(0, slash).c_str(), H5P_DEFAULT) <= 0) return {};
+  if (H5Lexists(file, name.c_str(), H5P_DEFAULT) <= 0) return {};
+  Hdf5Handle dataset = dataset_handle(H5Dopen2(file, name.c_str(), H5P_DEFAULT));
+  if (!dataset.valid()) return {};
+  Hdf5Handle space = dataspace_handle(H5Dget_space(dataset.get()));
+  const int rank = H5Sget_simple_extent_ndims(space.get());
+  std::vector<hsize_t> dims(static_cast<std::size_t>(std::max(rank, 0)));
+  H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr);
+  return {dims.begin(), dims.end()};
+}
+
+}  // namespace
+
+std::string load_checkpoint(const std::string& path, TrainingState& state,
+                            const CheckpointScope& scope) {
+  fs::path file_path;
+  agree_or_throw(scope.world, [&] {
+    file_path = resolve_checkpoint(path);
+    if (H5Fis_hdf5(file_path.c_str()) <= 0)
+      throw UsageError("--resume: '" + file_path.string() + "' is not an HDF5 file");
+  });
+  const std::string where = "--resume: '" + file_path.string() + "'";
+  Hdf5Handle access = mpio_access();
+  Hdf5Handle file = file_handle(H5Fopen(file_path.c_str(), H5F_ACC_RDONLY, access.get()));
+  std::vector<std::uint32_t> stored_checksums;
+  agree_or_throw(scope.world, [&] {
+    if (!file.valid()) throw UsageError(where + " cannot be opened (corrupted?)");
+    if (read_string_attribute(file.get(), "format") != std::string(checkpoint_format))
+      throw UsageError(where + " is not an mlptrain checkpoint (no format attribute)");
+    const auto version = read_int64_attribute(file.get(), "format_version");
+    if (!version || *version < 1 || *version > checkpoint_format_version)
+      throw UsageError(where + " has unsupported format_version " +
+                       (version ? std::to_string(*version) : std::string("(missing)")));
+    const auto step = read_int64_attribute(file.get(), "step");
+    if (!step || *step < 0) throw UsageError(where + " has no valid step attribute");
+    state.step = *step;
+    const std::int64_t layers = count_links(file.get(), "/model/layers");
+    if (layers != scope.layer_count)
+      throw UsageError(where + " holds " + std::to_string(std::max<std::int64_t>(layers, 0)) +
+                       " layers but the model has " + std::to_string(scope.layer_count) +
+                       " (--layers)");
+    for (const ParameterTensor& global : scope.global_tensors) {
+      for (int part = 0; part < part_count; ++part) {
+        const std::string name = dataset_name(global, part);
+        const auto shape = dataset_shape(file.get(), name);
+        if (shape.empty()) throw UsageError(where + " has no dataset " + name);
+        if (shape != global.global_shape)
+          throw UsageError(where + ": " + name + " has shape " + shape_text(shape) +
+                           " but the model needs " + shape_text(global.global_shape));
+        Hdf5Handle dataset = dataset_handle(H5Dopen2(file.get(), name.c_str(), H5P_DEFAULT));
+        const auto checksum = read_int64_attribute(dataset.get(), "crc32");
+        if (!checksum) throw UsageError(where + ": " + name + " has no crc32 attribute");
+        stored_checksums.push_back(static_cast<std::uint32_t>(*checksum));
+      }
+    }
+  });
+  agree_or_throw(scope.world, [&] {
+    Hdf5Handle transfer = collective_transfer();
+    bool read = true;
+    for (const ParameterTensor& global : scope.global_tensors) {
+      const ParameterTensor* tensor = held(state.parameters, global);
+      for (int part = 0; part < part_count; ++part) {
+        Hdf5Handle dataset = dataset_handle(
+            H5Dopen2(file.get(), dataset_name(global, part).c_str(), H5P_DEFAULT));
+        Hdf5Handle file_space = dataspace_handle(H5Dget_space(dataset.get()));
+        Hdf5Handle memory_space = select_piece(file_space.get(), tensor);
+        float* data = tensor != nullptr ? part_data(state, part) + tensor->offset : nullptr;
+        read = H5Dread(dataset.get(), H5T_NATIVE_FLOAT, memory_space.get(), file_space.get(),
+                       transfer.get(), data) >= 0 && read;
+      }
+    }
+    if (!read) throw RuntimeFailure(where + ": reading the tensors failed (corrupted?)");
+  });
+  file.close();
+  const std::vector<std::uint32_t> checksums = dataset_checksums(state, scope);
+  for (std::size_t dataset = 0; dataset < checksums.size(); ++dataset)
+    if (checksums[dataset] != stored_checksums[dataset])
+      throw UsageError(where + ": checksum mismatch in " +
+                       dataset_name(scope.global_tensors[dataset / part_count],
+                                    static_cast<int>(dataset % part_count)) +
+                       " (the file is corrupted)");
+  return file_path.string();
+}
+
+}  // namespace mlptrain

@@ -1,0 +1,60 @@
+// Consolidated, layout-independent checkpoints (DESIGN.md §2.5). Every tensor is stored whole at
+// its global shape; each rank writes the boxes it owns as hyperslabs, collectively, through
+// parallel HDF5, and reads back whichever boxes its own layout needs, so a checkpoint written in
+// one layout loads into any other whose shapes fit. Each dataset carries the CRC-32 of its
+// elements (little-endian float32, row-major), combined from per-rank pieces with crc32_combine.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.hpp"
+#include "comm/process_grid.hpp"
+#include "model/parameter_store.hpp"
+
+namespace mlptrain {
+
+inline constexpr const char* checkpoint_format = "mlptrain-checkpoint";
+inline constexpr std::int64_t checkpoint_format_version = 1;
+
+// The state a checkpoint holds: parameters and AdamW moments laid out alike in flat buffers.
+struct TrainingState {
+  ParameterStore& parameters;
+  float* exp_avg = nullptr;
+  float* exp_avg_sq = nullptr;
+  std::int64_t step = 0;  // optimizer steps taken
+};
+
+struct CheckpointDescription {
+  std::string config_ini;
+  std::string layout;  // e.g. "dp=2 tp=1 pp=1 ep=1 zero=0"
+  std::int64_t seed = 0;
+};
+
+// Where a run's place in the grid and the whole model's tensors are known.
+struct CheckpointScope {
+  Communicator& world;
+  GridShape shape;
+  GridCoordinates place;
+  std::vector<ParameterTensor> global_tensors;  // every tensor of the model, whole
+  int layer_count = 0;
+};
+
+std::string checkpoint_file_name(std::int64_t step);
+
+// Writes DIR/step_NNNNNNNN.h5 through a temporary name and renames it into place, then points
+// DIR/latest at it. Returns the final path. Collective over scope.world.
+std::string save_checkpoint(const std::string& directory, const TrainingState& state,
+                            const CheckpointDescription& description, const CheckpointScope& scope);
+
+// Loads a checkpoint file, or the one DIR/latest names when `path` is a directory, into `state`
+// (parameters, moments and step), verifying format, shapes and checksums. Collective; any problem
+// is the same Error on every rank. Returns the file that was read.
+std::string load_checkpoint(const std::string& path, TrainingState& state,
+                            const CheckpointScope& scope);
+
+// Checks (from rank 0) that `directory` exists or can be made and is writable; throws UsageError.
+void prepare_checkpoint_directory(const std::string& directory);
+
+}  // namespace mlptrain

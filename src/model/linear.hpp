@@ -1,0 +1,41 @@
+// A Linear layer y = x W^T + b (W [out, in], PyTorch's convention) with an optional exact GELU,
+// as explicit forward and backward pieces. The pieces are separate so that the training loop can
+// run strategy hooks between the matrix product and the bias/activation (where tensor parallelism
+// reduces partial sums) without the layer knowing about any strategy.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/kernels.hpp"
+#include "model/model_spec.hpp"
+#include "model/parameter_store.hpp"
+
+namespace mlptrain {
+
+// Views into the flat buffers; in/out are this rank's local sizes.
+struct LinearLayer {
+  LayerSpec spec;
+  float* weight = nullptr;
+  float* bias = nullptr;
+  float* weight_grad = nullptr;
+  float* bias_grad = nullptr;
+};
+
+LinearLayer linear_layer_view(const ParameterStore& store, const LayerSpec& spec,
+                              const std::string& base_path);
+
+// pre [rows, out] = input [rows, in] W^T (no bias yet).
+void linear_forward_matmul(Kernels& kernels, const LinearLayer& layer, const float* input,
+                           std::int64_t rows, float* pre);
+// pre += b; activated = GELU(pre) when the layer has one (activated may be null otherwise).
+void linear_forward_finish(Kernels& kernels, const LinearLayer& layer, std::int64_t rows, float* pre,
+                           float* activated);
+
+// From grad_output (d loss / d output of the layer: of the GELU if it has one, else of pre):
+// grad_pre (workspace [rows, out]) = d loss / d pre, bias and weight gradients written
+// (accumulate = false) or added (accumulate = true), and grad_input [rows, in] if not null.
+void linear_backward(Kernels& kernels, const LinearLayer& layer, const float* input, const float* pre,
+                     const float* grad_output, std::int64_t rows, float* grad_pre,
+                     float* grad_input, bool accumulate);
+
+}  // namespace mlptrain

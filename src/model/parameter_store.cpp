@@ -1,0 +1,90 @@
+// Flat parameter storage and layout-independent initialization (see parameter_store.hpp).
+#include "model/parameter_store.hpp"
+
+#include <cmath>
+#include <stdexcept>
+
+#include "core/rng.hpp"
+
+namespace mlptrain {
+
+std::vector<ParameterTensor> dense_parameter_tensors(const std::vector<LayerSpec>& specs, int first,
+                                                     int last) {
+  std::vector<ParameterTensor> tensors;
+  const int layer_count = static_cast<int>(specs.size());
+  std::size_t offset = 0;
+  for (int layer = first; layer < last; ++layer) {
+    const LayerSpec& spec = specs[layer];
+    const float bound = 1.0f / std::sqrt(static_cast<float>(spec.in_features));
+    const std::string base = layer_path(layer, layer_count);
+    ParameterTensor weight{.path = base + "/weight",
+                           .layer = layer,
+                           .global_index = 2 * layer,
+                           .global_shape = {spec.out_features, spec.in_features},
+                           .local_start = {0, 0},
+                           .local_shape = {spec.out_features, spec.in_features},
+                           .offset = offset,
+                           .count = static_cast<std::size_t>(spec.out_features * spec.in_features),
+                           .init_bound = bound};
+    offset += weight.count;
+    ParameterTensor bias{.path = base + "/bias",
+                         .layer = layer,
+                         .global_index = 2 * layer + 1,
+                         .global_shape = {spec.out_features},
+                         .local_start = {0},
+                         .local_shape = {spec.out_features},
+                         .offset = offset,
+                         .count = static_cast<std::size_t>(spec.out_features),
+                         .init_bound = bound};
+    offset += bias.count;
+    tensors.push_back(std::move(weight));
+    tensors.push_back(std::move(bias));
+  }
+  return tensors;
+}
+
+ParameterStore::ParameterStore(std::vector<ParameterTensor> tensors, Allocator& allocator)
+    : tensors_(std::move(tensors)) {
+  for (const auto& tensor : tensors_) size_ = std::max(size_, tensor.offset + tensor.count);
+  values_ = allocator.allocate_floats(MemoryState::params, size_);
+  grads_ = allocator.allocate_floats(MemoryState::grads, size_);
+}
+
+void ParameterStore::initialize(std::uint64_t seed) {
+  for (const auto& tensor : tensors_) {
+    const CounterRng rng(seed, tensor.path);
+    float* local = values() + tensor.offset;
+    for_each_run(tensor.global_shape, tensor.local_start, tensor.local_shape,
+                 [&](std::int64_t global_offset, std::int64_t local_offset, std::int64_t count) {
+                   rng.fill_uniform(local + local_offset, static_cast<std::uint64_t>(global_offset),
+                                    static_cast<std::size_t>(count), -tensor.init_bound,
+                                    tensor.init_bound);
+                 });
+  }
+}
+
+const ParameterTensor& ParameterStore::tensor(const std::string& path) const {
+  for (const auto& tensor : tensors_)
+    if (tensor.path == path) return tensor;
+  throw std::out_of_range("no parameter " + path);
+}
+
+FlatRange ParameterStore::layer_range(int layer) const {
+  std::size_t begin = size_, end = 0;
+  for (const auto& tensor : tensors_) {
+    if (tensor.layer != layer) continue;
+    begin = std::min(begin, tensor.offset);
+    end = std::max(end, tensor.offset + tensor.count);
+  }
+  if (end < begin) throw std::out_of_range("no parameters for layer " + std::to_string(layer));
+  return {begin, end - begin};
+}
+
+bool ParameterStore::owns(const ParameterTensor& tensor, const GridShape& shape,
+                          const GridCoordinates& place) {
+  if (tensor.replicated_over_data && place.dp != tensor.global_index % shape.dp) return false;
+  if (tensor.replicated_over_tensor && place.tp != tensor.global_index % shape.tp) return false;
+  return true;
+}
+
+}  // namespace mlptrain

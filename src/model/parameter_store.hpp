@@ -1,0 +1,103 @@
+// Parameters and their gradients live in two flat buffers; each tensor is a range of them and each
+// layer's tensors are contiguous, so gradient buckets and shards are ranges and communication uses
+// large messages. Every tensor knows its global shape and the box of it this rank holds, which is
+// all a checkpoint needs to write it as a hyperslab of the whole tensor.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "comm/process_grid.hpp"
+#include "core/buffer.hpp"
+#include "model/model_spec.hpp"
+
+namespace mlptrain {
+
+struct ParameterTensor {
+  std::string path;  // under /model, e.g. "layers/03/weight"; also the init stream's name
+  int layer = 0;
+  int global_index = 0;  // position among all of the model's tensors
+  std::vector<std::int64_t> global_shape;
+  std::vector<std::int64_t> local_start;  // this rank's box in the global tensor
+  std::vector<std::int64_t> local_shape;
+  std::size_t offset = 0;  // into the flat buffers, in elements
+  std::size_t count = 0;
+  float init_bound = 0;  // W and b uniform in [-bound, bound]
+  bool replicated_over_tensor = true;  // same values on every rank of the TP group
+  bool replicated_over_data = true;    // same values on every rank of the DP group
+};
+
+struct FlatRange {
+  std::size_t offset = 0;
+  std::size_t count = 0;
+};
+
+// The tensors of layers [first, last) of a dense model, whole on this rank.
+std::vector<ParameterTensor> dense_parameter_tensors(const std::vector<LayerSpec>& specs, int first,
+                                                     int last);
+
+class ParameterStore {
+ public:
+  ParameterStore(std::vector<ParameterTensor> tensors, Allocator& allocator);
+
+  // Every element from the counter RNG keyed by (seed, path, global element index).
+  void initialize(std::uint64_t seed);
+
+  std::size_t size() const { return size_; }
+  float* values() const { return values_.floats(); }
+  float* grads() const { return grads_.floats(); }
+  const std::vector<ParameterTensor>& tensors() const { return tensors_; }
+  const ParameterTensor& tensor(const std::string& path) const;
+  FlatRange layer_range(int layer) const;
+
+  // Whether this rank is the one replica that counts a tensor (norms, checkpoint writes, checksums).
+  // Replicated tensors are spread over the replicas by index, so that work is balanced.
+  static bool owns(const ParameterTensor& tensor, const GridShape& shape,
+                   const GridCoordinates& place);
+
+ private:
+  std::vector<ParameterTensor> tensors_;
+  std::size_t size_ = 0;
+  Buffer values_;
+  Buffer grads_;
+};
+
+// Calls visit(global_flat_offset, local_offset, count) for each row-major run of a box, in order.
+template <typename Visit>
+void for_each_run(const std::vector<std::int64_t>& global_shape,
+                  const std::vector<std::int64_t>& start, const std::vector<std::int64_t>& shape,
+                  Visit&& visit) {
+  if (global_shape.size() <= 1) {
+    if (!global_shape.empty()) visit(start[0], std::int64_t{0}, shape[0]);
+    return;
+  }
+  // Two or three dimensions: the last dimension's runs, row by row.
+  const std::int64_t columns = global_shape.back();
+  const std::int64_t local_columns = shape.back();
+  const bool full_rows = local_columns == columns;
+  std::int64_t outer_rows = 1, global_row_start = 0;
+  for (std::size_t dim = 0; dim + 1 < global_shape.size(); ++dim) {
+    outer_rows *= shape[dim];
+    global_row_start = global_row_start * global_shape[dim] + start[dim];
+  }
+  if (full_rows && global_shape.size() == 2) {
+    visit(global_row_start * columns, std::int64_t{0}, outer_rows * columns);
+    return;
+  }
+  std::int64_t local_offset = 0;
+  std::vector<std::int64_t> index(global_shape.size() - 1, 0);
+  for (std::int64_t row = 0; row < outer_rows; ++row) {
+    std::int64_t global_row = 0;
+    for (std::size_t dim = 0; dim + 1 < global_shape.size(); ++dim)
+      global_row = global_row * global_shape[dim] + start[dim] + index[dim];
+    visit(global_row * columns + start.back(), local_offset, local_columns);
+    local_offset += local_columns;
+    for (std::size_t dim = index.size(); dim-- > 0;) {
+      if (++index[dim] < shape[dim]) break;
+      index[dim] = 0;
+    }
+  }
+}
+
+}  // namespace mlptrain

@@ -1,0 +1,63 @@
+// Runs this rank's layers forward and backward for one micro-batch, keeping the activations that
+// backward needs and calling the strategies' hooks at the fixed points around each layer.
+#pragma once
+
+#include <vector>
+
+#include "core/buffer.hpp"
+#include "kernels/kernels.hpp"
+#include "model/linear.hpp"
+#include "model/loss.hpp"
+#include "train/strategy_stack.hpp"
+
+namespace mlptrain {
+
+// What one micro-batch's forward keeps for its backward (charged as activations).
+struct MicroBatchActivations {
+  std::int64_t rows = 0;
+  Buffer input;               // the first local layer's input
+  std::vector<Buffer> pre;    // per local layer: x W^T + b
+  std::vector<Buffer> output; // per local layer with a GELU: GELU(pre)
+  Buffer targets;             // regression targets (where the loss is computed)
+  Buffer labels;              // class labels (where the loss is computed)
+  Buffer loss_grad;           // d loss / d model output (training only)
+};
+
+class ModelRunner {
+ public:
+  ModelRunner(Kernels& kernels, Allocator& allocator, const ParameterStore& parameters,
+              const std::vector<LayerSpec>& specs, int first_layer, int last_layer,
+              StrategyStack& strategies);
+
+  bool computes_loss() const { return last_layer_ == layer_count_; }
+  const std::vector<LinearLayer>& layers() const { return layers_; }
+
+  // Buffers for a micro-batch of `rows` samples: the input, and targets or labels when this rank
+  // computes the loss.
+  MicroBatchActivations prepare(std::int64_t rows, LossKind loss_kind);
+
+  // Forward through the local layers. Where the loss is computed, returns its sums and (when
+  // training) fills loss_grad with the gradient of the mean over `loss_samples` samples.
+  LossSums forward(MicroBatchActivations& activations, int micro_batch, int micro_batches,
+                   bool training, LossKind loss_kind, std::int64_t loss_samples);
+  // Backward through the local layers, accumulating parameter gradients over micro-batches
+  // (the first micro-batch overwrites). Frees the micro-batch's activations.
+  void backward(MicroBatchActivations& activations, int micro_batch, int micro_batches);
+
+  // Bytes one micro-batch of `rows` samples keeps for backward (the prediction of what prepare
+  // and forward allocate).
+  std::int64_t activation_bytes(std::int64_t rows, LossKind loss_kind) const;
+
+ private:
+  float* layer_output(MicroBatchActivations& activations, std::size_t local) const;
+
+  Kernels& kernels_;
+  Allocator& allocator_;
+  StrategyStack& strategies_;
+  std::vector<LinearLayer> layers_;
+  int first_layer_ = 0;
+  int last_layer_ = 0;
+  int layer_count_ = 0;
+};
+
+}  // namespace mlptrain

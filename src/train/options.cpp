@@ -1,0 +1,262 @@
+// Option parsing and validation (see options.hpp).
+#include "train/options.hpp"
+
+#include <boost/program_options.hpp>
+#include <fmt/format.h>
+
+#include <cmath>
+#include <fstream>
+#include <sstream>
+
+#include "core/error.hpp"
+
+namespace mlptrain {
+
+namespace po = boost::program_options;
+
+namespace {
+
+enum class Section { model, data, training, parallelism, devices, output };
+
+// Calls visit(section, name, field, help) for every option of Config, in --help order.
+template <typename Config_, typename Visit>
+void visit_options(Config_& c, Visit&& visit) {
+  using S = Section;
+  visit(S::model, "layers", c.layers, "Linear layers (>= 2)");
+  visit(S::model, "hidden", c.hidden, "width of the hidden layers");
+  visit(S::model, "input-dim", c.input_dim, "input features (0: the dataset's)");
+  visit(S::model, "output-dim", c.output_dim, "outputs or classes (0: the dataset's)");
+  visit(S::model, "moe-every", c.moe_every, "every K-th hidden layer is MoE (0: none)");
+  visit(S::model, "experts", c.experts, "experts per MoE layer");
+  visit(S::model, "top-k", c.top_k, "experts chosen per token");
+  visit(S::model, "capacity-factor", c.capacity_factor, "expert capacity factor (0: dropless)");
+  visit(S::model, "aux-loss-coef", c.aux_loss_coef, "load-balancing loss coefficient");
+  visit(S::data, "dataset", c.dataset, "teacher | mixture | hdf5");
+  visit(S::data, "data-path", c.data_path, "HDF5 file for --dataset hdf5");
+  visit(S::data, "global-batch", c.global_batch, "samples per optimizer step, all ranks");
+  visit(S::data, "micro-batches", c.micro_batches, "micro-batches per step");
+  visit(S::data, "shuffle", c.shuffle, "seeded permutation of the samples per epoch");
+  visit(S::data, "eval-every", c.eval_every, "held-out evaluation every N steps (0: never)");
+  visit(S::training, "steps", c.steps, "total optimizer steps of the run");
+  visit(S::training, "lr", c.lr, "peak learning rate");
+  visit(S::training, "weight-decay", c.weight_decay, "AdamW weight decay");
+  visit(S::training, "beta1", c.beta1, "AdamW beta1");
+  visit(S::training, "beta2", c.beta2, "AdamW beta2");
+  visit(S::training, "eps", c.eps, "AdamW epsilon");
+  visit(S::training, "grad-clip", c.grad_clip, "clip the global gradient L2 norm (0: off)");
+  visit(S::training, "lr-schedule", c.lr_schedule, "constant | cosine");
+  visit(S::training, "warmup-steps", c.warmup_steps, "linear warm-up steps");
+  visit(S::training, "seed", c.seed, "seed of initialization and shuffling");
+  visit(S::parallelism, "dp", c.dp, "data-parallel ranks (0: world / (tp * pp))");
+  visit(S::parallelism, "tp", c.tp, "tensor-parallel ranks");
+  visit(S::parallelism, "pp", c.pp, "pipeline stages");
+  visit(S::parallelism, "ep", c.ep, "expert-parallel ranks (divides dp)");
+  visit(S::parallelism, "zero", c.zero, "ZeRO stage 0..3 on the data-parallel group");
+  visit(S::parallelism, "schedule", c.schedule, "pipeline schedule: 1f1b | gpipe");
+  visit(S::parallelism, "recompute", c.recompute, "recompute activations in backward");
+  visit(S::parallelism, "offload", c.offload, "optimizer state in host memory (cuda)");
+  visit(S::devices, "device", c.device, "cpu | cuda");
+  visit(S::devices, "comm", c.comm, "mpi | nccl");
+  visit(S::output, "log-every", c.log_every, "log a line every N steps (0: never)");
+  visit(S::output, "metrics", c.metrics_path, "JSON Lines metrics file (rank 0)");
+  visit(S::output, "trace", c.trace_path, "Chrome trace file");
+  visit(S::output, "checkpoint-dir", c.checkpoint_dir, "directory for checkpoints");
+  visit(S::output, "save-every", c.save_every, "checkpoint every N steps (0: only at the end)");
+  visit(S::output, "resume", c.resume, "checkpoint file, or directory with 'latest'");
+  visit(S::output, "predict", c.predict, "print predicted memory and communication, no training");
+}
+
+const char* section_title(Section section) {
+  switch (section) {
+    case Section::model: return "Model";
+    case Section::data: return "Data";
+    case Section::training: return "Training";
+    case Section::parallelism: return "Parallelism";
+    case Section::devices: return "Devices";
+    case Section::output: return "Output";
+  }
+  return "";
+}
+
+template <typename T>
+std::string ini_value(const T& value) {
+  if constexpr (std::is_same_v<T, bool>) {
+    return value ? "true" : "false";
+  } else if constexpr (std::is_same_v<T, double>) {
+    return fmt::format("{}", value);  // shortest text that reads back exactly
+  } else if constexpr (std::is_same_v<T, std::string>) {
+    return value;
+  } else {
+    return std::to_string(value);
+  }
+}
+
+struct Descriptions {
+  std::vector<po::options_description> sections;
+  po::options_description all{"Options"};
+
+  explicit Descriptions(Config& config) {
+    for (int index = 0; index <= static_cast<int>(Section::output); ++index)
+      sections.emplace_back(section_title(static_cast<Section>(index)));
+    sections[0].add_options()("help,h", "show this help")("config", po::value<std::string>(),
+                                                          "INI file of options (command line wins)");
+    visit_options(config, [&](Section section, const char* name, auto& field, const char* help) {
+      using T = std::remove_reference_t<decltype(field)>;
+      auto& description = sections[static_cast<int>(section)];
+      if constexpr (std::is_same_v<T, bool>) {
+        description.add_options()(name, po::bool_switch(&field), help);
+      } else {
+        description.add_options()(name, po::value<T>(&field)->default_value(field, ini_value(field)),
+                                  help);
+      }
+    });
+    for (auto& section : sections) all.add(section);
+  }
+};
+
+}  // namespace
+
+ParsedOptions parse_options(const std::vector<std::string>& arguments) {
+  ParsedOptions parsed;
+  Descriptions descriptions(parsed.config);
+  po::variables_map values;
+  try {
+    po::store(po::command_line_parser(arguments).options(descriptions.all).run(), values);
+  } catch (const po::error& error) {
+    throw UsageError(std::string(error.what()) + " (see --help)");
+  }
+  if (values.count("help")) {
+    std::ostringstream text;
+    text << "usage: mpiexec -n N mlptrain [options]\n\n" << descriptions.all;
+    parsed.help = true;
+    parsed.help_text = text.str();
+    return parsed;
+  }
+  if (values.count("config")) {
+    const std::string path = values["config"].as<std::string>();
+    std::ifstream file(path);
+    if (!file) throw UsageError("--config: cannot open '" + path + "'");
+    try {
+      po::store(po::parse_config_file(file, descriptions.all), values);
+    } catch (const po::error& error) {
+      throw UsageError("--config '" + path + "': " + error.what());
+    }
+  }
+  try {
+    po::notify(values);
+  } catch (const po::error& error) {
+    throw UsageError(std::string(error.what()) + " (see --help)");
+  }
+  return parsed;
+}
+
+namespace {
+
+void require(bool condition, const std::string& message) {
+  if (!condition) throw UsageError(message);
+}
+
+template <typename T>
+void at_least(const char* name, T value, T minimum) {
+  require(value >= minimum, fmt::format("--{} must be at least {} (got {})", name, minimum, value));
+}
+
+void one_of(const char* name, const std::string& value, std::initializer_list<const char*> choices) {
+  std::string listed;
+  for (const char* choice : choices) {
+    if (value == choice) return;
+    listed += (listed.empty() ? "" : " | ") + std::string(choice);
+  }
+  throw UsageError(fmt::format("--{}: unknown value '{}' (choose {})", name, value, listed));
+}
+
+void not_built(bool used, const std::string& what) {
+  require(!used, what + " is not built yet in this version of mlptrain");
+}
+
+}  // namespace
+
+void validate_options(Config& c, int world_size) {
+  at_least("layers", c.layers, 2);
+  at_least("hidden", c.hidden, 1);
+  at_least("input-dim", c.input_dim, 0);
+  at_least("output-dim", c.output_dim, 0);
+  at_least("moe-every", c.moe_every, 0);
+  at_least("experts", c.experts, 1);
+  at_least("top-k", c.top_k, 1);
+  require(c.top_k <= c.experts,
+          fmt::format("--top-k {} exceeds --experts {}", c.top_k, c.experts));
+  at_least("capacity-factor", c.capacity_factor, 0.0);
+  at_least("aux-loss-coef", c.aux_loss_coef, 0.0);
+  one_of("dataset", c.dataset, {"teacher", "mixture", "hdf5"});
+  require(c.dataset != "hdf5" || !c.data_path.empty(), "--dataset hdf5 needs --data-path FILE");
+  require(c.dataset == "hdf5" || c.data_path.empty(),
+          "--data-path is read only with --dataset hdf5 (got --dataset " + c.dataset + ")");
+  at_least("global-batch", c.global_batch, 1);
+  at_least("micro-batches", c.micro_batches, 1);
+  at_least("eval-every", c.eval_every, 0);
+  at_least("steps", c.steps, 0);
+  at_least("lr", c.lr, 0.0);
+  at_least("weight-decay", c.weight_decay, 0.0);
+  require(c.beta1 >= 0 && c.beta1 < 1, fmt::format("--beta1 must be in [0, 1) (got {})", c.beta1));
+  require(c.beta2 >= 0 && c.beta2 < 1, fmt::format("--beta2 must be in [0, 1) (got {})", c.beta2));
+  require(c.eps > 0, fmt::format("--eps must be positive (got {})", c.eps));
+  at_least("grad-clip", c.grad_clip, 0.0);
+  one_of("lr-schedule", c.lr_schedule, {"constant", "cosine"});
+  at_least("warmup-steps", c.warmup_steps, 0);
+  at_least("seed", c.seed, std::int64_t{0});
+  for (double value : {c.lr, c.weight_decay, c.beta1, c.beta2, c.eps, c.grad_clip,
+                       c.capacity_factor, c.aux_loss_coef})
+    require(std::isfinite(value), "option values must be finite numbers");
+
+  at_least("dp", c.dp, 0);
+  at_least("tp", c.tp, 1);
+  at_least("pp", c.pp, 1);
+  at_least("ep", c.ep, 1);
+  require(c.zero >= 0 && c.zero <= 3, fmt::format("--zero must be 0, 1, 2 or 3 (got {})", c.zero));
+  one_of("schedule", c.schedule, {"1f1b", "gpipe"});
+  one_of("device", c.device, {"cpu", "cuda"});
+  one_of("comm", c.comm, {"mpi", "nccl"});
+  at_least("log-every", c.log_every, 0);
+  at_least("save-every", c.save_every, 0);
+
+  const int model_parallel = c.tp * c.pp;
+  if (c.dp == 0) {
+    require(world_size % model_parallel == 0,
+            fmt::format("world size {} is not divisible by tp x pp = {} x {}", world_size, c.tp, c.pp));
+    c.dp = world_size / model_parallel;
+  }
+  require(c.dp * model_parallel == world_size,
+          fmt::format("dp x tp x pp = {} x {} x {} = {} does not match the world size {} "
+                      "(mpiexec -n)", c.dp, c.tp, c.pp, c.dp * model_parallel, world_size));
+  require(c.dp % c.ep == 0, fmt::format("--ep {} does not divide dp {}", c.ep, c.dp));
+  require(c.global_batch % c.micro_batches == 0,
+          fmt::format("--global-batch {} is not divisible by --micro-batches {}", c.global_batch,
+                      c.micro_batches));
+  require((c.global_batch / c.micro_batches) % c.dp == 0,
+          fmt::format("the micro-batch of {} samples (--global-batch {} / --micro-batches {}) is "
+                      "not divisible by dp {}", c.global_batch / c.micro_batches, c.global_batch,
+                      c.micro_batches, c.dp));
+  require(c.save_every == 0 || !c.checkpoint_dir.empty(), "--save-every needs --checkpoint-dir");
+
+  not_built(c.tp > 1, "tensor parallelism (--tp > 1)");
+  not_built(c.pp > 1, "pipeline parallelism (--pp > 1)");
+  not_built(c.ep > 1, "expert parallelism (--ep > 1)");
+  not_built(c.zero > 0, "ZeRO (--zero > 0)");
+  not_built(c.moe_every > 0, "MoE layers (--moe-every > 0)");
+  not_built(c.recompute, "activation recomputation (--recompute)");
+  not_built(c.offload, "optimizer offload (--offload)");
+  not_built(c.device == "cuda", "the CUDA device (--device cuda)");
+  not_built(c.comm == "nccl", "NCCL communication (--comm nccl)");
+  not_built(!c.trace_path.empty(), "tracing (--trace)");
+}
+
+std::string to_ini(const Config& config) {
+  std::string text = "# mlptrain configuration\n";
+  visit_options(config, [&](Section, const char* name, const auto& field, const char*) {
+    text += fmt::format("{} = {}\n", name, ini_value(field));
+  });
+  return text;
+}
+
+}  // namespace mlptrain

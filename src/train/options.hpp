@@ -1,0 +1,29 @@
+// The command line and INI files of `mlptrain` (DESIGN.md §2.3), through Boost.ProgramOptions.
+// One list of options drives parsing, --help and the INI text stored in checkpoints, so they
+// cannot drift apart.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "core/config.hpp"
+
+namespace mlptrain {
+
+struct ParsedOptions {
+  Config config;
+  bool help = false;
+  std::string help_text;
+};
+
+// Parses argv and, with --config FILE, the INI file (command-line values win). Throws UsageError.
+ParsedOptions parse_options(const std::vector<std::string>& arguments);
+
+// Checks every value and combination for a world of `world_size` ranks and fills derived values
+// (dp). Throws UsageError naming the offending option. Pure: every rank decides alike.
+void validate_options(Config& config, int world_size);
+
+// The configuration as INI text that --config reads back.
+std::string to_ini(const Config& config);
+
+}  // namespace mlptrain

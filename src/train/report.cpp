@@ -1,0 +1,225 @@
+// Metrics, log lines and the summary (see report.hpp).
+#include "train/report.hpp"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <algorithm>
+
+#include "core/error.hpp"
+#include "core/timer.hpp"
+
+namespace mlptrain {
+
+namespace {
+
+nlohmann::json by_state(const MemoryByState& bytes) {
+  nlohmann::json object = nlohmann::json::object();
+  for (MemoryState state : all_memory_states)
+    object[std::string(memory_state_name(state))] = bytes[static_cast<int>(state)];
+  return object;
+}
+
+double median(std::vector<double> values) {
+  if (values.empty()) return 0;
+  std::sort(values.begin(), values.end());
+  const std::size_t middle = values.size() / 2;
+  return values.size() % 2 ? values[middle] : 0.5 * (values[middle - 1] + values[middle]);
+}
+
+std::string human_bytes(double bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int unit = 0;
+  while (std::abs(bytes) >= 1024 && unit < 4) {
+    bytes /= 1024;
+    ++unit;
+  }
+  return unit == 0 ? fmt::format("{:.0f} B", bytes) : fmt::format("{:.2f} {}", bytes, units[unit]);
+}
+
+// Mean bytes per step of each op over the recorded steps.
+std::array<double, comm_op_count> mean_comm_per_step(const std::vector<StepRecord>& steps) {
+  std::array<double, comm_op_count> mean{};
+  for (const StepRecord& record : steps)
+    for (int op = 0; op < comm_op_count; ++op) mean[op] += static_cast<double>(record.comm.bytes[op]);
+  if (!steps.empty())
+    for (double& value : mean) value /= static_cast<double>(steps.size());
+  return mean;
+}
+
+}  // namespace
+
+nlohmann::json step_json(const StepRecord& record) {
+  nlohmann::json comm_bytes = nlohmann::json::object(), comm_ms = nlohmann::json::object();
+  for (CommOp op : all_comm_ops) {
+    comm_bytes[std::string(comm_op_name(op))] = record.comm.bytes_of(op);
+    comm_ms[std::string(comm_op_name(op))] = record.comm.milliseconds_of(op);
+  }
+  nlohmann::json object = {{"step", record.step},
+                           {"loss", record.loss},
+                           {"aux_loss", record.aux_loss},
+                           {"lr", record.lr},
+                           {"grad_norm", record.grad_norm},
+                           {"step_ms", record.step_ms},
+                           {"samples_per_s", record.samples_per_s},
+                           {"comm_bytes", comm_bytes},
+                           {"comm_ms", comm_ms},
+                           {"mem_bytes", by_state(record.memory)},
+                           {"peak_mem_bytes", by_state(record.peak_memory)}};
+  if (record.eval_loss) object["eval_loss"] = *record.eval_loss;
+  if (record.eval_accuracy) object["eval_accuracy"] = *record.eval_accuracy;
+  return object;
+}
+
+nlohmann::json summary_json(const RunSummary& summary) {
+  std::vector<double> step_ms, throughput;
+  for (const StepRecord& record : summary.steps) {
+    step_ms.push_back(record.step_ms);
+    throughput.push_back(record.samples_per_s);
+  }
+  nlohmann::json placement = nlohmann::json::object();
+  for (std::size_t index = 0; index < placement_states.size(); ++index) {
+    const MemoryState state = placement_states[index];
+    placement[std::string(memory_state_name(state))] = {
+        {"mode", summary.prediction.modes[index]},
+        {"predicted_bytes", summary.prediction.bytes[index]},
+        {"measured_bytes", summary.peak_memory[static_cast<int>(state)]}};
+  }
+  const auto measured = mean_comm_per_step(summary.steps);
+  nlohmann::json comm = nlohmann::json::object();
+  for (CommOp op : all_comm_ops) {
+    const int index = static_cast<int>(op);
+    comm[std::string(comm_op_name(op))] = {
+        {"predicted_bytes", summary.prediction.comm_bytes_per_step[index]},
+        {"measured_bytes", measured[index]}};
+  }
+  nlohmann::json by_rank = nlohmann::json::array();
+  for (const MemoryByState& peaks : summary.peak_memory_by_rank) by_rank.push_back(by_state(peaks));
+  nlohmann::json object = {{"summary", true},
+                           {"steps", summary.steps.size()},
+                           {"step_ms", median(step_ms)},
+                           {"samples_per_s", median(throughput)},
+                           {"peak_mem_bytes", by_state(summary.peak_memory)},
+                           {"peak_mem_bytes_by_rank", by_rank},
+                           {"placement", placement},
+                           {"comm_per_step", comm}};
+  if (!summary.steps.empty()) object["final_loss"] = summary.steps.back().loss;
+  return object;
+}
+
+std::string placement_table(const PlacementPrediction& prediction, const RunSummary* measured) {
+  std::string text = fmt::format("  {:<14}{:>6}{:>16}", "state", "mode", "predicted");
+  if (measured) text += fmt::format("{:>16}{:>11}", "measured", "deviation");
+  text += "\n";
+  for (std::size_t index = 0; index < placement_states.size(); ++index) {
+    const auto predicted = static_cast<double>(prediction.bytes[index]);
+    text += fmt::format("  {:<14}{:>6}{:>16}",
+                        memory_state_name(placement_states[index]), prediction.modes[index],
+                        human_bytes(predicted));
+    if (measured) {
+      const auto actual = static_cast<double>(
+          measured->peak_memory[static_cast<int>(placement_states[index])]);
+      text += fmt::format("{:>16}{:>10.1f}%", human_bytes(actual),
+                          predicted > 0 ? 100.0 * (actual - predicted) / predicted : 0.0);
+    }
+    text += "\n";
+  }
+  text += fmt::format("  {:<20}{:>16}", "comm per step", "predicted");
+  if (measured) text += fmt::format("{:>16}", "measured");
+  text += "\n";
+  const auto means = measured ? mean_comm_per_step(measured->steps) : std::array<double, comm_op_count>{};
+  for (CommOp op : all_comm_ops) {
+    const int index = static_cast<int>(op);
+    if (prediction.comm_bytes_per_step[index] == 0 && means[index] == 0) continue;
+    text += fmt::format("  {:<20}{:>16}", comm_op_name(op),
+                        human_bytes(static_cast<double>(prediction.comm_bytes_per_step[index])));
+    if (measured) text += fmt::format("{:>16}", human_bytes(means[index]));
+    text += "\n";
+  }
+  return text;
+}
+
+Reporter::Reporter(bool active, const std::string& metrics_path, int log_every,
+                   std::int64_t total_steps)
+    : active_(active), log_every_(log_every), total_steps_(total_steps) {
+  if (!active_) return;
+  terminal_ = isatty(STDOUT_FILENO) != 0;
+  if (!metrics_path.empty()) {
+    metrics_ = std::fopen(metrics_path.c_str(), "w");
+    if (metrics_ == nullptr) throw UsageError("--metrics: cannot write '" + metrics_path + "'");
+  }
+}
+
+Reporter::~Reporter() {
+  if (metrics_ != nullptr) std::fclose(metrics_);
+}
+
+void Reporter::line(const std::string& text) {
+  if (!active_) return;
+  if (progress_shown_) std::fputs("\r\033[K", stdout);
+  progress_shown_ = false;
+  std::fputs((text + "\n").c_str(), stdout);
+  std::fflush(stdout);
+}
+
+void Reporter::step(const StepRecord& record) {
+  if (!active_) return;
+  if (first_step_ < 0) {
+    first_step_ = record.step;
+    started_ms_ = now_ms() - record.step_ms;
+  }
+  if (metrics_ != nullptr) {
+    std::fputs((step_json(record).dump() + "\n").c_str(), metrics_);
+    std::fflush(metrics_);
+  }
+  const bool due = log_every_ > 0 && (record.step % log_every_ == 0 || record.step == total_steps_ ||
+                                      record.step == first_step_);
+  if (due) {
+    std::string text = fmt::format(
+        "step {:>{}}/{}  loss {:.6f}  lr {:.3e}  grad_norm {:.4f}  {:.1f} ms  {:.0f} samples/s",
+        record.step, std::to_string(total_steps_).size(), total_steps_, record.loss, record.lr,
+        record.grad_norm, record.step_ms, record.samples_per_s);
+    if (record.eval_loss) text += fmt::format("  eval_loss {:.6f}", *record.eval_loss);
+    if (record.eval_accuracy) text += fmt::format("  eval_accuracy {:.4f}", *record.eval_accuracy);
+    line(text);
+  }
+  if (terminal_ && record.step < total_steps_) {
+    const double elapsed_s = (now_ms() - started_ms_) / 1000.0;
+    const double done = static_cast<double>(record.step - first_step_ + 1);
+    const double eta_s = elapsed_s / done * static_cast<double>(total_steps_ - record.step);
+    std::fputs(fmt::format("\r\033[Kstep {}/{}  loss {:.6f}  ETA {:.0f} s", record.step,
+                           total_steps_, record.loss, eta_s).c_str(), stdout);
+    std::fflush(stdout);
+    progress_shown_ = true;
+  }
+}
+
+void Reporter::summary(const RunSummary& summary) {
+  if (!active_) return;
+  const nlohmann::json object = summary_json(summary);
+  if (metrics_ != nullptr) {
+    std::fputs((object.dump() + "\n").c_str(), metrics_);
+    std::fflush(metrics_);
+  }
+  std::string text = fmt::format(
+      "summary: {} steps, median {:.2f} ms/step, median {:.0f} samples/s",
+      summary.steps.size(), object["step_ms"].get<double>(),
+      object["samples_per_s"].get<double>());
+  if (!summary.steps.empty()) text += fmt::format(", final loss {:.6f}", summary.steps.back().loss);
+  text += "\nrank 0 memory (peak) and communication, predicted vs measured:\n";
+  text += placement_table(summary.prediction, &summary);
+  text += "peak memory by rank (params / grads / optimizer / activations / workspace):\n";
+  for (std::size_t rank = 0; rank < summary.peak_memory_by_rank.size(); ++rank) {
+    const MemoryByState& peaks = summary.peak_memory_by_rank[rank];
+    text += fmt::format("  rank {}: {} / {} / {} / {} / {}\n", rank,
+                        human_bytes(static_cast<double>(peaks[0])),
+                        human_bytes(static_cast<double>(peaks[1])),
+                        human_bytes(static_cast<double>(peaks[2])),
+                        human_bytes(static_cast<double>(peaks[3])),
+                        human_bytes(static_cast<double>(peaks[5])));
+  }
+  text.pop_back();
+  line(text);
+}
+
+}  // namespace mlptrain

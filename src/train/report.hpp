@@ -1,0 +1,73 @@
+// What a run tells its user: one JSON object per step in the metrics file (DESIGN.md §2.4), a
+// readable log line every --log-every steps, a progress line with ETA when stdout is a terminal,
+// and the end-of-run summary with predicted and measured memory and communication side by side.
+// Only rank 0 writes; the other ranks contribute through the trainer's gathers.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "comm/comm_ledger.hpp"
+#include "core/memory_ledger.hpp"
+#include "strategies/strategy.hpp"
+
+namespace mlptrain {
+
+struct StepRecord {
+  std::int64_t step = 0;  // optimizer steps done
+  double loss = 0;
+  double aux_loss = 0;
+  double lr = 0;
+  double grad_norm = 0;
+  double step_ms = 0;
+  double samples_per_s = 0;
+  CommTotals comm;
+  MemoryByState memory{};
+  MemoryByState peak_memory{};
+  std::optional<double> eval_loss;
+  std::optional<double> eval_accuracy;
+};
+
+nlohmann::json step_json(const StepRecord& record);
+
+struct RunSummary {
+  std::vector<StepRecord> steps;
+  std::vector<MemoryByState> peak_memory_by_rank;
+  MemoryByState peak_memory{};  // rank 0's, over the whole run
+  PlacementPrediction prediction;
+};
+
+nlohmann::json summary_json(const RunSummary& summary);
+
+// The predicted-vs-measured tables as text (measured columns omitted when `measured` is null).
+std::string placement_table(const PlacementPrediction& prediction, const RunSummary* measured);
+
+class Reporter {
+ public:
+  // Inactive (writes nothing) unless `active`; throws UsageError if the metrics file cannot be
+  // opened.
+  Reporter(bool active, const std::string& metrics_path, int log_every, std::int64_t total_steps);
+  ~Reporter();
+  Reporter(const Reporter&) = delete;
+  Reporter& operator=(const Reporter&) = delete;
+
+  void line(const std::string& text);  // a log line (clears the progress line first)
+  void step(const StepRecord& record);
+  void summary(const RunSummary& summary);
+
+ private:
+  bool active_;
+  int log_every_;
+  std::int64_t total_steps_;
+  std::FILE* metrics_ = nullptr;
+  bool terminal_ = false;
+  bool progress_shown_ = false;
+  double started_ms_ = 0;
+  std::int64_t first_step_ = -1;
+};
+
+}  // namespace mlptrain

@@ -1,0 +1,51 @@
+// The active strategies of a run, built from the registry, with each hook forwarded to every one
+// of them in registration order. This is all the loop sees of parallelism.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "strategies/strategy.hpp"
+
+namespace mlptrain {
+
+class StrategyStack {
+ public:
+  explicit StrategyStack(const StrategyContext& context);
+
+  std::vector<std::string_view> names() const;
+  void before_step(const StepEvent& event) { each([&](Strategy& s) { s.before_step(event); }); }
+  void before_layer_forward(LayerEvent& event) {
+    each([&](Strategy& s) { s.before_layer_forward(event); });
+  }
+  void after_layer_matmul(LayerEvent& event) {
+    each([&](Strategy& s) { s.after_layer_matmul(event); });
+  }
+  void after_layer_forward(LayerEvent& event) {
+    each([&](Strategy& s) { s.after_layer_forward(event); });
+  }
+  void before_layer_backward(LayerEvent& event) {
+    each([&](Strategy& s) { s.before_layer_backward(event); });
+  }
+  void after_layer_backward(LayerEvent& event) {
+    each([&](Strategy& s) { s.after_layer_backward(event); });
+  }
+  void synchronize_gradients(const StepEvent& event) {
+    each([&](Strategy& s) { s.synchronize_gradients(event); });
+  }
+  void after_optimizer_step(const StepEvent& event) {
+    each([&](Strategy& s) { s.after_optimizer_step(event); });
+  }
+  void predict(PlacementPrediction& prediction) const {
+    for (const auto& strategy : strategies_) strategy->predict(prediction);
+  }
+
+ private:
+  template <typename Call>
+  void each(Call&& call) {
+    for (auto& strategy : strategies_) call(*strategy);
+  }
+  std::vector<std::unique_ptr<Strategy>> strategies_;
+};
+
+}  // namespace mlptrain

@@ -1,0 +1,337 @@
+// The training loop (see trainer.hpp).
+#include "train/trainer.hpp"
+
+#include <mpi.h>
+
+#include <cmath>
+#include <fmt/format.h>
+#include <memory>
+#include <numeric>
+
+#include "comm/consensus.hpp"
+#include "comm/process_groups.hpp"
+#include "core/timer.hpp"
+#include "data/dataset.hpp"
+#include "data/sample_order.hpp"
+#include "io/checkpoint.hpp"
+#include "train/model_runner.hpp"
+#include "train/optimizer.hpp"
+#include "train/options.hpp"
+#include "train/report.hpp"
+#include "train/schedule.hpp"
+
+namespace mlptrain {
+
+namespace {
+
+struct LossTotals {
+  double loss_sum = 0;
+  double correct = 0;
+};
+
+class Trainer {
+ public:
+  explicit Trainer(const Config& config);
+  void predict_only();
+  void train();
+
+ private:
+  void load_micro_batch(std::int64_t step, int micro_batch, MicroBatchActivations& activations);
+  StepRecord train_step(std::int64_t step);
+  void evaluate(StepRecord& record);
+  void save(std::int64_t step);
+  void note_peaks();
+  // Sums values over the world (each counted where owned), skipped in one process.
+  void world_sum(double* values, std::size_t count);
+  PlacementPrediction predict() const;
+  std::string describe_run() const;
+  TrainingState state(std::int64_t step) {
+    return {*parameters_, optimizer_->exp_avg(), optimizer_->exp_avg_sq(), step};
+  }
+
+  const Config& config_;
+  MemoryLedger memory_;
+  CommLedger comm_ledger_;
+  HostAllocator allocator_{memory_};
+  std::unique_ptr<Kernels> kernels_ = make_cpu_kernels();
+  std::unique_ptr<ProcessGroups> groups_;
+  std::unique_ptr<Dataset> dataset_;
+  LossKind loss_kind_ = LossKind::mse;
+  std::vector<LayerSpec> specs_;
+  std::unique_ptr<ParameterStore> parameters_;
+  std::unique_ptr<StrategyStack> strategies_;
+  std::unique_ptr<ModelRunner> runner_;
+  std::unique_ptr<AdamW> optimizer_;
+  std::unique_ptr<SampleOrder> order_;
+  std::unique_ptr<Reporter> reporter_;
+  BatchLayout batch_;
+  std::vector<Action> schedule_;
+  MemoryByState run_peak_{};
+  int first_layer_ = 0;
+  int last_layer_ = 0;
+};
+
+Trainer::Trainer(const Config& config) : config_(config) {
+  int world_size = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &world_size);
+  const GridShape shape{.world = world_size, .tp = config.tp, .dp = config.dp, .pp = config.pp,
+                        .ep = config.ep};
+  groups_ = std::make_unique<ProcessGroups>(MPI_COMM_WORLD, shape, comm_ledger_);
+  Communicator& world = groups_->world();
+  const bool rank_zero = world.rank() == 0;
+
+  agree_or_throw(world, [&] {
+    dataset_ = open_dataset({.name = config.dataset,
+                             .path = config.data_path,
+                             .input_dim = config.input_dim,
+                             .output_dim = config.output_dim});
+    if (config.eval_every > 0 && dataset_->info().test_size == 0)
+      throw UsageError("--eval-every needs a held-out split, and '" + config.data_path +
+                       "' has no /x_test and /y_test");
+  });
+  const DatasetInfo& data = dataset_->info();
+  loss_kind_ = data.kind == TargetKind::classification ? LossKind::cross_entropy : LossKind::mse;
+  specs_ = dense_layer_specs(config.layers, data.input_dim, config.hidden, data.output_dim);
+  first_layer_ = 0;
+  last_layer_ = config.layers;
+
+  parameters_ = std::make_unique<ParameterStore>(
+      dense_parameter_tensors(specs_, first_layer_, last_layer_), allocator_);
+  parameters_->initialize(static_cast<std::uint64_t>(config.seed));
+  const StrategyContext context{.config = config,
+                                .groups = *groups_,
+                                .kernels = *kernels_,
+                                .allocator = allocator_,
+                                .parameters = *parameters_,
+                                .layers = specs_,
+                                .first_layer = first_layer_,
+                                .last_layer = last_layer_};
+  strategies_ = std::make_unique<StrategyStack>(context);
+  runner_ = std::make_unique<ModelRunner>(*kernels_, allocator_, *parameters_, specs_, first_layer_,
+                                          last_layer_, *strategies_);
+  optimizer_ = std::make_unique<AdamW>(config, allocator_, parameters_->size());
+  order_ = std::make_unique<SampleOrder>(data.train_size, config.shuffle,
+                                         static_cast<std::uint64_t>(config.seed));
+  batch_ = {.global_batch = config.global_batch,
+            .micro_batches = config.micro_batches,
+            .data_parallel = config.dp};
+  schedule_ = sequential_schedule(config.micro_batches);
+  agree_or_throw(world, [&] {
+    if (!config.checkpoint_dir.empty() && rank_zero && !config.predict)
+      prepare_checkpoint_directory(config.checkpoint_dir);
+    reporter_ = std::make_unique<Reporter>(rank_zero, config.predict ? "" : config.metrics_path,
+                                           config.log_every, config.steps);
+  });
+  note_peaks();
+}
+
+std::string Trainer::describe_run() const {
+  const GridShape& shape = groups_->shape();
+  std::string widths = std::to_string(specs_.front().in_features);
+  for (const LayerSpec& spec : specs_) widths += "->" + std::to_string(spec.out_features);
+  std::string strategies;
+  for (std::string_view name : strategies_->names()) strategies += " " + std::string(name);
+  return fmt::format(
+      "mlptrain: {} rank(s), dp={} tp={} pp={} ep={} zero={}, strategies:{}\n"
+      "model: {} layers {} ({} parameters), {} data ({} train samples), global batch {} in {} "
+      "micro-batch(es), {} steps",
+      shape.world, shape.dp, shape.tp, shape.pp, shape.ep, config_.zero,
+      strategies.empty() ? " none" : strategies, specs_.size(), widths, parameters_->size(),
+      dataset_->info().name, dataset_->info().train_size, config_.global_batch,
+      config_.micro_batches, config_.steps);
+}
+
+PlacementPrediction Trainer::predict() const {
+  PlacementPrediction prediction;
+  const auto parameter_bytes = static_cast<std::int64_t>(parameters_->size() * sizeof(float));
+  prediction.bytes = {parameter_bytes, parameter_bytes, 2 * parameter_bytes,
+                      runner_->activation_bytes(batch_.local_size(), loss_kind_)};
+  if (groups_->shape().world > 1) prediction.comm(CommOp::all_reduce) += 3 * sizeof(double);
+  strategies_->predict(prediction);
+  return prediction;
+}
+
+void Trainer::predict_only() {
+  reporter_->line(describe_run());
+  reporter_->line("predicted memory of rank 0 and communication per step:\n" +
+                  placement_table(predict(), nullptr));
+}
+
+void Trainer::note_peaks() {
+  for (int state = 0; state < memory_state_count; ++state)
+    run_peak_[state] = std::max(run_peak_[state], memory_.peak()[state]);
+}
+
+void Trainer::world_sum(double* values, std::size_t count) {
+  if (groups_->shape().world > 1) groups_->world().all_reduce(values, count);
+}
+
+void Trainer::load_micro_batch(std::int64_t step, int micro_batch,
+                               MicroBatchActivations& activations) {
+  const std::int64_t first = batch_.first_position(step, micro_batch, groups_->place().dp);
+  const std::vector<std::int64_t> indices = order_->samples(first, activations.rows);
+  dataset_->read(Split::train, indices, first_layer_ == 0 ? activations.input.floats() : nullptr,
+                 activations.targets.floats(), activations.labels.as<std::int32_t>());
+}
+
+StepRecord Trainer::train_step(std::int64_t step) {
+  const double start_ms = now_ms();
+  comm_ledger_.begin_step();
+  memory_.reset_peaks();
+  const StepEvent event{.step = step};
+  strategies_->before_step(event);
+
+  std::vector<MicroBatchActivations> in_flight(static_cast<std::size_t>(config_.micro_batches));
+  LossTotals local;
+  for (const Action& action : schedule_) {
+    MicroBatchActivations& activations = in_flight[static_cast<std::size_t>(action.micro_batch)];
+    if (action.kind == ActionKind::forward) {
+      activations = runner_->prepare(batch_.local_size(), loss_kind_);
+      load_micro_batch(step, action.micro_batch, activations);
+      const LossSums sums = runner_->forward(activations, action.micro_batch, config_.micro_batches,
+                                             true, loss_kind_, config_.global_batch);
+      local.loss_sum += sums.loss_sum;
+      local.correct += static_cast<double>(sums.correct);
+    } else {
+      runner_->backward(activations, action.micro_batch, config_.micro_batches);
+    }
+  }
+  strategies_->synchronize_gradients(event);
+
+  // Every tensor-parallel rank computes the same loss: only the first one counts it.
+  const bool counts_loss = runner_->computes_loss() && groups_->place().tp == 0;
+  double totals[3] = {counts_loss ? local.loss_sum : 0.0, counts_loss ? local.correct : 0.0, 0.0};
+  const double learning_rate = scheduled_learning_rate(config_, step);
+  const GridShape& shape = groups_->shape();
+  const GridCoordinates& place = groups_->place();
+  if (config_.grad_clip > 0) {
+    totals[2] = AdamW::owned_square_sum(*kernels_, *parameters_, shape, place);
+    world_sum(totals, 3);
+    const double coefficient = clip_coefficient(config_.grad_clip, std::sqrt(totals[2]));
+    if (coefficient < 1.0)
+      kernels_->scale(parameters_->grads(), parameters_->size(), static_cast<float>(coefficient));
+    optimizer_->update(*kernels_, *parameters_, learning_rate, step + 1, shape, place);
+  } else {
+    // Without clipping the norm comes free from the update's own pass over the gradients.
+    totals[2] = optimizer_->update(*kernels_, *parameters_, learning_rate, step + 1, shape, place);
+    world_sum(totals, 3);
+  }
+  strategies_->after_optimizer_step(event);
+
+  StepRecord record;
+  record.step = step + 1;
+  record.loss = totals[0] / loss_normalizer(loss_kind_, config_.global_batch, specs_.back().out_features);
+  record.lr = learning_rate;
+  record.grad_norm = std::sqrt(totals[2]);
+  record.step_ms = now_ms() - start_ms;
+  record.samples_per_s = static_cast<double>(config_.global_batch) / (record.step_ms / 1000.0);
+  record.comm = comm_ledger_.step();
+  record.memory = memory_.current();
+  record.peak_memory = memory_.peak();
+  note_peaks();
+  return record;
+}
+
+void Trainer::evaluate(StepRecord& record) {
+  const std::int64_t test_size = dataset_->info().test_size;
+  const std::int64_t chunk = batch_.micro_batch_size();
+  const int dp = groups_->shape().dp, dp_rank = groups_->place().dp;
+  LossTotals local;
+  for (std::int64_t first = 0; first < test_size; first += chunk) {
+    const std::int64_t count = std::min(chunk, test_size - first);
+    const std::int64_t begin = first + count * dp_rank / dp, end = first + count * (dp_rank + 1) / dp;
+    MicroBatchActivations activations = runner_->prepare(end - begin, loss_kind_);
+    std::vector<std::int64_t> indices(static_cast<std::size_t>(end - begin));
+    std::iota(indices.begin(), indices.end(), begin);
+    dataset_->read(Split::test, indices, first_layer_ == 0 ? activations.input.floats() : nullptr,
+                   activations.targets.floats(), activations.labels.as<std::int32_t>());
+    const LossSums sums = runner_->forward(activations, 0, 1, false, loss_kind_, test_size);
+    local.loss_sum += sums.loss_sum;
+    local.correct += static_cast<double>(sums.correct);
+  }
+  const bool counts = runner_->computes_loss() && groups_->place().tp == 0;
+  double totals[2] = {counts ? local.loss_sum : 0.0, counts ? local.correct : 0.0};
+  world_sum(totals, 2);
+  record.eval_loss = totals[0] / loss_normalizer(loss_kind_, test_size, specs_.back().out_features);
+  if (loss_kind_ == LossKind::cross_entropy)
+    record.eval_accuracy = totals[1] / static_cast<double>(test_size);
+  note_peaks();
+}
+
+void Trainer::save(std::int64_t step) {
+  const GridShape& shape = groups_->shape();
+  const CheckpointScope scope{.world = groups_->world(),
+                              .shape = shape,
+                              .place = groups_->place(),
+                              .global_tensors = dense_parameter_tensors(specs_, 0, config_.layers),
+                              .layer_count = config_.layers};
+  const CheckpointDescription description{
+      .config_ini = to_ini(config_),
+      .layout = fmt::format("dp={} tp={} pp={} ep={} zero={}", shape.dp, shape.tp, shape.pp,
+                            shape.ep, config_.zero),
+      .seed = config_.seed};
+  const std::string path = save_checkpoint(config_.checkpoint_dir, state(step), description, scope);
+  reporter_->line("saved checkpoint " + path);
+}
+
+void Trainer::train() {
+  reporter_->line(describe_run());
+  std::int64_t start = 0;
+  if (!config_.resume.empty()) {
+    TrainingState loaded = state(0);
+    const CheckpointScope scope{.world = groups_->world(),
+                                .shape = groups_->shape(),
+                                .place = groups_->place(),
+                                .global_tensors = dense_parameter_tensors(specs_, 0, config_.layers),
+                                .layer_count = config_.layers};
+    const std::string file = load_checkpoint(config_.resume, loaded, scope);
+    start = loaded.step;
+    reporter_->line(fmt::format("resumed from {} at step {}", file, start));
+    if (start >= config_.steps)
+      reporter_->line(fmt::format("the checkpoint is at or beyond --steps {}: nothing to train",
+                                  config_.steps));
+  }
+  RunSummary summary;
+  std::int64_t last_saved = -1;
+  for (std::int64_t step = start; step < config_.steps; ++step) {
+    StepRecord record = train_step(step);
+    if (config_.eval_every > 0 && record.step % config_.eval_every == 0) evaluate(record);
+    reporter_->step(record);
+    summary.steps.push_back(record);
+    if (!config_.checkpoint_dir.empty() && config_.save_every > 0 &&
+        record.step % config_.save_every == 0) {
+      save(record.step);
+      last_saved = record.step;
+    }
+  }
+  const std::int64_t final_step = std::max<std::int64_t>(start, config_.steps);
+  if (!config_.checkpoint_dir.empty() && last_saved != final_step &&
+      !(start >= config_.steps && !config_.resume.empty()))
+    save(final_step);
+
+  note_peaks();
+  summary.peak_memory = run_peak_;
+  summary.prediction = predict();
+  Communicator& world = groups_->world();
+  std::vector<std::int64_t> all(static_cast<std::size_t>(memory_state_count * world.size()));
+  world.all_gather(run_peak_.data(), all.data(), memory_state_count);
+  for (int rank = 0; rank < world.size(); ++rank) {
+    MemoryByState peaks{};
+    std::copy_n(all.begin() + rank * memory_state_count, memory_state_count, peaks.begin());
+    summary.peak_memory_by_rank.push_back(peaks);
+  }
+  if (!summary.steps.empty()) reporter_->summary(summary);
+}
+
+}  // namespace
+
+void run_training(const Config& config) {
+  Trainer trainer(config);
+  if (config.predict) {
+    trainer.predict_only();
+  } else {
+    trainer.train();
+  }
+}
+
+}  // namespace mlptrain

@@ -1,0 +1,14 @@
+// The common training loop: builds the run (grid, data, model, strategies, optimizer), then for
+// every step executes the schedule's actions and calls the strategies' hooks at fixed points. It
+// never names a strategy.
+#pragma once
+
+#include "core/config.hpp"
+
+namespace mlptrain {
+
+// Runs (or, with --predict, only predicts) the configured training on MPI_COMM_WORLD. Collective;
+// throws AgreedError for problems every rank agrees on.
+void run_training(const Config& config);
+
+}  // namespace mlptrain

@@ -1,0 +1,16 @@
+// The list of strategies. Adding a strategy is a new file defining its registration plus one line
+// here; hooks run in this order.
+#include "strategies/strategy.hpp"
+
+namespace mlptrain {
+
+extern const StrategyRegistration data_parallel_registration;
+
+std::span<const StrategyRegistration> strategy_registry() {
+  static const StrategyRegistration registry[] = {
+      data_parallel_registration,
+  };
+  return registry;
+}
+
+}  // namespace mlptrain

@@ -1,0 +1,100 @@
+// The hook interface through which parallel strategies plug into the common training loop. The
+// loop calls every active strategy at fixed points of a step, in registration order; a strategy
+// composes with others by acting only on its own process group and its own part of the state.
+// The loop knows strategies only through this header.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "comm/comm_ledger.hpp"
+#include "comm/process_groups.hpp"
+#include "core/buffer.hpp"
+#include "core/config.hpp"
+#include "kernels/kernels.hpp"
+#include "model/model_spec.hpp"
+#include "model/parameter_store.hpp"
+
+namespace mlptrain {
+
+// What a strategy may use; everything is owned by the trainer and outlives the strategies.
+struct StrategyContext {
+  const Config& config;
+  const ProcessGroups& groups;
+  Kernels& kernels;
+  Allocator& allocator;
+  ParameterStore& parameters;
+  const std::vector<LayerSpec>& layers;  // the whole model
+  int first_layer = 0;                   // this rank's layers are [first_layer, last_layer)
+  int last_layer = 0;
+};
+
+// One layer of one micro-batch. Pointers are this rank's local tensors ([rows, features]); those
+// not yet computed at the hook's point are null.
+struct LayerEvent {
+  int layer = 0;
+  int micro_batch = 0;
+  int micro_batches = 1;
+  bool training = true;  // false while evaluating
+  std::int64_t rows = 0;
+  const float* input = nullptr;
+  float* pre = nullptr;           // x W^T, then + b
+  float* output = nullptr;        // the layer's output (GELU(pre) or pre)
+  const float* grad_output = nullptr;
+  float* grad_input = nullptr;    // null for the model's first layer
+  bool last_micro_batch() const { return micro_batch == micro_batches - 1; }
+};
+
+struct StepEvent {
+  std::int64_t step = 0;  // 0-based index of the optimizer step being taken
+};
+
+// A prediction of this rank's memory by state and communication per step (DESIGN.md §2.4). The
+// trainer fills in what follows from the model and batch; strategies adjust it for what they do.
+inline constexpr std::array<MemoryState, 4> placement_states = {
+    MemoryState::params, MemoryState::grads, MemoryState::optimizer, MemoryState::activations};
+
+struct PlacementPrediction {
+  std::array<std::string, 4> modes = {"R", "R", "R", "R"};  // per placement_states entry
+  std::array<std::int64_t, 4> bytes{};
+  std::array<std::int64_t, comm_op_count> comm_bytes_per_step{};
+
+  std::int64_t& comm(CommOp op) { return comm_bytes_per_step[static_cast<int>(op)]; }
+};
+
+class Strategy {
+ public:
+  virtual ~Strategy() = default;
+  virtual std::string_view name() const = 0;
+
+  virtual void before_step(const StepEvent&) {}
+  virtual void before_layer_forward(LayerEvent&) {}
+  // Between the matrix product and bias/activation: pre holds x W^T.
+  virtual void after_layer_matmul(LayerEvent&) {}
+  virtual void after_layer_forward(LayerEvent&) {}
+  virtual void before_layer_backward(LayerEvent&) {}
+  // The layer's parameter gradients for this micro-batch are complete.
+  virtual void after_layer_backward(LayerEvent&) {}
+  // After the last backward: every gradient must be final when this returns.
+  virtual void synchronize_gradients(const StepEvent&) {}
+  virtual void after_optimizer_step(const StepEvent&) {}
+
+  virtual void predict(PlacementPrediction&) const {}
+};
+
+// A strategy's entry in the registry: when it takes part, and how to make it.
+struct StrategyRegistration {
+  std::string_view name;
+  bool (*wanted)(const Config& config, const GridShape& shape);
+  std::unique_ptr<Strategy> (*create)(const StrategyContext& context);
+};
+
+// Every strategy, in the order their hooks run.
+std::span<const StrategyRegistration> strategy_registry();
+
+}  // namespace mlptrain

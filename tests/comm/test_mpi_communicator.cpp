@@ -1,0 +1,164 @@
+// The MPI communicator at whatever world size mpiexec gives: every collective, blocking and not,
+// exact results, and the ledger's sizes in nccl-tests' convention. Also the grid's groups and
+// failure agreement.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <numeric>
+
+#include "comm/consensus.hpp"
+#include "comm/mpi_communicator.hpp"
+#include "comm/process_groups.hpp"
+
+using namespace mlptrain;
+
+namespace {
+
+class MpiCommunicatorTest : public ::testing::Test {
+ protected:
+  CommLedger ledger;
+  MpiCommunicator world{MPI_COMM_WORLD, "world", ledger};
+  int rank = world.rank();
+  int size = world.size();
+
+  std::int64_t bytes_of(CommOp op) const { return ledger.run().bytes_of(op); }
+};
+
+}  // namespace
+
+TEST_F(MpiCommunicatorTest, AllReduceSumMaxMinAcrossTypes) {
+  std::vector<float> values = {1.0f * rank, 2.0f, -1.0f * rank};
+  world.all_reduce(values.data(), values.size());
+  const float total = size * (size - 1) / 2.0f;
+  EXPECT_EQ(values, (std::vector<float>{total, 2.0f * size, -total}));
+  std::int64_t largest = rank * 10;
+  world.all_reduce(&largest, 1, ReduceOp::max);
+  EXPECT_EQ(largest, (size - 1) * 10);
+  double smallest = 5.0 - rank;
+  world.all_reduce(&smallest, 1, ReduceOp::min);
+  EXPECT_EQ(smallest, 5.0 - (size - 1));
+  EXPECT_EQ(bytes_of(CommOp::all_reduce), 3 * 4 + 8 + 8);
+  EXPECT_EQ(ledger.run().calls[static_cast<int>(CommOp::all_reduce)], 3);
+}
+
+TEST_F(MpiCommunicatorTest, ReduceScatterAndAllGather) {
+  const std::size_t block = 3;
+  std::vector<float> input(block * size);
+  for (std::size_t i = 0; i < input.size(); ++i) input[i] = static_cast<float>(i + rank);
+  std::vector<float> shard(block);
+  world.reduce_scatter(input.data(), shard.data(), block);
+  for (std::size_t i = 0; i < block; ++i) {
+    const float index = static_cast<float>(rank * block + i);
+    EXPECT_EQ(shard[i], size * index + size * (size - 1) / 2.0f);
+  }
+  std::vector<std::int32_t> mine = {rank, -rank}, all(2 * size);
+  world.all_gather(mine.data(), all.data(), 2);
+  for (int r = 0; r < size; ++r) {
+    EXPECT_EQ(all[2 * r], r);
+    EXPECT_EQ(all[2 * r + 1], -r);
+  }
+  EXPECT_EQ(bytes_of(CommOp::reduce_scatter), static_cast<std::int64_t>(block * size * 4));
+  EXPECT_EQ(bytes_of(CommOp::all_gather), 2 * size * 4);
+}
+
+TEST_F(MpiCommunicatorTest, BroadcastFromTheLastRank) {
+  std::vector<double> data(5, rank == size - 1 ? 3.25 : 0.0);
+  world.broadcast(data.data(), data.size(), size - 1);
+  EXPECT_EQ(data, std::vector<double>(5, 3.25));
+  EXPECT_EQ(bytes_of(CommOp::broadcast), 40);
+}
+
+TEST_F(MpiCommunicatorTest, AllToAllEqualAndVariable) {
+  std::vector<std::int64_t> send(2 * size), receive(2 * size);
+  for (int r = 0; r < size; ++r) send[2 * r] = send[2 * r + 1] = 100 * rank + r;
+  world.all_to_all(send.data(), receive.data(), 2);
+  for (int r = 0; r < size; ++r) EXPECT_EQ(receive[2 * r], 100 * r + rank);
+  EXPECT_EQ(bytes_of(CommOp::all_to_all), 2 * size * 8);
+
+  // Rank r sends r + d + 1 values to rank d; each value says who sent it to whom.
+  std::vector<std::size_t> send_counts(size), receive_counts(size);
+  std::vector<float> packed;
+  for (int d = 0; d < size; ++d) {
+    send_counts[d] = rank + d + 1;
+    receive_counts[d] = d + rank + 1;
+    for (std::size_t k = 0; k < send_counts[d]; ++k) packed.push_back(rank * 10.0f + d);
+  }
+  std::vector<float> unpacked(std::accumulate(receive_counts.begin(), receive_counts.end(), std::size_t{0}));
+  const std::int64_t before = bytes_of(CommOp::all_to_all);
+  world.all_to_all_variable(packed.data(), send_counts, unpacked.data(), receive_counts);
+  std::size_t at = 0;
+  for (int s = 0; s < size; ++s)
+    for (std::size_t k = 0; k < receive_counts[s]; ++k) EXPECT_EQ(unpacked[at++], s * 10.0f + rank);
+  EXPECT_EQ(bytes_of(CommOp::all_to_all) - before, static_cast<std::int64_t>(packed.size() * 4));
+}
+
+TEST_F(MpiCommunicatorTest, SendAndReceiveAroundARing) {
+  const int next = (rank + 1) % size, previous = (rank + size - 1) % size;
+  std::vector<float> outgoing(4, static_cast<float>(rank)), incoming(4, -1.0f);
+  Request receive = world.start({.op = CommOp::recv, .receive = incoming.data(), .count = 4,
+                                 .type = DataType::float32, .peer = previous, .tag = 7});
+  world.send(outgoing.data(), 4, next, 7);
+  receive.wait();
+  EXPECT_EQ(incoming, std::vector<float>(4, static_cast<float>(previous)));
+  EXPECT_EQ(bytes_of(CommOp::send), 16);
+  EXPECT_EQ(bytes_of(CommOp::recv), 16);
+}
+
+TEST_F(MpiCommunicatorTest, NonBlockingCollectivesCompleteAndAreRecorded) {
+  std::vector<float> a(1000, 1.0f), b(1000, 2.0f), gathered(size), shard(1), scatter_input(size, 1.0f);
+  float one = static_cast<float>(rank);
+  Request first = world.all_reduce_async(a.data(), a.size());
+  Request second = world.all_reduce_async(b.data(), b.size());
+  Request third = world.start({.op = CommOp::all_gather, .send = &one, .receive = gathered.data(),
+                               .count = 1, .type = DataType::float32});
+  Request fourth = world.start({.op = CommOp::reduce_scatter, .send = scatter_input.data(),
+                                .receive = shard.data(), .count = 1, .type = DataType::float32});
+  while (!first.test()) {
+  }
+  EXPECT_TRUE(first.done());
+  second.wait();
+  third.wait();
+  fourth.wait();
+  EXPECT_EQ(a, std::vector<float>(1000, static_cast<float>(size)));
+  EXPECT_EQ(b, std::vector<float>(1000, 2.0f * size));
+  for (int r = 0; r < size; ++r) EXPECT_EQ(gathered[r], static_cast<float>(r));
+  EXPECT_EQ(shard[0], static_cast<float>(size));
+  EXPECT_EQ(bytes_of(CommOp::all_reduce), 8000);
+  EXPECT_EQ(bytes_of(CommOp::all_gather), 4 * size);
+  EXPECT_EQ(ledger.by_group().at("world").bytes_of(CommOp::all_reduce), 8000);
+  world.barrier();
+}
+
+TEST_F(MpiCommunicatorTest, GridGroupsSumOverTheirOwnRanks) {
+  if (size % 2 != 0) GTEST_SKIP() << "needs an even world size";
+  const GridShape shape{.world = size, .tp = 2, .dp = size / 2, .pp = 1, .ep = 1};
+  ProcessGroups groups(MPI_COMM_WORLD, shape, ledger);
+  std::int64_t value = rank;
+  groups.group(GroupKind::tensor).all_reduce(&value, 1);
+  const int tp_first = rank - rank % 2;
+  EXPECT_EQ(value, tp_first + tp_first + 1);
+  value = rank;
+  groups.group(GroupKind::data).all_reduce(&value, 1);
+  std::int64_t expected = 0;
+  for (int r = rank % 2; r < size; r += 2) expected += r;
+  EXPECT_EQ(value, expected);
+  EXPECT_EQ(groups.group(GroupKind::data).size(), size / 2);
+  EXPECT_GT(ledger.by_group().at("tp").bytes_of(CommOp::all_reduce), 0);
+}
+
+TEST_F(MpiCommunicatorTest, EveryRankAgreesOnTheLowestRanksError) {
+  const auto problem = first_problem(world, rank == size - 1 ? std::optional<std::string>("last")
+                                                              : std::nullopt);
+  ASSERT_TRUE(problem.has_value());
+  EXPECT_EQ(*problem, "last");
+  EXPECT_FALSE(first_problem(world, std::nullopt).has_value());
+  try {
+    agree_or_throw(world, [&] {
+      if (rank >= size / 2) throw UsageError("bad on rank " + std::to_string(rank));
+    });
+    FAIL() << "expected an agreed error";
+  } catch (const AgreedError& error) {
+    EXPECT_EQ(std::string(error.what()), "bad on rank " + std::to_string(size / 2));
+    EXPECT_EQ(error.code(), ExitCode::usage);
+  }
+}

@@ -1,0 +1,140 @@
+// Core room: memory ledger, caching allocator, counter RNG and the vectorizable math functions.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "core/buffer.hpp"
+#include "core/memory_ledger.hpp"
+#include "core/rng.hpp"
+#include "core/vector_math.hpp"
+
+using namespace mlptrain;
+
+TEST(MemoryLedger, TracksCurrentAndPeakPerState) {
+  MemoryLedger ledger;
+  ledger.charge(MemoryState::params, 100);
+  ledger.charge(MemoryState::activations, 50);
+  ledger.charge(MemoryState::activations, 70);
+  ledger.release(MemoryState::activations, 50);
+  EXPECT_EQ(ledger.current(MemoryState::params), 100);
+  EXPECT_EQ(ledger.current(MemoryState::activations), 70);
+  EXPECT_EQ(ledger.peak(MemoryState::activations), 120);
+  EXPECT_EQ(ledger.current_total(), 170);
+  ledger.reset_peaks();
+  EXPECT_EQ(ledger.peak(MemoryState::activations), 70);
+}
+
+TEST(HostAllocator, BuffersChargeTheirStateAndReuseBlocks) {
+  MemoryLedger ledger;
+  HostAllocator allocator(ledger);
+  void* first_block = nullptr;
+  {
+    Buffer grads = allocator.allocate_floats(MemoryState::grads, 1000);
+    EXPECT_EQ(ledger.current(MemoryState::grads), 4000);
+    EXPECT_EQ(reinterpret_cast<std::uintptr_t>(grads.floats()) % 64, 0u);
+    first_block = grads.floats();
+    Buffer moved = std::move(grads);
+    EXPECT_TRUE(grads.empty());
+    EXPECT_EQ(ledger.current(MemoryState::grads), 4000);
+  }
+  EXPECT_EQ(ledger.current(MemoryState::grads), 0);
+  EXPECT_GT(allocator.cached_bytes(), 0u);
+  Buffer again = allocator.allocate_floats(MemoryState::workspace, 1000);
+  EXPECT_EQ(again.floats(), first_block);  // served from the cache
+  EXPECT_EQ(ledger.peak(MemoryState::grads), 4000);
+  EXPECT_TRUE(allocator.allocate(MemoryState::workspace, 0).empty());
+}
+
+TEST(Philox, MatchesTheRandom123KnownAnswer) {
+  // Known-answer vector of Philox4x32-10 from the Random123 distribution (kat_vectors).
+  const auto words = philox4x32({0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344},
+                                {0xa4093822, 0x299f31d0});
+  EXPECT_EQ(words[0], 0xd16cfe09u);
+  EXPECT_EQ(words[1], 0x94fdccebu);
+  EXPECT_EQ(words[2], 0x5001e420u);
+  EXPECT_EQ(words[3], 0x24126ea1u);
+}
+
+TEST(CounterRng, ValuesDependOnlyOnSeedNameAndIndex) {
+  const CounterRng rng(7, "layers/00/weight");
+  std::vector<float> whole(1000), slice(100);
+  rng.fill_uniform(whole.data(), 0, whole.size(), -0.5f, 0.5f);
+  rng.fill_uniform(slice.data(), 450, slice.size(), -0.5f, 0.5f);
+  for (std::size_t i = 0; i < slice.size(); ++i) EXPECT_EQ(slice[i], whole[450 + i]);
+  EXPECT_EQ(rng.uniform(3), CounterRng(7, "layers/00/weight").uniform(3));
+  EXPECT_NE(rng.uniform(3), CounterRng(8, "layers/00/weight").uniform(3));
+  EXPECT_NE(rng.uniform(3), CounterRng(7, "layers/00/bias").uniform(3));
+}
+
+TEST(CounterRng, UniformAndNormalHaveTheRightMoments) {
+  const CounterRng rng(1, "moments");
+  const std::size_t count = 200000;
+  std::vector<float> uniform(count), normal(count);
+  rng.fill_uniform(uniform.data(), 0, count, -1.0f, 3.0f);
+  rng.fill_normal(normal.data(), 0, count, 2.0f, 0.5f);
+  double u_sum = 0, n_sum = 0, n_square = 0;
+  for (std::size_t i = 0; i < count; ++i) {
+    ASSERT_GE(uniform[i], -1.0f);
+    ASSERT_LE(uniform[i], 3.0f);
+    u_sum += uniform[i];
+    n_sum += normal[i];
+    n_square += (normal[i] - 2.0) * (normal[i] - 2.0);
+  }
+  EXPECT_NEAR(u_sum / count, 1.0, 0.01);
+  EXPECT_NEAR(n_sum / count, 2.0, 0.005);
+  EXPECT_NEAR(std::sqrt(n_square / count), 0.5, 0.005);
+  EXPECT_EQ(rng.normal(12345), [&] {
+    float value;
+    rng.fill_normal(&value, 12345, 1, 0.0f, 1.0f);
+    return value;
+  }());
+}
+
+TEST(CounterRng, BelowCoversTheRangeEvenly) {
+  const CounterRng rng(3, "below");
+  std::vector<int> counts(10, 0);
+  for (std::uint64_t i = 0; i < 100000; ++i) counts[rng.below(i, 10)]++;
+  for (int count : counts) EXPECT_NEAR(count, 10000, 500);
+}
+
+TEST(VectorMath, ExpMatchesLibm) {
+  double worst = 0;
+  for (float x = -80.0f; x < 80.0f; x += 0.0137f) {
+    const double exact = std::exp(static_cast<double>(x));
+    worst = std::max(worst, std::abs(vector_math::exp(x) - exact) / exact);
+  }
+  EXPECT_LT(worst, 3e-7);
+}
+
+TEST(VectorMath, LogMatchesLibm) {
+  double worst = 0;
+  for (float x = 1e-7f; x < 1.0f; x *= 1.0013f)
+    worst = std::max(worst, std::abs(vector_math::log(x) - std::log(static_cast<double>(x))));
+  EXPECT_LT(worst, 3e-6);
+}
+
+TEST(VectorMath, SinCosOfTurnsMatchLibm) {
+  double worst = 0;
+  for (float u = -2.0f; u < 2.0f; u += 0.000731f) {
+    float sine, cosine;
+    vector_math::sincos_turns(u, sine, cosine);
+    const double angle = 2.0 * M_PI * static_cast<double>(u);
+    worst = std::max({worst, std::abs(sine - std::sin(angle)), std::abs(cosine - std::cos(angle))});
+  }
+  EXPECT_LT(worst, 1e-6);
+}
+
+TEST(VectorMath, NormalCdfIsAccurateInBothTails) {
+  for (float x = -12.0f; x < 12.0f; x += 0.0093f) {
+    const double exact = 0.5 * std::erfc(-static_cast<double>(x) / std::sqrt(2.0));
+    const double got = vector_math::normal_cdf(x);
+    // Relative accuracy everywhere, the far tails included, up to the conditioning of Phi at a
+    // float argument (its relative condition number grows like x^2).
+    EXPECT_LT(std::abs(got - exact) / exact, 5e-7 * (1.0 + x * x)) << "x = " << x;
+  }
+  for (float x = -8.0f; x < 8.0f; x += 0.011f) {
+    const double exact = std::exp(-0.5 * x * x) / std::sqrt(2.0 * M_PI);
+    EXPECT_NEAR(vector_math::normal_pdf(x), exact, 1e-7 + 3e-7 * exact);
+  }
+}

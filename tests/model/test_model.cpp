@@ -1,0 +1,193 @@
+// Model room: Linear layers and losses against finite differences, layout-independent init.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <vector>
+
+#include "core/rng.hpp"
+#include "model/linear.hpp"
+#include "model/loss.hpp"
+#include "model/model_spec.hpp"
+#include "model/parameter_store.hpp"
+
+using namespace mlptrain;
+
+namespace {
+
+std::vector<float> random_values(std::size_t count, std::uint64_t seed, float scale = 1.0f) {
+  std::vector<float> values(count);
+  CounterRng(seed, "model-test").fill_uniform(values.data(), 0, count, -scale, scale);
+  return values;
+}
+
+// Central difference of f with respect to *value.
+double numeric_derivative(float* value, const std::function<double()>& f, float step = 1e-2f) {
+  const float saved = *value;
+  *value = saved + step;
+  const double plus = f();
+  *value = saved - step;
+  const double minus = f();
+  *value = saved;
+  return (plus - minus) / (2.0 * step);
+}
+
+struct LayerFixture {
+  MemoryLedger ledger;
+  HostAllocator allocator{ledger};
+  std::unique_ptr<Kernels> kernels = make_cpu_kernels();
+  std::vector<LayerSpec> specs;
+  std::unique_ptr<ParameterStore> store;
+  LinearLayer layer;
+
+  explicit LayerFixture(bool gelu) {
+    specs = {{.index = 0, .in_features = 5, .out_features = 4, .gelu = gelu},
+             {.index = 1, .in_features = 4, .out_features = 3, .gelu = false}};
+    store = std::make_unique<ParameterStore>(dense_parameter_tensors(specs, 0, 1), allocator);
+    store->initialize(11);
+    layer = linear_layer_view(*store, specs[0], "layers/00");
+  }
+};
+
+void check_linear_backward(bool gelu) {
+  LayerFixture fixture(gelu);
+  const std::int64_t rows = 3, in = 5, out = 4;
+  auto input = random_values(rows * in, 1, 2.0f);
+  const auto weights_of_loss = random_values(rows * out, 2);  // loss = sum(output * R)
+  std::vector<float> pre(rows * out), activated(rows * out);
+  const auto loss = [&] {
+    linear_forward_matmul(*fixture.kernels, fixture.layer, input.data(), rows, pre.data());
+    linear_forward_finish(*fixture.kernels, fixture.layer, rows, pre.data(), activated.data());
+    const auto& output = gelu ? activated : pre;
+    double sum = 0;
+    for (std::size_t i = 0; i < output.size(); ++i) sum += static_cast<double>(output[i]) * weights_of_loss[i];
+    return sum;
+  };
+  loss();
+  std::vector<float> grad_pre(rows * out), grad_input(rows * in);
+  linear_backward(*fixture.kernels, fixture.layer, input.data(), pre.data(), weights_of_loss.data(),
+                  rows, grad_pre.data(), grad_input.data(), false);
+  const auto close = [](double analytic, double numeric) {
+    EXPECT_NEAR(analytic, numeric, 2e-3 * std::max(1.0, std::abs(numeric)));
+  };
+  for (std::int64_t i = 0; i < out * in; ++i)
+    close(fixture.layer.weight_grad[i], numeric_derivative(fixture.layer.weight + i, loss));
+  for (std::int64_t i = 0; i < out; ++i)
+    close(fixture.layer.bias_grad[i], numeric_derivative(fixture.layer.bias + i, loss));
+  for (std::int64_t i = 0; i < rows * in; ++i)
+    close(grad_input[i], numeric_derivative(input.data() + i, loss));
+
+  // A second micro-batch accumulates onto the first.
+  loss();  // restores pre after the perturbed forwards
+  const std::vector<float> first(fixture.layer.weight_grad, fixture.layer.weight_grad + out * in);
+  linear_backward(*fixture.kernels, fixture.layer, input.data(), pre.data(), weights_of_loss.data(),
+                  rows, grad_pre.data(), nullptr, true);
+  for (std::int64_t i = 0; i < out * in; ++i)
+    EXPECT_NEAR(fixture.layer.weight_grad[i], 2 * first[i], 1e-5);
+}
+
+}  // namespace
+
+TEST(Linear, BackwardWithGeluMatchesFiniteDifferences) { check_linear_backward(true); }
+TEST(Linear, BackwardWithoutActivationMatchesFiniteDifferences) { check_linear_backward(false); }
+
+TEST(Loss, GradientsMatchFiniteDifferencesOfTheGlobalMean) {
+  auto kernels = make_cpu_kernels();
+  const std::int64_t rows = 4, cols = 3, global_samples = 10;
+  auto output = random_values(rows * cols, 3, 2.0f);
+  const auto targets = random_values(rows * cols, 4);
+  const std::vector<std::int32_t> labels = {2, 0, 1, 2};
+  for (LossKind kind : {LossKind::mse, LossKind::cross_entropy}) {
+    std::vector<float> grad(rows * cols);
+    compute_loss(*kernels, kind, output.data(), targets.data(), labels.data(), rows, cols,
+                 global_samples, grad.data());
+    const auto mean_loss = [&] {
+      const LossSums sums = compute_loss(*kernels, kind, output.data(), targets.data(),
+                                         labels.data(), rows, cols, global_samples, nullptr);
+      return sums.loss_sum / loss_normalizer(kind, global_samples, cols);
+    };
+    for (std::int64_t i = 0; i < rows * cols; ++i)
+      EXPECT_NEAR(grad[i], numeric_derivative(output.data() + i, mean_loss, 1e-2f), 1e-4);
+  }
+}
+
+TEST(ModelSpec, LayerShapesAndPaths) {
+  const auto specs = dense_layer_specs(4, 7, 16, 3);
+  ASSERT_EQ(specs.size(), 4u);
+  EXPECT_EQ(specs[0].in_features, 7);
+  EXPECT_EQ(specs[0].out_features, 16);
+  EXPECT_EQ(specs[3].in_features, 16);
+  EXPECT_EQ(specs[3].out_features, 3);
+  EXPECT_TRUE(specs[2].gelu);
+  EXPECT_FALSE(specs[3].gelu);
+  EXPECT_EQ(layer_path(3, 4), "layers/03");
+  EXPECT_EQ(layer_path(7, 120), "layers/007");
+  EXPECT_EQ(multiply_adds_per_sample(specs, 0, 4), 7 * 16 + 16 * 16 * 2 + 16 * 3);
+}
+
+TEST(ParameterStore, FlatLayoutAndInitBounds) {
+  MemoryLedger ledger;
+  HostAllocator allocator(ledger);
+  const auto specs = dense_layer_specs(3, 6, 8, 2);
+  ParameterStore store(dense_parameter_tensors(specs, 0, 3), allocator);
+  store.initialize(5);
+  const std::size_t expected = 8 * 6 + 8 + 8 * 8 + 8 + 2 * 8 + 2;
+  EXPECT_EQ(store.size(), expected);
+  EXPECT_EQ(ledger.current(MemoryState::params), static_cast<std::int64_t>(expected * 4));
+  EXPECT_EQ(ledger.current(MemoryState::grads), static_cast<std::int64_t>(expected * 4));
+  const FlatRange middle = store.layer_range(1);
+  EXPECT_EQ(middle.offset, 8u * 6 + 8);
+  EXPECT_EQ(middle.count, 8u * 8 + 8);
+  for (const ParameterTensor& tensor : store.tensors()) {
+    const float bound = 1.0f / std::sqrt(static_cast<float>(specs[tensor.layer].in_features));
+    for (std::size_t i = 0; i < tensor.count; ++i)
+      ASSERT_LE(std::abs(store.values()[tensor.offset + i]), bound);
+  }
+}
+
+TEST(ParameterStore, AShardGeneratedAloneEqualsTheSliceOfTheWhole) {
+  MemoryLedger ledger;
+  HostAllocator allocator(ledger);
+  const auto specs = dense_layer_specs(2, 9, 7, 3);
+  ParameterStore whole(dense_parameter_tensors(specs, 0, 2), allocator);
+  whole.initialize(42);
+  // A box of rows [2, 6) and columns [3, 8) of layer 0's weight, as a tensor-parallel rank holds.
+  ParameterTensor shard = whole.tensor("layers/00/weight");
+  shard.local_start = {2, 3};
+  shard.local_shape = {4, 5};
+  shard.offset = 0;
+  shard.count = 20;
+  ParameterStore alone({shard}, allocator);
+  alone.initialize(42);
+  const float* full = whole.values() + whole.tensor("layers/00/weight").offset;
+  for (int row = 0; row < 4; ++row)
+    for (int col = 0; col < 5; ++col)
+      EXPECT_EQ(alone.values()[row * 5 + col], full[(2 + row) * 9 + 3 + col]);
+}
+
+TEST(ParameterStore, RunsOfBoxesInRowMajorOrder) {
+  std::vector<std::array<std::int64_t, 3>> runs;
+  const auto record = [&](std::int64_t global, std::int64_t local, std::int64_t count) {
+    runs.push_back({global, local, count});
+  };
+  for_each_run({4, 6}, {1, 2}, {2, 3}, record);
+  EXPECT_EQ(runs, (std::vector<std::array<std::int64_t, 3>>{{8, 0, 3}, {14, 3, 3}}));
+  runs.clear();
+  for_each_run({4, 6}, {1, 0}, {3, 6}, record);  // whole rows: one run
+  EXPECT_EQ(runs, (std::vector<std::array<std::int64_t, 3>>{{6, 0, 18}}));
+  runs.clear();
+  for_each_run({2, 3, 4}, {1, 0, 1}, {1, 2, 2}, record);
+  EXPECT_EQ(runs, (std::vector<std::array<std::int64_t, 3>>{{13, 0, 2}, {17, 2, 2}}));
+}
+
+TEST(ParameterStore, ReplicatedTensorsHaveExactlyOneOwner) {
+  const auto specs = dense_layer_specs(3, 4, 4, 2);
+  const auto tensors = dense_parameter_tensors(specs, 0, 3);
+  const GridShape shape{.world = 6, .tp = 2, .dp = 3, .pp = 1, .ep = 1};
+  for (const ParameterTensor& tensor : tensors) {
+    int owners = 0;
+    for (int rank = 0; rank < shape.world; ++rank)
+      owners += ParameterStore::owns(tensor, shape, coordinates_of(shape, rank)) ? 1 : 0;
+    EXPECT_EQ(owners, 1) << tensor.path;
+  }
+}

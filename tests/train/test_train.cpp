@@ -1,0 +1,163 @@
+// Train room: options, schedules of the learning rate, clipping, the step schedule.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+#include <numbers>
+
+#include "core/error.hpp"
+#include "train/optimizer.hpp"
+#include "train/options.hpp"
+#include "train/schedule.hpp"
+
+using namespace mlptrain;
+
+namespace {
+
+Config parsed(std::vector<std::string> arguments, int world = 1) {
+  ParsedOptions options = parse_options(arguments);
+  validate_options(options.config, world);
+  return options.config;
+}
+
+// The message of the UsageError that parsing and validating `arguments` throws.
+std::string usage_error(std::vector<std::string> arguments, int world = 1) {
+  try {
+    parsed(std::move(arguments), world);
+  } catch (const UsageError& error) {
+    return error.what();
+  }
+  return "(no error)";
+}
+
+}  // namespace
+
+TEST(Options, DefaultsAndOverrides) {
+  const Config config = parsed({"--layers", "6", "--lr", "0.01", "--shuffle", "--dataset", "mixture"}, 4);
+  EXPECT_EQ(config.layers, 6);
+  EXPECT_DOUBLE_EQ(config.lr, 0.01);
+  EXPECT_TRUE(config.shuffle);
+  EXPECT_EQ(config.dataset, "mixture");
+  EXPECT_EQ(config.dp, 4);  // world / (tp * pp)
+  EXPECT_EQ(config.hidden, Config{}.hidden);
+}
+
+TEST(Options, HelpListsEveryOption) {
+  const ParsedOptions options = parse_options({"--help"});
+  EXPECT_TRUE(options.help);
+  for (const char* name : {"--layers", "--capacity-factor", "--data-path", "--grad-clip",
+                           "--zero", "--comm", "--predict", "--config"})
+    EXPECT_NE(options.help_text.find(name), std::string::npos) << name;
+}
+
+TEST(Options, IniFileIsReadAndCommandLineWins) {
+  const std::string path = ::testing::TempDir() + "options_test.ini";
+  {
+    std::ofstream ini(path);
+    ini << "# comment\nlayers = 5\nhidden = 64\nshuffle = true\nlr = 0.5\n";
+  }
+  const Config config = parsed({"--config", path, "--hidden", "32"});
+  EXPECT_EQ(config.layers, 5);
+  EXPECT_EQ(config.hidden, 32);
+  EXPECT_TRUE(config.shuffle);
+  EXPECT_DOUBLE_EQ(config.lr, 0.5);
+}
+
+TEST(Options, IniTextRoundTrips) {
+  Config config = parsed({"--layers", "7", "--lr", "0.000123456789", "--dataset", "mixture",
+                          "--lr-schedule", "cosine", "--grad-clip", "0.3", "--shuffle"}, 2);
+  const std::string path = ::testing::TempDir() + "round_trip.ini";
+  std::ofstream(path) << to_ini(config);
+  const Config again = parsed({"--config", path}, 2);
+  EXPECT_EQ(to_ini(again), to_ini(config));
+  EXPECT_DOUBLE_EQ(again.lr, 0.000123456789);
+}
+
+TEST(Options, BadInputNamesTheOption) {
+  EXPECT_NE(usage_error({"--no-such-flag"}).find("no-such-flag"), std::string::npos);
+  EXPECT_NE(usage_error({"--layers", "abc"}).find("--layers"), std::string::npos);
+  EXPECT_NE(usage_error({"--layers", "1"}).find("--layers must be at least 2"), std::string::npos);
+  EXPECT_NE(usage_error({"--dataset", "imagenet"}).find("unknown value 'imagenet'"), std::string::npos);
+  EXPECT_NE(usage_error({"--global-batch", "10", "--micro-batches", "3"}).find("--micro-batches 3"),
+            std::string::npos);
+  EXPECT_NE(usage_error({"--global-batch", "6"}, 4).find("not divisible by dp 4"), std::string::npos);
+  EXPECT_NE(usage_error({"--dp", "3"}, 4).find("world size 4"), std::string::npos);
+  EXPECT_NE(usage_error({"--beta2", "1.5"}).find("--beta2"), std::string::npos);
+  EXPECT_NE(usage_error({"--dataset", "hdf5"}).find("--data-path"), std::string::npos);
+  EXPECT_NE(usage_error({"--data-path", "x.h5"}).find("--data-path"), std::string::npos);
+  EXPECT_NE(usage_error({"--save-every", "5"}).find("--checkpoint-dir"), std::string::npos);
+  EXPECT_NE(usage_error({"--top-k", "9"}).find("--top-k 9"), std::string::npos);
+  EXPECT_NE(usage_error({"--config", "/no/such/file.ini"}).find("/no/such/file.ini"), std::string::npos);
+  EXPECT_NE(usage_error({"--lr", "nan"}).find("--lr"), std::string::npos);
+}
+
+TEST(Options, MalformedIniIsAUsageError) {
+  const std::string path = ::testing::TempDir() + "malformed.ini";
+  std::ofstream(path) << "layers 5\n";
+  EXPECT_NE(usage_error({"--config", path}).find(path), std::string::npos);
+  std::ofstream(path) << "unknown-option = 3\n";
+  EXPECT_NE(usage_error({"--config", path}).find("unknown-option"), std::string::npos);
+}
+
+TEST(Options, FeaturesNotBuiltAreRefusedByName) {
+  for (const auto& arguments : std::vector<std::vector<std::string>>{
+           {"--tp", "2"}, {"--zero", "1"}, {"--moe-every", "2"}, {"--device", "cuda"},
+           {"--comm", "nccl"}, {"--recompute"}, {"--trace", "t.json"}}) {
+    const std::string message = usage_error(arguments, 2);
+    EXPECT_NE(message.find("not built yet"), std::string::npos) << arguments[0] << ": " << message;
+  }
+  EXPECT_NE(usage_error({"--zero", "4"}).find("--zero must be"), std::string::npos);
+}
+
+TEST(LearningRate, WarmupThenConstantOrCosine) {
+  Config config;
+  config.lr = 0.1;
+  config.steps = 10;
+  config.warmup_steps = 4;
+  EXPECT_DOUBLE_EQ(scheduled_learning_rate(config, 0), 0.025);
+  EXPECT_DOUBLE_EQ(scheduled_learning_rate(config, 3), 0.1);
+  EXPECT_DOUBLE_EQ(scheduled_learning_rate(config, 9), 0.1);
+  config.lr_schedule = "cosine";
+  EXPECT_DOUBLE_EQ(scheduled_learning_rate(config, 4), 0.1);
+  EXPECT_NEAR(scheduled_learning_rate(config, 7), 0.1 * 0.5 * (1 + std::cos(std::numbers::pi * 3 / 6)), 1e-15);
+  config.warmup_steps = 0;
+  EXPECT_DOUBLE_EQ(scheduled_learning_rate(config, 0), 0.1);
+}
+
+TEST(Clipping, CoefficientAsTorch) {
+  EXPECT_DOUBLE_EQ(clip_coefficient(1.0, 0.5), 1.0);
+  EXPECT_NEAR(clip_coefficient(1.0, 4.0), 1.0 / (4.0 + 1e-6), 1e-15);
+}
+
+TEST(AdamW, TwoStepsByHand) {
+  // One parameter, torch.optim.AdamW(lr=0.1, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01):
+  // p0 = 1, g = 0.5 then -0.25. Step 1: m = 0.05, v = 0.00025, m_hat = 0.5, v_hat = 0.25,
+  // p = 1 * (1 - 0.001) - 0.1 * 0.5 / (0.5 + 1e-8) = 0.899 (to 1e-8).
+  Config config;
+  config.lr = 0.1;
+  MemoryLedger ledger;
+  HostAllocator allocator(ledger);
+  auto kernels = make_cpu_kernels();
+  std::vector<ParameterTensor> tensors = {{.path = "p", .global_shape = {1}, .local_start = {0},
+                                           .local_shape = {1}, .offset = 0, .count = 1}};
+  ParameterStore store(tensors, allocator);
+  store.values()[0] = 1.0f;
+  AdamW optimizer(config, allocator, 1);
+  EXPECT_EQ(ledger.current(MemoryState::optimizer), 8);
+  const GridShape shape{};
+  store.grads()[0] = 0.5f;
+  EXPECT_DOUBLE_EQ(optimizer.update(*kernels, store, 0.1, 1, shape, {}), 0.25);
+  EXPECT_NEAR(store.values()[0], 0.899, 1e-6);
+  // Step 2: m = 0.9*0.05 - 0.025 = 0.02, v = 0.999*0.00025 + 0.0000625 = 0.00031225,
+  // m_hat = 0.02/0.19, v_hat = 0.00031225/0.001999; p = 0.899*0.999 - 0.1*m_hat/(sqrt(v_hat)+eps).
+  store.grads()[0] = -0.25f;
+  optimizer.update(*kernels, store, 0.1, 2, shape, {});
+  const double m_hat = 0.02 / 0.19, v_hat = 0.00031225 / (1 - 0.999 * 0.999);
+  EXPECT_NEAR(store.values()[0], 0.899 * 0.999 - 0.1 * m_hat / (std::sqrt(v_hat) + 1e-8), 1e-6);
+}
+
+TEST(Schedule, SequentialRunsEachMicroBatchForwardThenBackward) {
+  EXPECT_EQ(sequential_schedule(2),
+            (std::vector<Action>{{ActionKind::forward, 0}, {ActionKind::backward, 0},
+                                 {ActionKind::forward, 1}, {ActionKind::backward, 1}}));
+}
