@@ -351,12 +351,14 @@ std::string load_checkpoint(const std::string& path, TrainingState& state,
   });
   file.close();
   const std::vector<std::uint32_t> checksums = dataset_checksums(state, scope);
-  for (std::size_t dataset = 0; dataset < checksums.size(); ++dataset)
-    if (checksums[dataset] != stored_checksums[dataset])
-      throw UsageError(where + ": checksum mismatch in " +
-                       dataset_name(scope.global_tensors[dataset / part_count],
-                                    static_cast<int>(dataset % part_count)) +
-                       " (the file is corrupted)");
+  agree_or_throw(scope.world, [&] {
+    for (std::size_t dataset = 0; dataset < checksums.size(); ++dataset)
+      if (checksums[dataset] != stored_checksums[dataset])
+        throw UsageError(where + ": checksum mismatch in " +
+                         dataset_name(scope.global_tensors[dataset / part_count],
+                                      static_cast<int>(dataset % part_count)) +
+                         " (the file is corrupted)");
+  });
   return file_path.string();
 }
 

@@ -37,6 +37,7 @@ std::optional<std::string> read_string_attribute(hid_t object, const char* name)
   Hdf5Handle file_type = type_handle(H5Aget_type(attribute.get()));
   if (H5Tget_class(file_type.get()) != H5T_STRING) return std::nullopt;
   Hdf5Handle type = type_handle(H5Tcopy(H5T_C_S1));
+  H5Tset_cset(type.get(), H5Tget_cset(file_type.get()));  // no conversion between character sets
   if (H5Tis_variable_str(file_type.get()) > 0) {
     H5Tset_size(type.get(), H5T_VARIABLE);
     char* text = nullptr;

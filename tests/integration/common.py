@@ -1,0 +1,88 @@
+"""Helpers of the end-to-end tests: run mlptrain under mpiexec, read its metrics and checkpoints.
+The programs' locations come from the environment that `meson test` sets."""
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import unittest
+
+import h5py
+import numpy as np
+
+MLPTRAIN = os.environ.get("MLPTRAIN", "build/mlptrain")
+SOURCE_ROOT = os.environ.get("MLPTRAIN_SOURCE", os.path.join(os.path.dirname(__file__), "..", ".."))
+MPIEXEC = shutil.which("mpiexec.mpich") or "mpiexec"
+RELATIVE_TOLERANCE = 1e-5
+
+
+def command(arguments, ranks=1):
+    return [MPIEXEC, "-n", str(ranks), MLPTRAIN] + [str(a) for a in arguments]
+
+
+def run(arguments, ranks=1, timeout=300, check=True):
+    """Runs mlptrain; returns the CompletedProcess (text output)."""
+    environment = dict(os.environ, OPENBLAS_NUM_THREADS="1")
+    result = subprocess.run(command(arguments, ranks), capture_output=True, text=True,
+                            timeout=timeout, env=environment)
+    if check and result.returncode != 0:
+        raise AssertionError(f"mlptrain {' '.join(map(str, arguments))} at {ranks} ranks failed "
+                             f"({result.returncode}):\n{result.stdout}\n{result.stderr}")
+    return result
+
+
+def read_metrics(path):
+    """Returns (step records, summary record) of a metrics file."""
+    with open(path) as handle:
+        records = [json.loads(line) for line in handle if line.strip()]
+    steps = [record for record in records if not record.get("summary")]
+    summaries = [record for record in records if record.get("summary")]
+    return steps, (summaries[0] if summaries else None)
+
+
+def read_checkpoint(path):
+    """Every dataset of a checkpoint as a numpy array, keyed by its full name."""
+    tensors = {}
+    with h5py.File(path, "r") as file:
+        file.visititems(lambda name, item: tensors.__setitem__(name, item[()])
+                        if isinstance(item, h5py.Dataset) else None)
+    return tensors
+
+
+class TrainingTestCase(unittest.TestCase):
+    """A test case with a scratch directory and a helper to train and collect results."""
+
+    def setUp(self):
+        self.directory = tempfile.mkdtemp(prefix="mlptrain-test-")
+
+    def tearDown(self):
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+    def path(self, name):
+        return os.path.join(self.directory, name)
+
+    def train(self, name, arguments, ranks=1):
+        """Trains with a metrics file and a checkpoint directory named `name`; returns
+        (step records, summary, tensors of the final checkpoint)."""
+        metrics = self.path(name + ".jsonl")
+        checkpoints = self.path(name)
+        run(list(arguments) + ["--metrics", metrics, "--checkpoint-dir", checkpoints], ranks)
+        steps, summary = read_metrics(metrics)
+        with open(os.path.join(checkpoints, "latest")) as handle:
+            final = os.path.join(checkpoints, handle.read().strip())
+        return steps, summary, read_checkpoint(final)
+
+    def assert_losses_close(self, steps, reference, tolerance=RELATIVE_TOLERANCE):
+        self.assertEqual([s["step"] for s in steps], [s["step"] for s in reference])
+        for mine, theirs in zip(steps, reference):
+            for key in ("loss", "grad_norm"):
+                self.assertLessEqual(abs(mine[key] - theirs[key]), tolerance * abs(theirs[key]),
+                                     f"{key} of step {mine['step']}: {mine[key]} vs {theirs[key]}")
+
+    def assert_tensors_close(self, tensors, reference, tolerance=RELATIVE_TOLERANCE):
+        self.assertEqual(sorted(tensors), sorted(reference))
+        for name, expected in reference.items():
+            scale = float(np.max(np.abs(expected))) or 1.0
+            difference = float(np.max(np.abs(tensors[name].astype(np.float64) - expected)))
+            self.assertLessEqual(difference, tolerance * scale,
+                                 f"{name}: max difference {difference} vs scale {scale}")

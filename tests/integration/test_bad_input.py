@@ -1,0 +1,144 @@
+"""Bad input of every kind (flags, INI files, data files, checkpoint directories, checkpoints)
+ends the run on every rank within seconds with a non-zero exit code and one clear line from rank
+0 naming the offending option or file: never a hang, a crash or a stack trace."""
+import os
+import shutil
+import subprocess
+import time
+import unittest
+
+import h5py
+import numpy as np
+
+from common import MLPTRAIN, MPIEXEC, TrainingTestCase, run
+
+SMALL = ["--layers", "3", "--hidden", "8", "--log-every", "0", "--global-batch", "8"]
+TIME_LIMIT_S = 10
+
+
+class BadInput(TrainingTestCase):
+    def expect_failure(self, arguments, ranks, names, code=None):
+        """Runs a bad invocation and checks how it fails; `names` must all appear in the line."""
+        started = time.monotonic()
+        result = subprocess.run([MPIEXEC, "-n", str(ranks), MLPTRAIN] + [str(a) for a in arguments],
+                                capture_output=True, text=True, timeout=60)
+        elapsed = time.monotonic() - started
+        self.assertLess(elapsed, TIME_LIMIT_S, f"{arguments}: took {elapsed:.1f} s")
+        self.assertNotEqual(result.returncode, 0, f"{arguments}: exit code 0")
+        if code is not None:
+            self.assertEqual(result.returncode, code, f"{arguments}: {result.stderr}")
+        errors = [line for line in result.stderr.splitlines() if line.strip()]
+        self.assertEqual(len(errors), 1, f"{arguments}: expected one line, got:\n{result.stderr}")
+        self.assertTrue(errors[0].startswith("mlptrain: error: "), errors[0])
+        for name in names:
+            self.assertIn(name, errors[0], f"{arguments}: the line does not name {name}")
+        for noise in ("terminate called", "Traceback", "Abort", "BAD TERMINATION", "HDF5-DIAG",
+                      "Segmentation"):
+            self.assertNotIn(noise, result.stdout + result.stderr)
+        return errors[0]
+
+    def test_flags_and_values(self):
+        cases = [
+            (["--no-such-flag"], 2, ["no-such-flag"]),
+            (["--layers", "many"], 2, ["--layers"]),
+            (["--layers", "1"], 1, ["--layers"]),
+            (["--lr", "-1"], 2, ["--lr"]),
+            (["--zero", "7"], 2, ["--zero"]),
+            (["--dataset", "imagenet"], 2, ["--dataset", "imagenet"]),
+            (["--lr-schedule", "linear"], 1, ["--lr-schedule"]),
+            (["--dp", "3"], 2, ["world size 2"]),
+            (["--global-batch", "30", "--micro-batches", "4"], 2, ["--global-batch 30", "--micro-batches 4"]),
+            (["--global-batch", "6"], 4, ["dp 4"]),
+            (["--global-batch", "8", "--global-batch", "9"], 1, ["--global-batch"]),
+            (["--tp", "2"], 2, ["--tp", "not built yet"]),
+            (["--device", "cuda"], 1, ["--device cuda", "not built yet"]),
+            (["--save-every", "5"], 1, ["--checkpoint-dir"]),
+        ]
+        for arguments, ranks, names in cases:
+            with self.subTest(arguments=arguments):
+                self.expect_failure(SMALL[:-2] + arguments, ranks, names, code=2)
+
+    def test_ini_files(self):
+        malformed = self.path("malformed.ini")
+        with open(malformed, "w") as handle:
+            handle.write("layers 5\n")
+        self.expect_failure(["--config", malformed], 2, [malformed], code=2)
+        unknown = self.path("unknown.ini")
+        with open(unknown, "w") as handle:
+            handle.write("hidden = 8\nwidth = 3\n")
+        self.expect_failure(["--config", unknown], 2, [unknown, "width"], code=2)
+        bad_value = self.path("bad_value.ini")
+        with open(bad_value, "w") as handle:
+            handle.write("steps = ten\n")
+        self.expect_failure(["--config", bad_value], 2, ["steps"], code=2)
+        self.expect_failure(["--config", self.path("missing.ini")], 2, ["missing.ini"], code=2)
+
+    def test_data_files(self):
+        missing = self.path("missing.h5")
+        self.expect_failure(SMALL + ["--dataset", "hdf5", "--data-path", missing], 2, [missing])
+        text = self.path("text.h5")
+        with open(text, "w") as handle:
+            handle.write("x,y\n1,2\n")
+        self.expect_failure(SMALL + ["--dataset", "hdf5", "--data-path", text], 2, [text, "not an HDF5"])
+        no_labels = self.path("no_labels.h5")
+        with h5py.File(no_labels, "w") as file:
+            file["x"] = np.zeros((10, 3), np.float32)
+        self.expect_failure(SMALL + ["--dataset", "hdf5", "--data-path", no_labels], 2, [no_labels, "/y"])
+        mismatched = self.path("mismatched.h5")
+        with h5py.File(mismatched, "w") as file:
+            file["x"] = np.zeros((10, 3), np.float32)
+            file["y"] = np.zeros((9,), np.int64)
+        self.expect_failure(SMALL + ["--dataset", "hdf5", "--data-path", mismatched], 2, [mismatched, "rows"])
+        good = self.path("good.h5")
+        with h5py.File(good, "w") as file:
+            file["x"] = np.zeros((10, 3), np.float32)
+            file["y"] = np.zeros((10,), np.int64)
+        self.expect_failure(SMALL + ["--dataset", "hdf5", "--data-path", good, "--input-dim", "4"], 2,
+                            ["--input-dim 4", good])
+        self.expect_failure(SMALL + ["--dataset", "hdf5", "--data-path", good, "--eval-every", "2"], 2,
+                            ["--eval-every", good])
+
+    def test_unwritable_checkpoint_directory(self):
+        blocker = self.path("a-file")
+        with open(blocker, "w") as handle:
+            handle.write("not a directory")
+        self.expect_failure(SMALL + ["--checkpoint-dir", os.path.join(blocker, "sub")], 2, ["--checkpoint-dir"])
+        self.expect_failure(SMALL + ["--metrics", os.path.join(blocker, "m.jsonl")], 2, ["--metrics"])
+
+    def test_checkpoints(self):
+        directory = self.path("good")
+        run(SMALL + ["--steps", "2", "--checkpoint-dir", directory], 2)
+        checkpoint = os.path.join(directory, "step_00000002.h5")
+        self.expect_failure(SMALL + ["--resume", self.path("nowhere")], 2, ["--resume", "nowhere"])
+        self.expect_failure(SMALL + ["--resume", self.directory], 2, ["latest"])
+        # Shapes that do not fit the model, and a different number of layers.
+        self.expect_failure(SMALL[:2] + ["--hidden", "9"] + SMALL[4:] + ["--resume", checkpoint], 2,
+                            ["/model/layers/00/weight", "[8, 32]", "[9, 32]"])
+        self.expect_failure(["--layers", "4"] + SMALL[2:] + ["--resume", checkpoint], 2, ["3 layers", "--layers"])
+        # Flipped bytes inside a tensor: the checksum names it.
+        corrupted = self.path("corrupted.h5")
+        shutil.copy(checkpoint, corrupted)
+        with h5py.File(corrupted, "r") as file:
+            offset = file["model/layers/01/weight"].id.get_offset()
+        with open(corrupted, "r+b") as handle:
+            handle.seek(offset + 16)
+            handle.write(b"\x7f\x7f\x7f\x7f")
+        self.expect_failure(SMALL + ["--resume", corrupted], 2, ["checksum mismatch", "/model/layers/01/weight"])
+        # A truncated file, an HDF5 file that is not a checkpoint, and a missing dataset.
+        truncated = self.path("truncated.h5")
+        with open(checkpoint, "rb") as source, open(truncated, "wb") as target:
+            target.write(source.read(1000))
+        self.expect_failure(SMALL + ["--resume", truncated], 2, [truncated])
+        stranger = self.path("stranger.h5")
+        with h5py.File(stranger, "w") as file:
+            file["x"] = np.zeros(3)
+        self.expect_failure(SMALL + ["--resume", stranger], 2, ["not an mlptrain checkpoint"])
+        incomplete = self.path("incomplete.h5")
+        shutil.copy(checkpoint, incomplete)
+        with h5py.File(incomplete, "r+") as file:
+            del file["optimizer/exp_avg/layers/02/bias"]
+        self.expect_failure(SMALL + ["--resume", incomplete], 2, ["/optimizer/exp_avg/layers/02/bias"])
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,46 @@
+"""The README's main job: `mpiexec -n 4 mlptrain` with its defaults trains on the built-in teacher
+data, prints per-step loss and throughput and the end-of-run summary, and learns; --help and
+--predict answer without training; the metrics file has every field of DESIGN.md §2.4."""
+import unittest
+
+from common import TrainingTestCase, read_metrics, run
+
+OPS = {"all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast", "send", "recv"}
+STATES = {"params", "grads", "optimizer", "activations", "comm_buffers", "workspace"}
+
+
+class MainJob(TrainingTestCase):
+    def test_default_run_at_four_ranks(self):
+        metrics = self.path("metrics.jsonl")
+        output = run(["--metrics", metrics], 4).stdout
+        self.assertIn("dp=4", output)
+        self.assertIn("step 100/100", output)
+        self.assertIn("samples/s", output)
+        self.assertIn("summary: 100 steps", output)
+        steps, summary = read_metrics(metrics)
+        self.assertEqual(len(steps), 100)
+        self.assertLess(steps[-1]["loss"], 0.5 * steps[0]["loss"])
+        for key in ("step", "loss", "aux_loss", "lr", "grad_norm", "step_ms", "samples_per_s"):
+            self.assertIn(key, steps[0])
+        self.assertEqual(set(steps[0]["comm_bytes"]), OPS)
+        self.assertEqual(set(steps[0]["comm_ms"]), OPS)
+        self.assertEqual(set(steps[0]["mem_bytes"]), STATES)
+        self.assertEqual(set(steps[0]["peak_mem_bytes"]), STATES)
+        self.assertTrue(summary["summary"])
+        self.assertEqual(len(summary["peak_mem_bytes_by_rank"]), 4)
+        self.assertEqual(set(summary["comm_per_step"]), OPS)
+        for state in ("params", "grads", "optimizer", "activations"):
+            placement = summary["placement"][state]
+            self.assertEqual(placement["predicted_bytes"], placement["measured_bytes"], state)
+        self.assertEqual(summary["placement"]["params"]["mode"], "R")
+
+    def test_help_and_predict(self):
+        self.assertIn("--global-batch", run(["--help"], 2).stdout)
+        predicted = run(["--predict", "--hidden", "64"], 2).stdout
+        self.assertIn("predicted", predicted)
+        self.assertIn("all_reduce", predicted)
+        self.assertNotIn("step 1/", predicted)
+
+
+if __name__ == "__main__":
+    unittest.main()
