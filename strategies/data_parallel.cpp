@@ -25,6 +25,10 @@ class DataParallel final : public Strategy {
  public:
   explicit DataParallel(const StrategyContext& context)
       : group_(context.groups.group(GroupKind::data)), parameters_(context.parameters) {
+    // Gradients go where the group reduces fastest (in place in shared memory on one node).
+    parameters_.reallocate_grads([&](std::size_t bytes) {
+      return group_.allocate_reduction_memory(context.allocator, MemoryState::grads, bytes);
+    });
     for (int layer = context.last_layer - 1; layer >= context.first_layer; --layer) {
       const FlatRange layer_range = parameters_.layer_range(layer);
       if (buckets_.empty() || buckets_.back().range.count * sizeof(float) >= bucket_capacity_bytes)

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "comm/comm_ledger.hpp"
+#include "core/buffer.hpp"
 
 namespace mlptrain {
 
@@ -95,6 +96,14 @@ class Communicator {
   void run(const Operation& operation);
   Request start(const Operation& operation);
   virtual void barrier() = 0;
+
+  // Memory for buffers this group all-reduces often (gradient buckets), charged to `state`. A
+  // backend may place it where its reductions are fastest; by default it comes from `fallback`.
+  // Collective over the group.
+  virtual Buffer allocate_reduction_memory(Allocator& fallback, MemoryState state,
+                                           std::size_t bytes) {
+    return fallback.allocate(state, bytes);
+  }
 
   // Typed conveniences for the common cases.
   template <typename T>

@@ -73,6 +73,26 @@ const void* send_or_in_place(const Operation& operation) {
   return operation.send == operation.receive ? MPI_IN_PLACE : operation.send;
 }
 
+// Hands out the window's one segment as a Buffer charged to the ledger.
+class WindowAllocator final : public Allocator {
+ public:
+  WindowAllocator(MemoryLedger& ledger, SharedWindow& window) : Allocator(ledger), window_(window) {}
+  Device device() const override { return Device::cpu; }
+
+ protected:
+  void* obtain(std::size_t bytes) override {
+    if (handed_out_ || bytes > window_.segment_bytes())
+      throw RuntimeFailure("the shared reduction window is already in use");
+    handed_out_ = true;
+    return window_.local_segment();
+  }
+  void give_back(void*, std::size_t) override { handed_out_ = false; }
+
+ private:
+  SharedWindow& window_;
+  bool handed_out_ = false;
+};
+
 }  // namespace
 
 MpiCommunicator::MpiCommunicator(MPI_Comm comm, std::string group, CommLedger& ledger)
@@ -82,6 +102,8 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm, std::string group, CommLedger& l
 }
 
 MpiCommunicator::~MpiCommunicator() {
+  window_allocator_.reset();
+  window_.reset();
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (!finalized && comm_ != MPI_COMM_WORLD && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
@@ -89,7 +111,30 @@ MpiCommunicator::~MpiCommunicator() {
 
 void MpiCommunicator::barrier() { MPI_Barrier(comm_); }
 
+Buffer MpiCommunicator::allocate_reduction_memory(Allocator& fallback, MemoryState state,
+                                                  std::size_t bytes) {
+  // One window per communicator; every rank decides alike, so the collective calls match.
+  if (size_ == 1 || window_ != nullptr || !group_shares_node(comm_))
+    return fallback.allocate(state, bytes);
+  window_ = std::make_unique<SharedWindow>(comm_, bytes);
+  window_allocator_ = std::make_unique<WindowAllocator>(fallback.ledger(), *window_);
+  return window_allocator_->allocate(state, bytes);
+}
+
+std::unique_ptr<PendingOperation> MpiCommunicator::start_shared_sum(const Operation& operation) {
+  const bool shared = window_ != nullptr && operation.op == CommOp::all_reduce &&
+                      operation.type == DataType::float32 && operation.reduce == ReduceOp::sum &&
+                      operation.send == operation.receive &&
+                      window_->contains(operation.receive, operation.count * sizeof(float));
+  if (!shared) return nullptr;
+  return window_->start_sum(static_cast<float*>(operation.receive), operation.count);
+}
+
 void MpiCommunicator::run_backend(const Operation& operation) {
+  if (auto pending = start_shared_sum(operation)) {
+    pending->wait();
+    return;
+  }
   const MPI_Datatype type = mpi_type(operation.type);
   const int count = mpi_count(operation.count);
   switch (operation.op) {
@@ -128,6 +173,7 @@ void MpiCommunicator::run_backend(const Operation& operation) {
 }
 
 std::unique_ptr<PendingOperation> MpiCommunicator::start_backend(const Operation& operation) {
+  if (auto shared = start_shared_sum(operation)) return shared;
   auto pending = std::make_unique<MpiPending>();
   MPI_Request* request = &pending->request;
   const MPI_Datatype type = mpi_type(operation.type);

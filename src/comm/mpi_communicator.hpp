@@ -1,9 +1,13 @@
-// The MPI backend of Communicator for host buffers: one MPI communicator per process group.
+// The MPI backend of Communicator for host buffers: one MPI communicator per process group. When
+// all the group's ranks share a node, reduction memory comes from an MPI-3 shared-memory window
+// and float sums of buffers inside it are done in place there (see shared_window.hpp); all else
+// goes through MPI's collectives and point-to-point calls.
 #pragma once
 
 #include <mpi.h>
 
 #include "comm/communicator.hpp"
+#include "comm/shared_window.hpp"
 
 namespace mlptrain {
 
@@ -19,15 +23,22 @@ class MpiCommunicator final : public Communicator {
   int size() const override { return size_; }
   void barrier() override;
   MPI_Comm handle() const { return comm_; }
+  Buffer allocate_reduction_memory(Allocator& fallback, MemoryState state,
+                                   std::size_t bytes) override;
 
  protected:
   void run_backend(const Operation& operation) override;
   std::unique_ptr<PendingOperation> start_backend(const Operation& operation) override;
 
  private:
+  // A float sum of a buffer inside the shared window, or null when the operation is not one.
+  std::unique_ptr<PendingOperation> start_shared_sum(const Operation& operation);
+
   MPI_Comm comm_;
   int rank_ = 0;
   int size_ = 1;
+  std::unique_ptr<SharedWindow> window_;
+  std::unique_ptr<Allocator> window_allocator_;
 };
 
 }  // namespace mlptrain

@@ -63,6 +63,13 @@ void ParameterStore::initialize(std::uint64_t seed) {
   }
 }
 
+void ParameterStore::reallocate_grads(const std::function<Buffer(std::size_t bytes)>& allocate) {
+  grads_.reset();
+  grads_ = allocate(size_ * sizeof(float));
+  if (grads_.bytes() != size_ * sizeof(float))
+    throw std::invalid_argument("replacement gradient buffer of the wrong size");
+}
+
 const ParameterTensor& ParameterStore::tensor(const std::string& path) const {
   for (const auto& tensor : tensors_)
     if (tensor.path == path) return tensor;

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -48,6 +49,9 @@ class ParameterStore {
   float* values() const { return values_.floats(); }
   float* grads() const { return grads_.floats(); }
   const std::vector<ParameterTensor>& tensors() const { return tensors_; }
+  // Moves the gradients into memory from `allocate(bytes)`, e.g. memory a communicator reduces in
+  // place. The old buffer goes first, so the ledger never holds both. Views taken before are stale.
+  void reallocate_grads(const std::function<Buffer(std::size_t bytes)>& allocate);
   const ParameterTensor& tensor(const std::string& path) const;
   FlatRange layer_range(int layer) const;
 

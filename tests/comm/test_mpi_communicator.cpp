@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <bit>
 #include <numeric>
 
 #include "comm/consensus.hpp"
@@ -144,6 +145,36 @@ TEST_F(MpiCommunicatorTest, GridGroupsSumOverTheirOwnRanks) {
   EXPECT_EQ(value, expected);
   EXPECT_EQ(groups.group(GroupKind::data).size(), size / 2);
   EXPECT_GT(ledger.by_group().at("tp").bytes_of(CommOp::all_reduce), 0);
+}
+
+TEST_F(MpiCommunicatorTest, ReductionMemoryIsSummedInPlaceWithManyOperationsInFlight) {
+  MemoryLedger memory;
+  HostAllocator allocator(memory);
+  const std::size_t total = 100003;  // several chunks, not a multiple of any of them
+  Buffer buffer = world.allocate_reduction_memory(allocator, MemoryState::grads, total * sizeof(float));
+  EXPECT_EQ(memory.current(MemoryState::grads), static_cast<std::int64_t>(total * sizeof(float)));
+  float* data = buffer.floats();
+  for (int round = 0; round < 3; ++round) {
+    for (std::size_t i = 0; i < total; ++i) data[i] = static_cast<float>((i % 97) * (rank + 1) + round);
+    // Ranges of different sizes, posted back to back and completed out of order.
+    const std::size_t cuts[] = {0, 1, 70000, 70001, 99000, total};
+    std::vector<Request> requests;
+    for (std::size_t piece = 0; piece + 1 < std::size(cuts); ++piece)
+      requests.push_back(world.all_reduce_async(data + cuts[piece], cuts[piece + 1] - cuts[piece]));
+    for (std::size_t piece = requests.size(); piece-- > 0;) requests[piece].wait();
+    const float rank_factor = size * (size + 1) / 2.0f;
+    for (std::size_t i = 0; i < total; ++i)
+      ASSERT_EQ(data[i], static_cast<float>(i % 97) * rank_factor + size * round) << i;
+  }
+  // A blocking sum of the same memory, and every rank holds the same bits.
+  world.all_reduce(data, total);
+  std::uint64_t checksum = 0;
+  for (std::size_t i = 0; i < total; ++i) checksum = checksum * 31 + std::bit_cast<std::uint32_t>(data[i]);
+  std::uint64_t lowest = checksum, highest = checksum;
+  world.all_reduce(&lowest, 1, ReduceOp::min);
+  world.all_reduce(&highest, 1, ReduceOp::max);
+  EXPECT_EQ(lowest, highest);
+  EXPECT_EQ(bytes_of(CommOp::all_reduce), static_cast<std::int64_t>(4 * total * 4 + 16));
 }
 
 TEST_F(MpiCommunicatorTest, EveryRankAgreesOnTheLowestRanksError) {

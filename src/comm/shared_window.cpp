@@ -1,0 +1,157 @@
+// Shared-memory in-place all-reduce (see shared_window.hpp).
+#include "comm/shared_window.hpp"
+
+#include <sched.h>
+
+#include <algorithm>
+#include <new>
+
+#include "core/error.hpp"
+
+namespace mlptrain {
+
+namespace {
+
+class Done final : public PendingOperation {
+ public:
+  bool test() override { return true; }
+  void wait() override {}
+};
+
+std::uint32_t chunk_count(std::size_t count, std::size_t chunk_floats) {
+  return static_cast<std::uint32_t>((count + chunk_floats - 1) / chunk_floats);
+}
+
+}  // namespace
+
+class SharedWindow::PendingSum final : public PendingOperation {
+ public:
+  PendingSum(SharedWindow& window, Sum sum) : window_(window), sum_(sum) {}
+  bool test() override { return window_.help(sum_); }
+  void wait() override {
+    // Yield while waiting: ranks may share cores.
+    while (!window_.help(sum_)) sched_yield();
+  }
+
+ private:
+  SharedWindow& window_;
+  Sum sum_;
+};
+
+bool group_shares_node(MPI_Comm comm) {
+  MPI_Comm node = MPI_COMM_NULL;
+  MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+  int node_size = 0, size = 0;
+  MPI_Comm_size(node, &node_size);
+  MPI_Comm_size(comm, &size);
+  MPI_Comm_free(&node);
+  return node_size == size;
+}
+
+SharedWindow::SharedWindow(MPI_Comm comm, std::size_t bytes) : bytes_(bytes) {
+  MPI_Comm_rank(comm, &rank_);
+  MPI_Comm_size(comm, &size_);
+  void* base = nullptr;
+  if (MPI_Win_allocate_shared(static_cast<MPI_Aint>(std::max<std::size_t>(bytes, 1)), 64,
+                              MPI_INFO_NULL, comm, &base, &data_window_) != MPI_SUCCESS)
+    throw RuntimeFailure("cannot allocate a shared-memory window of " + std::to_string(bytes) +
+                         " bytes");
+  segments_.resize(static_cast<std::size_t>(size_));
+  for (int rank = 0; rank < size_; ++rank) {
+    MPI_Aint size = 0;
+    int unit = 0;
+    void* segment = nullptr;
+    MPI_Win_shared_query(data_window_, rank, &size, &unit, &segment);
+    segments_[static_cast<std::size_t>(rank)] = static_cast<char*>(segment);
+  }
+  // The slots live in rank 0's part of a second window; rank 0 constructs them before anyone
+  // uses them (the barrier orders that).
+  const MPI_Aint control_bytes = rank_ == 0 ? static_cast<MPI_Aint>(slot_count * sizeof(Slot)) : 0;
+  void* control = nullptr;
+  MPI_Win_allocate_shared(control_bytes, 64, MPI_INFO_NULL, comm, &control, &control_window_);
+  MPI_Aint size = 0;
+  int unit = 0;
+  MPI_Win_shared_query(control_window_, 0, &size, &unit, &control);
+  slots_ = static_cast<Slot*>(control);
+  if (rank_ == 0)
+    for (std::size_t index = 0; index < slot_count; ++index)
+      new (&slots_[index]) Slot{{0}, {0}, {0}, {0}};
+  MPI_Barrier(comm);
+}
+
+SharedWindow::~SharedWindow() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (finalized) return;
+  if (control_window_ != MPI_WIN_NULL) MPI_Win_free(&control_window_);
+  if (data_window_ != MPI_WIN_NULL) MPI_Win_free(&data_window_);
+}
+
+bool SharedWindow::contains(const void* data, std::size_t bytes) const {
+  const char* begin = segments_[static_cast<std::size_t>(rank_)];
+  const char* pointer = static_cast<const char*>(data);
+  return pointer >= begin && pointer + bytes <= begin + bytes_;
+}
+
+std::unique_ptr<PendingOperation> SharedWindow::start_sum(float* data, std::size_t count) {
+  const std::uint64_t sequence = ++sequence_;
+  if (count == 0 || size_ == 1) return std::make_unique<Done>();
+  const Sum sum{sequence,
+                static_cast<std::size_t>(reinterpret_cast<char*>(data) -
+                                         segments_[static_cast<std::size_t>(rank_)]),
+                count};
+  Slot& slot = slot_of(sequence);
+  // acq_rel: the last arrival acquires every earlier arrival's writes to its own range.
+  if (slot.arrivals.fetch_add(1, std::memory_order_acq_rel) == size_ - 1) {
+    slot.finished.store(0, std::memory_order_relaxed);
+    slot.claims.store(sequence << 32, std::memory_order_release);  // open the chunks
+    // Only a fair share now: the rest goes to whoever tests or waits first, often a rank that
+    // is ahead and would otherwise idle.
+    help(sum, (chunk_count(count, chunk_floats) + size_ - 1) / size_);
+  }
+  return std::make_unique<PendingSum>(*this, sum);
+}
+
+bool SharedWindow::help(const Sum& sum, std::uint32_t most) {
+  Slot& slot = slot_of(sum.sequence);
+  if (slot.completed.load(std::memory_order_acquire) >= sum.sequence) return true;
+  const std::uint32_t chunks = chunk_count(sum.count, chunk_floats);
+  std::uint64_t claims = slot.claims.load(std::memory_order_acquire);
+  for (std::uint32_t done = 0;
+       done < most && (claims >> 32) == sum.sequence && (claims & 0xffffffffu) < chunks;) {
+    if (!slot.claims.compare_exchange_weak(claims, claims + 1, std::memory_order_acq_rel))
+      continue;
+    reduce_chunk(sum, static_cast<std::size_t>(claims & 0xffffffffu));
+    ++done;
+    if (slot.finished.fetch_add(1, std::memory_order_acq_rel) + 1 == chunks) {
+      slot.arrivals.store(0, std::memory_order_relaxed);
+      slot.completed.store(sum.sequence, std::memory_order_release);
+      return true;
+    }
+    claims = slot.claims.load(std::memory_order_acquire);
+  }
+  return slot.completed.load(std::memory_order_acquire) >= sum.sequence;
+}
+
+void SharedWindow::reduce_chunk(const Sum& sum, std::size_t chunk) {
+  // Pieces small enough to stay in the first-level cache between the sum and the write-back.
+  constexpr std::size_t piece = 2048;
+  float total[piece];
+  const std::size_t chunk_first = chunk * chunk_floats;
+  const std::size_t chunk_end = std::min(sum.count, chunk_first + chunk_floats);
+  for (std::size_t first = chunk_first; first < chunk_end; first += piece) {
+    const std::size_t length = std::min(piece, chunk_end - first);
+    const auto range = [&](int rank) {
+      return reinterpret_cast<float*>(segments_[static_cast<std::size_t>(rank)] + sum.offset_bytes) +
+             first;
+    };
+    std::copy_n(range(0), length, total);
+    for (int rank = 1; rank < size_; ++rank) {
+      const float* __restrict part = range(rank);
+      for (std::size_t i = 0; i < length; ++i) total[i] += part[i];
+    }
+    for (int rank = 0; rank < size_; ++rank) std::copy_n(total, length, range(rank));
+  }
+}
+
+}  // namespace mlptrain
