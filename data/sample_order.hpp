@@ -14,12 +14,20 @@ struct BatchLayout {
   std::int64_t global_batch = 1;
   int micro_batches = 1;
   int data_parallel = 1;
+  // A run resumed at step `resumed_step` continues from the data position its checkpoint stored,
+  // whatever global batch wrote it.
+  std::int64_t resumed_step = 0;
+  std::int64_t resumed_position = 0;
 
   std::int64_t micro_batch_size() const { return global_batch / micro_batches; }
   std::int64_t local_size() const { return micro_batch_size() / data_parallel; }
+  // Global position of the first sample of a step (also: the samples consumed before it).
+  std::int64_t step_position(std::int64_t step) const {
+    return resumed_position + (step - resumed_step) * global_batch;
+  }
   // Global position of the first sample of (step, micro-batch, data-parallel rank).
   std::int64_t first_position(std::int64_t step, int micro_batch, int data_rank) const {
-    return step * global_batch + micro_batch * micro_batch_size() + data_rank * local_size();
+    return step_position(step) + micro_batch * micro_batch_size() + data_rank * local_size();
   }
 };
 

@@ -13,13 +13,14 @@ namespace mlptrain {
 
 enum class Transpose { no, yes };
 
-// One AdamW update, as torch.optim.AdamW computes it; `step` counts from 1.
+// One AdamW update, as torch.optim.AdamW computes it (hyper-parameters in double, as Python
+// floats are); `step` counts from 1.
 struct AdamWStep {
-  float learning_rate = 1e-3f;
-  float beta1 = 0.9f;
-  float beta2 = 0.999f;
-  float eps = 1e-8f;
-  float weight_decay = 0.01f;
+  double learning_rate = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.01;
   std::int64_t step = 1;
 };
 

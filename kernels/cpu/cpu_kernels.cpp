@@ -43,8 +43,14 @@ class CpuKernels final : public Kernels {
             std::int64_t k, float alpha, const float* a, std::int64_t lda, const float* b,
             std::int64_t ldb, float beta, float* c, std::int64_t ldc) override {
     if (m == 0 || n == 0) return;
-    if (k == 0) {  // BLAS leaves c untouched for k = 0 only when beta = 1
-      for (std::int64_t row = 0; row < m; ++row) scale(c + row * ldc, n, beta);
+    if (k == 0) {  // c = beta * c, with zeros (not 0 * garbage) when beta is 0, as BLAS does
+      for (std::int64_t row = 0; row < m; ++row) {
+        if (beta == 0.0f) {
+          fill(c + row * ldc, static_cast<std::size_t>(n), 0.0f);
+        } else {
+          scale(c + row * ldc, static_cast<std::size_t>(n), beta);
+        }
+      }
       return;
     }
     cblas_sgemm(CblasRowMajor, transpose_a == Transpose::yes ? CblasTrans : CblasNoTrans,
@@ -140,14 +146,14 @@ class CpuKernels final : public Kernels {
 
   double adamw(float* params, const float* grads, float* exp_avg, float* exp_avg_sq,
                std::size_t count, const AdamWStep& step) override {
-    // The scalars are formed as torch.optim.AdamW forms them (in double, used as float).
-    const double correction1 = 1.0 - std::pow(static_cast<double>(step.beta1), step.step);
-    const double correction2 = 1.0 - std::pow(static_cast<double>(step.beta2), step.step);
-    const float step_size = static_cast<float>(step.learning_rate / correction1);
-    const float correction2_sqrt = static_cast<float>(std::sqrt(correction2));
-    const float decay = static_cast<float>(1.0 - static_cast<double>(step.learning_rate) *
-                                                     step.weight_decay);
-    const float beta1 = step.beta1, beta2 = step.beta2, eps = step.eps;
+    // The scalars are formed as torch.optim.AdamW forms them: in double, then used as float.
+    const double correction1 = 1.0 - std::pow(step.beta1, static_cast<double>(step.step));
+    const double correction2 = 1.0 - std::pow(step.beta2, static_cast<double>(step.step));
+    const auto step_size = static_cast<float>(step.learning_rate / correction1);
+    const auto correction2_sqrt = static_cast<float>(std::sqrt(correction2));
+    const auto decay = static_cast<float>(1.0 - step.learning_rate * step.weight_decay);
+    const auto beta1 = static_cast<float>(step.beta1), beta2 = static_cast<float>(step.beta2),
+               eps = static_cast<float>(step.eps);
     const float one_minus_beta1 = 1.0f - beta1, one_minus_beta2 = 1.0f - beta2;
     float* __restrict p = params;
     const float* __restrict g = grads;

@@ -1,6 +1,7 @@
 // Ledger accounting shared by every communicator backend (see communicator.hpp).
 #include "comm/communicator.hpp"
 
+#include <exception>
 #include <numeric>
 
 #include "core/timer.hpp"
@@ -57,7 +58,8 @@ Request& Request::operator=(Request&& other) noexcept {
 }
 
 Request::~Request() {
-  if (pending_) wait();
+  // Waiting needs the other ranks: not while unwinding from an error they may not share.
+  if (pending_ && std::uncaught_exceptions() == 0) wait();
 }
 
 bool Request::test() {

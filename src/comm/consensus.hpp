@@ -2,6 +2,7 @@
 // checkpoint) becomes the same error on every rank, so no rank is left waiting in a collective.
 #pragma once
 
+#include <new>
 #include <optional>
 #include <string>
 
@@ -25,6 +26,8 @@ void agree_or_throw(Communicator& group, Body&& body) {
   } catch (const Error& error) {
     problem = error.what();
     code = error.code();
+  } catch (const std::bad_alloc&) {
+    problem = "out of memory (the model, batch or data do not fit this rank's memory)";
   }
   // The exit code travels as the message's first character.
   std::optional<std::string> tagged;

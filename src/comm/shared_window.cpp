@@ -4,9 +4,8 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <exception>
 #include <new>
-
-#include "core/error.hpp"
 
 namespace mlptrain {
 
@@ -51,11 +50,12 @@ bool group_shares_node(MPI_Comm comm) {
 SharedWindow::SharedWindow(MPI_Comm comm, std::size_t bytes) : bytes_(bytes) {
   MPI_Comm_rank(comm, &rank_);
   MPI_Comm_size(comm, &size_);
+  // Whole pages per rank, so no two ranks' data share a cache line or a page.
+  constexpr std::size_t page = 4096;
+  const std::size_t padded = std::max<std::size_t>((bytes + page - 1) / page * page, page);
   void* base = nullptr;
-  if (MPI_Win_allocate_shared(static_cast<MPI_Aint>(std::max<std::size_t>(bytes, 1)), 64,
-                              MPI_INFO_NULL, comm, &base, &data_window_) != MPI_SUCCESS)
-    throw RuntimeFailure("cannot allocate a shared-memory window of " + std::to_string(bytes) +
-                         " bytes");
+  MPI_Win_allocate_shared(static_cast<MPI_Aint>(padded), 1, MPI_INFO_NULL, comm, &base,
+                          &data_window_);
   segments_.resize(static_cast<std::size_t>(size_));
   for (int rank = 0; rank < size_; ++rank) {
     MPI_Aint size = 0;
@@ -68,7 +68,7 @@ SharedWindow::SharedWindow(MPI_Comm comm, std::size_t bytes) : bytes_(bytes) {
   // uses them (the barrier orders that).
   const MPI_Aint control_bytes = rank_ == 0 ? static_cast<MPI_Aint>(slot_count * sizeof(Slot)) : 0;
   void* control = nullptr;
-  MPI_Win_allocate_shared(control_bytes, 64, MPI_INFO_NULL, comm, &control, &control_window_);
+  MPI_Win_allocate_shared(control_bytes, 1, MPI_INFO_NULL, comm, &control, &control_window_);
   MPI_Aint size = 0;
   int unit = 0;
   MPI_Win_shared_query(control_window_, 0, &size, &unit, &control);
@@ -80,9 +80,11 @@ SharedWindow::SharedWindow(MPI_Comm comm, std::size_t bytes) : bytes_(bytes) {
 }
 
 SharedWindow::~SharedWindow() {
+  // Freeing a window waits for every rank: not while unwinding from an error that other ranks may
+  // not share (the process is about to end, and MPI_Finalize or MPI_Abort reclaims it).
   int finalized = 0;
   MPI_Finalized(&finalized);
-  if (finalized) return;
+  if (finalized || std::uncaught_exceptions() > 0) return;
   if (control_window_ != MPI_WIN_NULL) MPI_Win_free(&control_window_);
   if (data_window_ != MPI_WIN_NULL) MPI_Win_free(&data_window_);
 }
@@ -101,6 +103,11 @@ std::unique_ptr<PendingOperation> SharedWindow::start_sum(float* data, std::size
                                          segments_[static_cast<std::size_t>(rank_)]),
                 count};
   Slot& slot = slot_of(sequence);
+  // The slot's previous operation must be over before the slot is reused (only with more than
+  // slot_count sums in flight on this rank): the other ranks' tests and waits finish it.
+  while (sequence > slot_count &&
+         slot.completed.load(std::memory_order_acquire) < sequence - slot_count)
+    sched_yield();
   // acq_rel: the last arrival acquires every earlier arrival's writes to its own range.
   if (slot.arrivals.fetch_add(1, std::memory_order_acq_rel) == size_ - 1) {
     slot.finished.store(0, std::memory_order_relaxed);

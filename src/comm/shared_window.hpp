@@ -30,12 +30,15 @@ class SharedWindow {
   std::size_t segment_bytes() const { return bytes_; }
   bool contains(const void* data, std::size_t bytes) const;
 
-  // Starts the sum of `count` floats at `data` (inside this rank's segment) over the group.
+  // Starts the sum of `count` floats at `data` (inside this rank's segment) over the group. Every
+  // rank must pass the same range of its own segment: the ranks lay out their buffers alike.
   std::unique_ptr<PendingOperation> start_sum(float* data, std::size_t count);
 
  private:
   // Operations in flight take slots in turn; a slot's words carry the operation's sequence number,
   // so a late look at a reused slot can never act on the wrong operation.
+  static_assert(std::atomic<std::uint64_t>::is_always_lock_free,
+                "the slots are shared between processes: their atomics must be lock-free");
   struct Slot {
     std::atomic<std::int32_t> arrivals;
     std::atomic<std::uint64_t> claims;     // sequence << 32 | chunks handed out so far

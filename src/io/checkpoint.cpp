@@ -54,9 +54,11 @@ const ParameterTensor* held(const ParameterStore& store, const ParameterTensor& 
   return nullptr;
 }
 
-Hdf5Handle mpio_access() {
+Hdf5Handle mpio_access(MPI_Comm comm) {
   Hdf5Handle access = property_handle(H5Pcreate(H5P_FILE_ACCESS));
-  H5Pset_fapl_mpio(access.get(), MPI_COMM_WORLD, MPI_INFO_NULL);
+  H5Pset_fapl_mpio(access.get(), comm, MPI_INFO_NULL);
+  // Metadata is written collectively: one writer instead of every rank touching the headers.
+  H5Pset_coll_metadata_write(access.get(), true);
   return access;
 }
 
@@ -67,9 +69,9 @@ Hdf5Handle collective_transfer() {
 }
 
 // Selects `tensor`'s local box in the file space and returns a matching memory space; with no
-// tensor, selects nothing in both.
+// tensor (or an empty box), selects nothing in both.
 Hdf5Handle select_piece(hid_t file_space, const ParameterTensor* tensor) {
-  if (tensor == nullptr) {
+  if (tensor == nullptr || tensor->count == 0) {
     H5Sselect_none(file_space);
     const hsize_t one = 1;
     Hdf5Handle memory = dataspace_handle(H5Screate_simple(1, &one, nullptr));
@@ -198,13 +200,16 @@ std::string save_checkpoint(const std::string& directory, const TrainingState& s
   const fs::path temporary = fs::path(directory) / ("." + checkpoint_file_name(state.step) + ".partial");
   const std::vector<std::uint32_t> checksums = dataset_checksums(state, scope);
   agree_or_throw(scope.world, [&] {
-    Hdf5Handle access = mpio_access();
+    Hdf5Handle access = mpio_access(scope.mpi_comm);
     Hdf5Handle file = file_handle(
         H5Fcreate(temporary.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, access.get()));
     if (!file.valid())
       throw RuntimeFailure("checkpoint: cannot create '" + temporary.string() + "'");
     Hdf5Handle links = property_handle(H5Pcreate(H5P_LINK_CREATE));
     H5Pset_create_intermediate_group(links.get(), 1);
+    // Every element is written, so HDF5 need not fill datasets first (that would write twice).
+    Hdf5Handle creation = property_handle(H5Pcreate(H5P_DATASET_CREATE));
+    H5Pset_fill_time(creation.get(), H5D_FILL_TIME_NEVER);
     Hdf5Handle transfer = collective_transfer();
     bool written = true;
     for (std::size_t index = 0; index < scope.global_tensors.size(); ++index) {
@@ -217,26 +222,26 @@ std::string save_checkpoint(const std::string& directory, const TrainingState& s
             dataspace_handle(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr));
         Hdf5Handle dataset = dataset_handle(
             H5Dcreate2(file.get(), dataset_name(global, part).c_str(), H5T_IEEE_F32LE,
-                       file_space.get(), links.get(), H5P_DEFAULT, H5P_DEFAULT));
+                       file_space.get(), links.get(), creation.get(), H5P_DEFAULT));
         Hdf5Handle memory_space = select_piece(file_space.get(), writes ? tensor : nullptr);
         const float* data = writes ? part_data(state, part) + tensor->offset : nullptr;
-        written = written && dataset.valid() &&
-                  H5Dwrite(dataset.get(), H5T_NATIVE_FLOAT, memory_space.get(), file_space.get(),
-                           transfer.get(), data) >= 0 &&
-                  write_uint32_attribute(dataset.get(), "crc32",
-                                         checksums[index * part_count + part]);
+        // Every call is made on every rank whatever failed before: they are collective.
+        written = H5Dwrite(dataset.get(), H5T_NATIVE_FLOAT, memory_space.get(), file_space.get(),
+                           transfer.get(), data) >= 0 && dataset.valid() && written;
+        written = write_uint32_attribute(dataset.get(), "crc32",
+                                         checksums[index * part_count + part]) && written;
       }
     }
     const hid_t root = file.get();
-    written = written && write_string_attribute(root, "format", checkpoint_format) &&
-              write_int64_attribute(root, "format_version", checkpoint_format_version) &&
-              write_int64_attribute(root, "step", state.step) &&
-              write_string_attribute(root, "config", description.config_ini) &&
-              write_string_attribute(root, "layout", description.layout) &&
-              write_int64_attribute(root, "seed", description.seed);
+    written = write_string_attribute(root, "format", checkpoint_format) && written;
+    written = write_int64_attribute(root, "format_version", checkpoint_format_version) && written;
+    written = write_int64_attribute(root, "step", state.step) && written;
+    written = write_int64_attribute(root, "data_position", state.data_position) && written;
+    written = write_string_attribute(root, "config", description.config_ini) && written;
+    written = write_string_attribute(root, "layout", description.layout) && written;
+    written = write_int64_attribute(root, "seed", description.seed) && written;
     Hdf5Handle optimizer = group_handle(H5Gopen2(root, "/optimizer", H5P_DEFAULT));
-    written = written && optimizer.valid() &&
-              write_int64_attribute(optimizer.get(), "step", state.step);
+    written = write_int64_attribute(optimizer.get(), "step", state.step) && written;
     optimizer.close();
     if (!file.close() || !written)
       throw RuntimeFailure("checkpoint: writing '" + temporary.string() + "' failed");
@@ -298,7 +303,7 @@ std::string load_checkpoint(const std::string& path, TrainingState& state,
       throw UsageError("--resume: '" + file_path.string() + "' is not an HDF5 file");
   });
   const std::string where = "--resume: '" + file_path.string() + "'";
-  Hdf5Handle access = mpio_access();
+  Hdf5Handle access = mpio_access(scope.mpi_comm);
   Hdf5Handle file = file_handle(H5Fopen(file_path.c_str(), H5F_ACC_RDONLY, access.get()));
   std::vector<std::uint32_t> stored_checksums;
   agree_or_throw(scope.world, [&] {
@@ -312,6 +317,9 @@ std::string load_checkpoint(const std::string& path, TrainingState& state,
     const auto step = read_int64_attribute(file.get(), "step");
     if (!step || *step < 0) throw UsageError(where + " has no valid step attribute");
     state.step = *step;
+    const auto position = read_int64_attribute(file.get(), "data_position");
+    if (!position || *position < 0) throw UsageError(where + " has no valid data_position attribute");
+    state.data_position = *position;
     const std::int64_t layers = count_links(file.get(), "/model/layers");
     if (layers != scope.layer_count)
       throw UsageError(where + " holds " + std::to_string(std::max<std::int64_t>(layers, 0)) +

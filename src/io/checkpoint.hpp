@@ -5,6 +5,8 @@
 // elements (little-endian float32, row-major), combined from per-rank pieces with crc32_combine.
 #pragma once
 
+#include <mpi.h>
+
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -18,12 +20,14 @@ namespace mlptrain {
 inline constexpr const char* checkpoint_format = "mlptrain-checkpoint";
 inline constexpr std::int64_t checkpoint_format_version = 1;
 
-// The state a checkpoint holds: parameters and AdamW moments laid out alike in flat buffers.
+// The state a checkpoint holds: parameters and AdamW moments laid out alike in flat buffers, the
+// optimizer steps taken, and the data position (global samples consumed) to continue from.
 struct TrainingState {
   ParameterStore& parameters;
   float* exp_avg = nullptr;
   float* exp_avg_sq = nullptr;
-  std::int64_t step = 0;  // optimizer steps taken
+  std::int64_t step = 0;
+  std::int64_t data_position = 0;
 };
 
 struct CheckpointDescription {
@@ -35,6 +39,7 @@ struct CheckpointDescription {
 // Where a run's place in the grid and the whole model's tensors are known.
 struct CheckpointScope {
   Communicator& world;
+  MPI_Comm mpi_comm;  // the same ranks as `world`, for MPI-IO
   GridShape shape;
   GridCoordinates place;
   std::vector<ParameterTensor> global_tensors;  // every tensor of the model, whole

@@ -67,11 +67,14 @@ class ParameterStore {
   Buffer grads_;
 };
 
-// Calls visit(global_flat_offset, local_offset, count) for each row-major run of a box, in order.
+// Calls visit(global_flat_offset, local_offset, count) for each row-major run of a box, in order
+// (none for an empty box).
 template <typename Visit>
 void for_each_run(const std::vector<std::int64_t>& global_shape,
                   const std::vector<std::int64_t>& start, const std::vector<std::int64_t>& shape,
                   Visit&& visit) {
+  for (std::int64_t extent : shape)
+    if (extent == 0) return;
   if (global_shape.size() <= 1) {
     if (!global_shape.empty()) visit(start[0], std::int64_t{0}, shape[0]);
     return;

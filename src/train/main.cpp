@@ -33,7 +33,7 @@ int main(int argc, char** argv) {
     if (options.help) {
       if (rank == 0) std::fputs(options.help_text.c_str(), stdout);
     } else {
-      run_training(options.config);
+      run_training(options.config, MPI_COMM_WORLD);
     }
   } catch (const AgreedError& error) {
     if (rank == 0) std::fprintf(stderr, "mlptrain: error: %s\n", error.what());

@@ -39,11 +39,11 @@ double AdamW::owned_square_sum(Kernels& kernels, const ParameterStore& parameter
 
 double AdamW::update(Kernels& kernels, ParameterStore& parameters, double learning_rate,
                      std::int64_t step, const GridShape& shape, const GridCoordinates& place) {
-  const AdamWStep settings{.learning_rate = static_cast<float>(learning_rate),
-                           .beta1 = static_cast<float>(config_.beta1),
-                           .beta2 = static_cast<float>(config_.beta2),
-                           .eps = static_cast<float>(config_.eps),
-                           .weight_decay = static_cast<float>(config_.weight_decay),
+  const AdamWStep settings{.learning_rate = learning_rate,
+                           .beta1 = config_.beta1,
+                           .beta2 = config_.beta2,
+                           .eps = config_.eps,
+                           .weight_decay = config_.weight_decay,
                            .step = step};
   double owned_sum = 0;
   for (const ParameterTensor& tensor : parameters.tensors()) {

@@ -94,23 +94,31 @@ std::string ini_value(const T& value) {
 struct Descriptions {
   std::vector<po::options_description> sections;
   po::options_description all{"Options"};
+  po::options_description in_files;  // what an INI file may set: not --help or --config
 
   explicit Descriptions(Config& config) {
+    po::options_description general("General");
+    general.add_options()("help,h", "show this help")("config", po::value<std::string>(),
+                                                      "INI file of options (command line wins)");
+    all.add(general);
     for (int index = 0; index <= static_cast<int>(Section::output); ++index)
       sections.emplace_back(section_title(static_cast<Section>(index)));
-    sections[0].add_options()("help,h", "show this help")("config", po::value<std::string>(),
-                                                          "INI file of options (command line wins)");
     visit_options(config, [&](Section section, const char* name, auto& field, const char* help) {
       using T = std::remove_reference_t<decltype(field)>;
       auto& description = sections[static_cast<int>(section)];
       if constexpr (std::is_same_v<T, bool>) {
-        description.add_options()(name, po::bool_switch(&field), help);
+        // `--flag` alone means true; `--flag=false` switches off what an INI file switched on.
+        description.add_options()(
+            name, po::value<bool>(&field)->default_value(field)->implicit_value(true), help);
       } else {
         description.add_options()(name, po::value<T>(&field)->default_value(field, ini_value(field)),
                                   help);
       }
     });
-    for (auto& section : sections) all.add(section);
+    for (auto& section : sections) {
+      all.add(section);
+      in_files.add(section);
+    }
   }
 };
 
@@ -137,7 +145,7 @@ ParsedOptions parse_options(const std::vector<std::string>& arguments) {
     std::ifstream file(path);
     if (!file) throw UsageError("--config: cannot open '" + path + "'");
     try {
-      po::store(po::parse_config_file(file, descriptions.all), values);
+      po::store(po::parse_config_file(file, descriptions.in_files), values);
     } catch (const po::error& error) {
       throw UsageError("--config '" + path + "': " + error.what());
     }
@@ -181,6 +189,12 @@ void validate_options(Config& c, int world_size) {
   at_least("hidden", c.hidden, 1);
   at_least("input-dim", c.input_dim, 0);
   at_least("output-dim", c.output_dim, 0);
+  // Widths beyond 2^24 cannot fit any memory; refusing them keeps every size product in range.
+  constexpr int widest = 1 << 24;
+  for (const auto& [name, value] : {std::pair{"hidden", c.hidden}, std::pair{"input-dim", c.input_dim},
+                                    std::pair{"output-dim", c.output_dim}})
+    require(value <= widest, fmt::format("--{} must be at most {} (got {})", name, widest, value));
+  require(c.layers <= 100000, fmt::format("--layers must be at most 100000 (got {})", c.layers));
   at_least("moe-every", c.moe_every, 0);
   at_least("experts", c.experts, 1);
   at_least("top-k", c.top_k, 1);

@@ -183,7 +183,9 @@ void Reporter::step(const StepRecord& record) {
     if (record.eval_accuracy) text += fmt::format("  eval_accuracy {:.4f}", *record.eval_accuracy);
     line(text);
   }
-  if (terminal_ && record.step < total_steps_) {
+  // The progress line is redrawn at most ten times a second.
+  if (terminal_ && record.step < total_steps_ && now_ms() - progress_shown_ms_ >= 100.0) {
+    progress_shown_ms_ = now_ms();
     const double elapsed_s = (now_ms() - started_ms_) / 1000.0;
     const double done = static_cast<double>(record.step - first_step_ + 1);
     const double eta_s = elapsed_s / done * static_cast<double>(total_steps_ - record.step);
@@ -208,15 +210,14 @@ void Reporter::summary(const RunSummary& summary) {
   if (!summary.steps.empty()) text += fmt::format(", final loss {:.6f}", summary.steps.back().loss);
   text += "\nrank 0 memory (peak) and communication, predicted vs measured:\n";
   text += placement_table(summary.prediction, &summary);
-  text += "peak memory by rank (params / grads / optimizer / activations / workspace):\n";
+  text += "peak memory by rank:\n";
   for (std::size_t rank = 0; rank < summary.peak_memory_by_rank.size(); ++rank) {
-    const MemoryByState& peaks = summary.peak_memory_by_rank[rank];
-    text += fmt::format("  rank {}: {} / {} / {} / {} / {}\n", rank,
-                        human_bytes(static_cast<double>(peaks[0])),
-                        human_bytes(static_cast<double>(peaks[1])),
-                        human_bytes(static_cast<double>(peaks[2])),
-                        human_bytes(static_cast<double>(peaks[3])),
-                        human_bytes(static_cast<double>(peaks[5])));
+    text += fmt::format("  rank {}:", rank);
+    for (MemoryState state : all_memory_states)
+      text += fmt::format(" {} {}", memory_state_name(state),
+                          human_bytes(static_cast<double>(
+                              summary.peak_memory_by_rank[rank][static_cast<int>(state)])));
+    text += "\n";
   }
   text.pop_back();
   line(text);

@@ -67,6 +67,7 @@ class Reporter {
   bool terminal_ = false;
   bool progress_shown_ = false;
   double started_ms_ = 0;
+  double progress_shown_ms_ = 0;
   std::int64_t first_step_ = -1;
 };
 

@@ -4,9 +4,11 @@
 #include <mpi.h>
 
 #include <cmath>
+#include <cstring>
 #include <fmt/format.h>
 #include <memory>
 #include <numeric>
+#include <optional>
 
 #include "comm/consensus.hpp"
 #include "comm/process_groups.hpp"
@@ -31,12 +33,22 @@ struct LossTotals {
 
 class Trainer {
  public:
-  explicit Trainer(const Config& config);
+  Trainer(const Config& config, MPI_Comm world);
   void predict_only();
   void train();
 
  private:
-  void load_micro_batch(std::int64_t step, int micro_batch, MicroBatchActivations& activations);
+  // Reads samples into what the local layers need of them (inputs, targets or labels). A read
+  // that fails on this rank alone must not leave the others waiting in the step's collectives:
+  // the failure is noted, the step goes on, and its world sum carries the news (see
+  // stop_on_read_problem), so every rank stops with the same error.
+  void read_samples(Split split, const std::vector<std::int64_t>& indices,
+                    MicroBatchActivations& activations);
+  void stop_on_read_problem(double ranks_with_problems);
+  // Whether this rank's loss sums count in the world's totals: the loss is computed where the
+  // last layer is, and the ranks of a tensor-parallel group all hold the same one.
+  bool counts_loss() const { return runner_->computes_loss() && groups_->place().tp == 0; }
+  CheckpointScope checkpoint_scope() const;
   StepRecord train_step(std::int64_t step);
   void evaluate(StepRecord& record);
   void save(std::int64_t step);
@@ -46,10 +58,12 @@ class Trainer {
   PlacementPrediction predict() const;
   std::string describe_run() const;
   TrainingState state(std::int64_t step) {
-    return {*parameters_, optimizer_->exp_avg(), optimizer_->exp_avg_sq(), step};
+    return {*parameters_, optimizer_->exp_avg(), optimizer_->exp_avg_sq(), step,
+            batch_.step_position(step)};
   }
 
   const Config& config_;
+  MPI_Comm mpi_world_;
   MemoryLedger memory_;
   CommLedger comm_ledger_;
   HostAllocator allocator_{memory_};
@@ -67,16 +81,17 @@ class Trainer {
   BatchLayout batch_;
   std::vector<Action> schedule_;
   MemoryByState run_peak_{};
+  std::optional<std::string> read_problem_;
   int first_layer_ = 0;
   int last_layer_ = 0;
 };
 
-Trainer::Trainer(const Config& config) : config_(config) {
+Trainer::Trainer(const Config& config, MPI_Comm world_comm) : config_(config), mpi_world_(world_comm) {
   int world_size = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &world_size);
+  MPI_Comm_size(mpi_world_, &world_size);
   const GridShape shape{.world = world_size, .tp = config.tp, .dp = config.dp, .pp = config.pp,
                         .ep = config.ep};
-  groups_ = std::make_unique<ProcessGroups>(MPI_COMM_WORLD, shape, comm_ledger_);
+  groups_ = std::make_unique<ProcessGroups>(mpi_world_, shape, comm_ledger_);
   Communicator& world = groups_->world();
   const bool rank_zero = world.rank() == 0;
 
@@ -95,8 +110,19 @@ Trainer::Trainer(const Config& config) : config_(config) {
   first_layer_ = 0;
   last_layer_ = config.layers;
 
-  parameters_ = std::make_unique<ParameterStore>(
-      dense_parameter_tensors(specs_, first_layer_, last_layer_), allocator_);
+  agree_or_throw(world, [&] {
+    auto tensors = dense_parameter_tensors(specs_, first_layer_, last_layer_);
+    try {
+      parameters_ = std::make_unique<ParameterStore>(tensors, allocator_);
+      optimizer_ = std::make_unique<AdamW>(config, allocator_, parameters_->size());
+    } catch (const std::bad_alloc&) {
+      std::size_t count = 0;
+      for (const ParameterTensor& tensor : tensors) count += tensor.count;
+      throw RuntimeFailure(fmt::format(
+          "out of memory: {} parameters need {:.1f} GiB per rank for values, gradients and "
+          "AdamW state (--hidden, --layers)", count, 16.0 * static_cast<double>(count) / (1 << 30)));
+    }
+  });
   parameters_->initialize(static_cast<std::uint64_t>(config.seed));
   const StrategyContext context{.config = config,
                                 .groups = *groups_,
@@ -107,9 +133,10 @@ Trainer::Trainer(const Config& config) : config_(config) {
                                 .first_layer = first_layer_,
                                 .last_layer = last_layer_};
   strategies_ = std::make_unique<StrategyStack>(context);
+  // The runner's layer views point into the parameter store: taken only now, since strategies
+  // may move parameter memory (data parallel places gradients where its group reduces them).
   runner_ = std::make_unique<ModelRunner>(*kernels_, allocator_, *parameters_, specs_, first_layer_,
                                           last_layer_, *strategies_);
-  optimizer_ = std::make_unique<AdamW>(config, allocator_, parameters_->size());
   order_ = std::make_unique<SampleOrder>(data.train_size, config.shuffle,
                                          static_cast<std::uint64_t>(config.seed));
   batch_ = {.global_batch = config.global_batch,
@@ -146,7 +173,8 @@ PlacementPrediction Trainer::predict() const {
   const auto parameter_bytes = static_cast<std::int64_t>(parameters_->size() * sizeof(float));
   prediction.bytes = {parameter_bytes, parameter_bytes, 2 * parameter_bytes,
                       runner_->activation_bytes(batch_.local_size(), loss_kind_)};
-  if (groups_->shape().world > 1) prediction.comm(CommOp::all_reduce) += 3 * sizeof(double);
+  // The step's world sum: loss, correct predictions, squared gradient norm, read failures.
+  if (groups_->shape().world > 1) prediction.comm(CommOp::all_reduce) += 4 * sizeof(double);
   strategies_->predict(prediction);
   return prediction;
 }
@@ -166,12 +194,24 @@ void Trainer::world_sum(double* values, std::size_t count) {
   if (groups_->shape().world > 1) groups_->world().all_reduce(values, count);
 }
 
-void Trainer::load_micro_batch(std::int64_t step, int micro_batch,
-                               MicroBatchActivations& activations) {
-  const std::int64_t first = batch_.first_position(step, micro_batch, groups_->place().dp);
-  const std::vector<std::int64_t> indices = order_->samples(first, activations.rows);
-  dataset_->read(Split::train, indices, first_layer_ == 0 ? activations.input.floats() : nullptr,
-                 activations.targets.floats(), activations.labels.as<std::int32_t>());
+void Trainer::read_samples(Split split, const std::vector<std::int64_t>& indices,
+                           MicroBatchActivations& activations) {
+  try {
+    dataset_->read(split, indices, first_layer_ == 0 ? activations.input.floats() : nullptr,
+                   activations.targets.floats(), activations.labels.as<std::int32_t>());
+  } catch (const Error& error) {
+    if (!read_problem_) read_problem_ = error.what();
+    // The step still runs on this rank: on zeros, not on whatever the buffers held (labels out
+    // of range would index outside the logits).
+    for (const Buffer* buffer : {&activations.input, &activations.targets, &activations.labels})
+      if (!buffer->empty()) std::memset(buffer->as<void>(), 0, buffer->bytes());
+  }
+}
+
+void Trainer::stop_on_read_problem(double ranks_with_problems) {
+  if (ranks_with_problems == 0) return;
+  const auto message = first_problem(groups_->world(), read_problem_);
+  throw AgreedError(ExitCode::runtime_failure, message.value_or("reading the data failed"));
 }
 
 StepRecord Trainer::train_step(std::int64_t step) {
@@ -187,7 +227,8 @@ StepRecord Trainer::train_step(std::int64_t step) {
     MicroBatchActivations& activations = in_flight[static_cast<std::size_t>(action.micro_batch)];
     if (action.kind == ActionKind::forward) {
       activations = runner_->prepare(batch_.local_size(), loss_kind_);
-      load_micro_batch(step, action.micro_batch, activations);
+      const std::int64_t first = batch_.first_position(step, action.micro_batch, groups_->place().dp);
+      read_samples(Split::train, order_->samples(first, activations.rows), activations);
       const LossSums sums = runner_->forward(activations, action.micro_batch, config_.micro_batches,
                                              true, loss_kind_, config_.global_batch);
       local.loss_sum += sums.loss_sum;
@@ -198,15 +239,15 @@ StepRecord Trainer::train_step(std::int64_t step) {
   }
   strategies_->synchronize_gradients(event);
 
-  // Every tensor-parallel rank computes the same loss: only the first one counts it.
-  const bool counts_loss = runner_->computes_loss() && groups_->place().tp == 0;
-  double totals[3] = {counts_loss ? local.loss_sum : 0.0, counts_loss ? local.correct : 0.0, 0.0};
+  double totals[4] = {counts_loss() ? local.loss_sum : 0.0, counts_loss() ? local.correct : 0.0,
+                      0.0, read_problem_ ? 1.0 : 0.0};
   const double learning_rate = scheduled_learning_rate(config_, step);
   const GridShape& shape = groups_->shape();
   const GridCoordinates& place = groups_->place();
   if (config_.grad_clip > 0) {
     totals[2] = AdamW::owned_square_sum(*kernels_, *parameters_, shape, place);
-    world_sum(totals, 3);
+    world_sum(totals, 4);
+    stop_on_read_problem(totals[3]);
     const double coefficient = clip_coefficient(config_.grad_clip, std::sqrt(totals[2]));
     if (coefficient < 1.0)
       kernels_->scale(parameters_->grads(), parameters_->size(), static_cast<float>(coefficient));
@@ -214,7 +255,8 @@ StepRecord Trainer::train_step(std::int64_t step) {
   } else {
     // Without clipping the norm comes free from the update's own pass over the gradients.
     totals[2] = optimizer_->update(*kernels_, *parameters_, learning_rate, step + 1, shape, place);
-    world_sum(totals, 3);
+    world_sum(totals, 4);
+    stop_on_read_problem(totals[3]);
   }
   strategies_->after_optimizer_step(event);
 
@@ -243,34 +285,39 @@ void Trainer::evaluate(StepRecord& record) {
     MicroBatchActivations activations = runner_->prepare(end - begin, loss_kind_);
     std::vector<std::int64_t> indices(static_cast<std::size_t>(end - begin));
     std::iota(indices.begin(), indices.end(), begin);
-    dataset_->read(Split::test, indices, first_layer_ == 0 ? activations.input.floats() : nullptr,
-                   activations.targets.floats(), activations.labels.as<std::int32_t>());
+    read_samples(Split::test, indices, activations);
     const LossSums sums = runner_->forward(activations, 0, 1, false, loss_kind_, test_size);
     local.loss_sum += sums.loss_sum;
     local.correct += static_cast<double>(sums.correct);
   }
-  const bool counts = runner_->computes_loss() && groups_->place().tp == 0;
-  double totals[2] = {counts ? local.loss_sum : 0.0, counts ? local.correct : 0.0};
-  world_sum(totals, 2);
+  double totals[3] = {counts_loss() ? local.loss_sum : 0.0, counts_loss() ? local.correct : 0.0,
+                      read_problem_ ? 1.0 : 0.0};
+  world_sum(totals, 3);
+  stop_on_read_problem(totals[2]);
   record.eval_loss = totals[0] / loss_normalizer(loss_kind_, test_size, specs_.back().out_features);
   if (loss_kind_ == LossKind::cross_entropy)
     record.eval_accuracy = totals[1] / static_cast<double>(test_size);
   note_peaks();
 }
 
+CheckpointScope Trainer::checkpoint_scope() const {
+  return {.world = groups_->world(),
+          .mpi_comm = mpi_world_,
+          .shape = groups_->shape(),
+          .place = groups_->place(),
+          .global_tensors = dense_parameter_tensors(specs_, 0, config_.layers),
+          .layer_count = config_.layers};
+}
+
 void Trainer::save(std::int64_t step) {
   const GridShape& shape = groups_->shape();
-  const CheckpointScope scope{.world = groups_->world(),
-                              .shape = shape,
-                              .place = groups_->place(),
-                              .global_tensors = dense_parameter_tensors(specs_, 0, config_.layers),
-                              .layer_count = config_.layers};
   const CheckpointDescription description{
       .config_ini = to_ini(config_),
       .layout = fmt::format("dp={} tp={} pp={} ep={} zero={}", shape.dp, shape.tp, shape.pp,
                             shape.ep, config_.zero),
       .seed = config_.seed};
-  const std::string path = save_checkpoint(config_.checkpoint_dir, state(step), description, scope);
+  const std::string path =
+      save_checkpoint(config_.checkpoint_dir, state(step), description, checkpoint_scope());
   reporter_->line("saved checkpoint " + path);
 }
 
@@ -279,14 +326,12 @@ void Trainer::train() {
   std::int64_t start = 0;
   if (!config_.resume.empty()) {
     TrainingState loaded = state(0);
-    const CheckpointScope scope{.world = groups_->world(),
-                                .shape = groups_->shape(),
-                                .place = groups_->place(),
-                                .global_tensors = dense_parameter_tensors(specs_, 0, config_.layers),
-                                .layer_count = config_.layers};
-    const std::string file = load_checkpoint(config_.resume, loaded, scope);
+    const std::string file = load_checkpoint(config_.resume, loaded, checkpoint_scope());
     start = loaded.step;
-    reporter_->line(fmt::format("resumed from {} at step {}", file, start));
+    batch_.resumed_step = loaded.step;
+    batch_.resumed_position = loaded.data_position;
+    reporter_->line(fmt::format("resumed from {} at step {} (sample position {})", file, start,
+                                loaded.data_position));
     if (start >= config_.steps)
       reporter_->line(fmt::format("the checkpoint is at or beyond --steps {}: nothing to train",
                                   config_.steps));
@@ -325,8 +370,8 @@ void Trainer::train() {
 
 }  // namespace
 
-void run_training(const Config& config) {
-  Trainer trainer(config);
+void run_training(const Config& config, MPI_Comm world) {
+  Trainer trainer(config, world);
   if (config.predict) {
     trainer.predict_only();
   } else {

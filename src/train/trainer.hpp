@@ -3,12 +3,14 @@
 // never names a strategy.
 #pragma once
 
+#include <mpi.h>
+
 #include "core/config.hpp"
 
 namespace mlptrain {
 
-// Runs (or, with --predict, only predicts) the configured training on MPI_COMM_WORLD. Collective;
-// throws AgreedError for problems every rank agrees on.
-void run_training(const Config& config);
+// Runs (or, with --predict, only predicts) the configured training on the ranks of `world`.
+// Collective; throws AgreedError for problems every rank agrees on.
+void run_training(const Config& config, MPI_Comm world);
 
 }  // namespace mlptrain

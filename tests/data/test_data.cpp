@@ -22,6 +22,14 @@ TEST(BatchLayout, MicroBatchesThenDataRanksAreContiguousSlices) {
   EXPECT_EQ(layout.first_position(2, 1, 2), 2 * 16 + 8 + 4);
 }
 
+TEST(BatchLayout, AResumedRunContinuesFromTheStoredPosition) {
+  // Written with B = 16 for 10 steps (position 160), resumed with B = 8.
+  const BatchLayout layout{.global_batch = 8, .micro_batches = 1, .data_parallel = 2,
+                           .resumed_step = 10, .resumed_position = 160};
+  EXPECT_EQ(layout.step_position(10), 160);
+  EXPECT_EQ(layout.first_position(11, 0, 1), 160 + 8 + 4);
+}
+
 TEST(SampleOrder, WrapsModuloTheDatasetSize) {
   SampleOrder order(10, false, 1);
   EXPECT_EQ(order.samples(8, 4), (std::vector<std::int64_t>{8, 9, 0, 1}));

@@ -98,6 +98,21 @@ class BadInput(TrainingTestCase):
         self.expect_failure(SMALL + ["--dataset", "hdf5", "--data-path", good, "--eval-every", "2"], 2,
                             ["--eval-every", good])
 
+    def test_data_that_fails_on_one_rank_only(self):
+        """A corrupted chunk that only rank 1 reads, in the middle of training."""
+        path = self.path("one_bad_chunk.h5")
+        with h5py.File(path, "w") as file:
+            file.create_dataset("x", data=np.random.default_rng(0).normal(size=(64, 4)).astype(np.float32),
+                                chunks=(8, 4), compression="gzip")
+            file["y"] = np.arange(64) % 3
+        with h5py.File(path, "r") as file:
+            chunk = file["x"].id.get_chunk_info(1)  # rows 8-15: rank 1's half of the first batch
+        with open(path, "r+b") as handle:
+            handle.seek(chunk.byte_offset)
+            handle.write(b"\xff" * chunk.size)
+        self.expect_failure(SMALL[:-2] + ["--dataset", "hdf5", "--data-path", path,
+                                          "--global-batch", "16", "--steps", "3"], 2, [path], code=1)
+
     def test_unwritable_checkpoint_directory(self):
         blocker = self.path("a-file")
         with open(blocker, "w") as handle:

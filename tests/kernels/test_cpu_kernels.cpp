@@ -54,7 +54,7 @@ TEST_F(CpuKernelsTest, GemmMatchesNaiveForEveryTransposeAlphaBeta) {
 }
 
 TEST_F(CpuKernelsTest, GemmWithEmptyInnerDimensionScalesOutput) {
-  std::vector<float> c = {1, 2, 3, 4};
+  std::vector<float> c = {1, 2, std::nanf(""), 4};  // beta 0 overwrites, even NaN
   kernels->gemm(Transpose::yes, Transpose::no, 2, 2, 0, 1.0f, nullptr, 2, nullptr, 2, 0.0f, c.data(), 2);
   EXPECT_EQ(c, (std::vector<float>{0, 0, 0, 0}));
 }
@@ -158,8 +158,8 @@ TEST_F(CpuKernelsTest, AdamwMatchesTheTorchFormulaAndReturnsTheSquareSum) {
        exp_avg_sq = random_values(count, 15, 0.0f, 0.01f);
   const auto grads = random_values(count, 16);
   const auto p0 = params, m0 = exp_avg, v0 = exp_avg_sq;
-  const AdamWStep step{.learning_rate = 0.01f, .beta1 = 0.8f, .beta2 = 0.99f, .eps = 1e-6f,
-                       .weight_decay = 0.1f, .step = 3};
+  const AdamWStep step{.learning_rate = 0.01, .beta1 = 0.8, .beta2 = 0.99, .eps = 1e-6,
+                       .weight_decay = 0.1, .step = 3};
   const double squares = kernels->adamw(params.data(), grads.data(), exp_avg.data(),
                                         exp_avg_sq.data(), count, step);
   double expected_squares = 0;

@@ -178,6 +178,9 @@ TEST(ParameterStore, RunsOfBoxesInRowMajorOrder) {
   runs.clear();
   for_each_run({2, 3, 4}, {1, 0, 1}, {1, 2, 2}, record);
   EXPECT_EQ(runs, (std::vector<std::array<std::int64_t, 3>>{{13, 0, 2}, {17, 2, 2}}));
+  runs.clear();
+  for_each_run({4, 6}, {4, 0}, {0, 6}, record);  // an empty box has no runs
+  EXPECT_TRUE(runs.empty());
 }
 
 TEST(ParameterStore, ReplicatedTensorsHaveExactlyOneOwner) {

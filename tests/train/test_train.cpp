@@ -63,6 +63,13 @@ TEST(Options, IniFileIsReadAndCommandLineWins) {
   EXPECT_DOUBLE_EQ(config.lr, 0.5);
 }
 
+TEST(Options, SwitchesSetInAnIniFileCanBeTurnedOffOnTheCommandLine) {
+  const std::string path = ::testing::TempDir() + "switches.ini";
+  std::ofstream(path) << "shuffle = true\n";
+  EXPECT_TRUE(parsed({"--config", path}).shuffle);
+  EXPECT_FALSE(parsed({"--config", path, "--shuffle=false"}).shuffle);
+}
+
 TEST(Options, IniTextRoundTrips) {
   Config config = parsed({"--layers", "7", "--lr", "0.000123456789", "--dataset", "mixture",
                           "--lr-schedule", "cosine", "--grad-clip", "0.3", "--shuffle"}, 2);
@@ -89,6 +96,7 @@ TEST(Options, BadInputNamesTheOption) {
   EXPECT_NE(usage_error({"--top-k", "9"}).find("--top-k 9"), std::string::npos);
   EXPECT_NE(usage_error({"--config", "/no/such/file.ini"}).find("/no/such/file.ini"), std::string::npos);
   EXPECT_NE(usage_error({"--lr", "nan"}).find("--lr"), std::string::npos);
+  EXPECT_NE(usage_error({"--hidden", "300000000"}).find("--hidden must be at most"), std::string::npos);
 }
 
 TEST(Options, MalformedIniIsAUsageError) {
@@ -97,6 +105,8 @@ TEST(Options, MalformedIniIsAUsageError) {
   EXPECT_NE(usage_error({"--config", path}).find(path), std::string::npos);
   std::ofstream(path) << "unknown-option = 3\n";
   EXPECT_NE(usage_error({"--config", path}).find("unknown-option"), std::string::npos);
+  std::ofstream(path) << "config = other.ini\n";  // files do not chain
+  EXPECT_NE(usage_error({"--config", path}).find("config"), std::string::npos);
 }
 
 TEST(Options, FeaturesNotBuiltAreRefusedByName) {
