@@ -27,7 +27,7 @@ class DataParallel final : public Strategy {
       : group_(context.groups.group(GroupKind::data)), parameters_(context.parameters) {
     // Gradients go where the group reduces fastest (in place in shared memory on one node).
     parameters_.reallocate_grads([&](std::size_t bytes) {
-      return group_.allocate_reduction_memory(context.allocator, MemoryState::grads, bytes);
+      return group_.allocate_collective_memory(context.allocator, MemoryState::grads, bytes);
     });
     for (int layer = context.last_layer - 1; layer >= context.first_layer; --layer) {
       const FlatRange layer_range = parameters_.layer_range(layer);

@@ -16,19 +16,26 @@ std::string_view comm_op_name(CommOp op) {
   return "unknown";
 }
 
-void CommTotals::add(CommOp op, std::int64_t byte_count, double ms) {
-  const int index = static_cast<int>(op);
-  bytes[index] += byte_count;
-  milliseconds[index] += ms;
-  calls[index] += 1;
-}
-
-void CommLedger::record(CommOp op, std::string_view group, std::int64_t bytes, double ms) {
-  step_.add(op, bytes, ms);
-  run_.add(op, bytes, ms);
+template <typename Update>
+void CommLedger::update(std::string_view group, Update&& change) {
+  change(step_);
+  change(run_);
   auto found = by_group_.find(group);
   if (found == by_group_.end()) found = by_group_.emplace(std::string(group), CommTotals{}).first;
-  found->second.add(op, bytes, ms);
+  change(found->second);
+}
+
+void CommLedger::record_posted(CommOp op, std::string_view group, std::int64_t bytes) {
+  const int index = static_cast<int>(op);
+  update(group, [&](CommTotals& totals) {
+    totals.bytes[index] += bytes;
+    totals.calls[index] += 1;
+  });
+}
+
+void CommLedger::record_completed(CommOp op, std::string_view group, double ms) {
+  const int index = static_cast<int>(op);
+  update(group, [&](CommTotals& totals) { totals.milliseconds[index] += ms; });
 }
 
 }  // namespace mlptrain

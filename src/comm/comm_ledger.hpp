@@ -24,15 +24,18 @@ struct CommTotals {
   std::array<double, comm_op_count> milliseconds{};
   std::array<std::int64_t, comm_op_count> calls{};
 
-  void add(CommOp op, std::int64_t byte_count, double ms);
   std::int64_t bytes_of(CommOp op) const { return bytes[static_cast<int>(op)]; }
   double milliseconds_of(CommOp op) const { return milliseconds[static_cast<int>(op)]; }
 };
 
+// An operation's bytes and call count belong to the step that posted it; its time (from posting
+// to completion) to the step in which it completed. So an operation started at the end of one
+// step and finished in the next (a parameter gather overlapping the next forward) counts its
+// bytes where the work that needs it was done.
 class CommLedger {
  public:
-  // Called for every completed operation; `ms` runs from posting to completion.
-  void record(CommOp op, std::string_view group, std::int64_t bytes, double ms);
+  void record_posted(CommOp op, std::string_view group, std::int64_t bytes);
+  void record_completed(CommOp op, std::string_view group, double ms);
 
   // The step window: totals since the last begin_step().
   void begin_step() { step_ = {}; }
@@ -42,6 +45,9 @@ class CommLedger {
   const std::map<std::string, CommTotals, std::less<>>& by_group() const { return by_group_; }
 
  private:
+  template <typename Update>
+  void update(std::string_view group, Update&& change);
+
   CommTotals step_;
   CommTotals run_;
   std::map<std::string, CommTotals, std::less<>> by_group_;

@@ -35,6 +35,9 @@ template <> constexpr DataType data_type_of<char>() { return DataType::uint8; }
 // each rank receives; all_gather, the elements each rank contributes; all_to_all, the elements
 // sent to each rank (or per-rank counts in send_counts/receive_counts when variable); send and
 // recv, the message. Variable all-to-all data is packed by destination rank, in rank order.
+// With send == receive, all_reduce, reduce_scatter and all_gather work in place: for the latter
+// two the buffer holds count x size elements, and this rank's block (at rank x count) receives
+// its reduced block, or holds its contribution.
 struct Operation {
   CommOp op = CommOp::all_reduce;
   const void* send = nullptr;
@@ -59,13 +62,14 @@ class PendingOperation {
   virtual void wait() = 0;
 };
 
-// Handle to a non-blocking operation; completing it (test() true, or wait()) records it in the
-// ledger. Dropping an incomplete request waits for it.
+// Handle to a non-blocking operation; completing it (test() true, or wait()) records its time in
+// the ledger (its bytes were recorded when it was posted). Dropping an incomplete request waits
+// for it.
 class Request {
  public:
   Request() = default;
   Request(std::unique_ptr<PendingOperation> pending, CommLedger* ledger, std::string group,
-          CommOp op, std::int64_t bytes, double start_ms);
+          CommOp op, double start_ms);
   Request(Request&&) noexcept = default;
   Request& operator=(Request&& other) noexcept;
   ~Request();
@@ -80,7 +84,6 @@ class Request {
   CommLedger* ledger_ = nullptr;
   std::string group_;
   CommOp op_ = CommOp::all_reduce;
-  std::int64_t bytes_ = 0;
   double start_ms_ = 0;
 };
 
@@ -97,11 +100,11 @@ class Communicator {
   Request start(const Operation& operation);
   virtual void barrier() = 0;
 
-  // Memory for buffers this group all-reduces often (gradient buckets), charged to `state`. A
-  // backend may place it where its reductions are fastest; by default it comes from `fallback`.
-  // Collective over the group.
-  virtual Buffer allocate_reduction_memory(Allocator& fallback, MemoryState state,
-                                           std::size_t bytes) {
+  // Memory for buffers this group runs collectives on often (gradients, parameter shards),
+  // charged to `state`. A backend may place it where its collectives are fastest; by default it
+  // comes from `fallback`. Collective over the group.
+  virtual Buffer allocate_collective_memory(Allocator& fallback, MemoryState state,
+                                            std::size_t bytes) {
     return fallback.allocate(state, bytes);
   }
 
@@ -113,6 +116,16 @@ class Communicator {
   template <typename T>
   Request all_reduce_async(T* data, std::size_t count, ReduceOp reduce = ReduceOp::sum) {
     return start(all_reduce_operation(data, count, data_type_of<T>(), reduce));
+  }
+  template <typename T>
+  Request reduce_scatter_in_place_async(T* data, std::size_t count_per_rank) {
+    return start({.op = CommOp::reduce_scatter, .send = data, .receive = data,
+                  .count = count_per_rank, .type = data_type_of<T>()});
+  }
+  template <typename T>
+  Request all_gather_in_place_async(T* data, std::size_t count_per_rank) {
+    return start({.op = CommOp::all_gather, .send = data, .receive = data, .count = count_per_rank,
+                  .type = data_type_of<T>()});
   }
   template <typename T>
   void reduce_scatter(const T* send, T* receive, std::size_t receive_count) {

@@ -3,6 +3,9 @@
 #include "comm/mpi_communicator.hpp"
 
 #include <climits>
+#include <cstring>
+#include <functional>
+#include <utility>
 
 #include "core/error.hpp"
 
@@ -60,17 +63,37 @@ class MpiPending final : public PendingOperation {
  public:
   std::unique_ptr<VariableLayout> layout;  // kept alive until completion
   MPI_Request request = MPI_REQUEST_NULL;
+  std::function<void()> on_completion;     // run once, when the request completes
 
   bool test() override {
     int flag = 0;
     MPI_Test(&request, &flag, MPI_STATUS_IGNORE);
+    if (flag != 0) complete();
     return flag != 0;
   }
-  void wait() override { MPI_Wait(&request, MPI_STATUS_IGNORE); }
+  void wait() override {
+    MPI_Wait(&request, MPI_STATUS_IGNORE);
+    complete();
+  }
+
+ private:
+  void complete() {
+    if (on_completion) std::exchange(on_completion, nullptr)();
+  }
 };
 
+bool in_place(const Operation& operation) { return operation.send == operation.receive; }
+
 const void* send_or_in_place(const Operation& operation) {
-  return operation.send == operation.receive ? MPI_IN_PLACE : operation.send;
+  return in_place(operation) ? MPI_IN_PLACE : operation.send;
+}
+
+// MPI's in-place reduce-scatter leaves the result at the start of the buffer; ours is in place in
+// the rank's own block.
+void move_to_own_block(const Operation& operation, int rank) {
+  const std::size_t bytes = operation.count * size_of(operation.type);
+  char* data = static_cast<char*>(operation.receive);
+  if (rank > 0) std::memmove(data + static_cast<std::size_t>(rank) * bytes, data, bytes);
 }
 
 // Hands out the window's one segment as a Buffer charged to the ledger.
@@ -99,11 +122,12 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm, std::string group, CommLedger& l
     : Communicator(std::move(group), ledger), comm_(comm) {
   MPI_Comm_rank(comm_, &rank_);
   MPI_Comm_size(comm_, &size_);
+  shares_node_ = size_ > 1 && group_shares_node(comm_);
 }
 
 MpiCommunicator::~MpiCommunicator() {
-  window_allocator_.reset();
-  window_.reset();
+  window_allocators_.clear();
+  windows_.clear();
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (!finalized && comm_ != MPI_COMM_WORLD && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
@@ -111,27 +135,43 @@ MpiCommunicator::~MpiCommunicator() {
 
 void MpiCommunicator::barrier() { MPI_Barrier(comm_); }
 
-Buffer MpiCommunicator::allocate_reduction_memory(Allocator& fallback, MemoryState state,
-                                                  std::size_t bytes) {
-  // One window per communicator; every rank decides alike, so the collective calls match.
-  if (size_ == 1 || window_ != nullptr || !group_shares_node(comm_))
-    return fallback.allocate(state, bytes);
-  window_ = std::make_unique<SharedWindow>(comm_, bytes);
-  window_allocator_ = std::make_unique<WindowAllocator>(fallback.ledger(), *window_);
-  return window_allocator_->allocate(state, bytes);
+Buffer MpiCommunicator::allocate_collective_memory(Allocator& fallback, MemoryState state,
+                                                   std::size_t bytes) {
+  // Every rank decides alike, so the collective calls match.
+  if (size_ == 1 || !shares_node_) return fallback.allocate(state, bytes);
+  windows_.push_back(std::make_unique<SharedWindow>(comm_, bytes));
+  window_allocators_.push_back(std::make_unique<WindowAllocator>(fallback.ledger(), *windows_.back()));
+  return window_allocators_.back()->allocate(state, bytes);
 }
 
-std::unique_ptr<PendingOperation> MpiCommunicator::start_shared_sum(const Operation& operation) {
-  const bool shared = window_ != nullptr && operation.op == CommOp::all_reduce &&
-                      operation.type == DataType::float32 && operation.reduce == ReduceOp::sum &&
-                      operation.send == operation.receive &&
-                      window_->contains(operation.receive, operation.count * sizeof(float));
-  if (!shared) return nullptr;
-  return window_->start_sum(static_cast<float*>(operation.receive), operation.count);
+std::unique_ptr<PendingOperation> MpiCommunicator::start_shared(const Operation& operation) {
+  if (operation.type != DataType::float32 || operation.send != operation.receive) return nullptr;
+  SharedWindow::Kind kind;
+  std::size_t count = operation.count;
+  switch (operation.op) {
+    case CommOp::all_reduce:
+      if (operation.reduce != ReduceOp::sum) return nullptr;
+      kind = SharedWindow::Kind::sum;
+      break;
+    case CommOp::reduce_scatter:
+      if (operation.reduce != ReduceOp::sum) return nullptr;
+      kind = SharedWindow::Kind::sum_scatter;
+      count *= static_cast<std::size_t>(size_);
+      break;
+    case CommOp::all_gather:
+      kind = SharedWindow::Kind::gather;
+      count *= static_cast<std::size_t>(size_);
+      break;
+    default: return nullptr;
+  }
+  for (const auto& window : windows_)
+    if (window->contains(operation.receive, count * sizeof(float)))
+      return window->start(kind, static_cast<float*>(operation.receive), count);
+  return nullptr;
 }
 
 void MpiCommunicator::run_backend(const Operation& operation) {
-  if (auto pending = start_shared_sum(operation)) {
+  if (auto pending = start_shared(operation)) {
     pending->wait();
     return;
   }
@@ -143,11 +183,14 @@ void MpiCommunicator::run_backend(const Operation& operation) {
                     mpi_op(operation.reduce), comm_);
       return;
     case CommOp::reduce_scatter:
-      MPI_Reduce_scatter_block(operation.send, operation.receive, count, type,
+      MPI_Reduce_scatter_block(send_or_in_place(operation), operation.receive, count, type,
                                mpi_op(operation.reduce), comm_);
+      if (in_place(operation)) move_to_own_block(operation, rank_);
       return;
     case CommOp::all_gather:
-      MPI_Allgather(operation.send, count, type, operation.receive, count, type, comm_);
+      // In place, each rank's contribution already sits in its own block of the output.
+      MPI_Allgather(send_or_in_place(operation), in_place(operation) ? 0 : count, type,
+                    operation.receive, count, type, comm_);
       return;
     case CommOp::broadcast:
       MPI_Bcast(operation.receive, count, type, operation.peer, comm_);
@@ -173,7 +216,7 @@ void MpiCommunicator::run_backend(const Operation& operation) {
 }
 
 std::unique_ptr<PendingOperation> MpiCommunicator::start_backend(const Operation& operation) {
-  if (auto shared = start_shared_sum(operation)) return shared;
+  if (auto shared = start_shared(operation)) return shared;
   auto pending = std::make_unique<MpiPending>();
   MPI_Request* request = &pending->request;
   const MPI_Datatype type = mpi_type(operation.type);
@@ -184,11 +227,14 @@ std::unique_ptr<PendingOperation> MpiCommunicator::start_backend(const Operation
                      mpi_op(operation.reduce), comm_, request);
       break;
     case CommOp::reduce_scatter:
-      MPI_Ireduce_scatter_block(operation.send, operation.receive, count, type,
+      MPI_Ireduce_scatter_block(send_or_in_place(operation), operation.receive, count, type,
                                 mpi_op(operation.reduce), comm_, request);
+      if (in_place(operation))
+        pending->on_completion = [operation, rank = rank_] { move_to_own_block(operation, rank); };
       break;
     case CommOp::all_gather:
-      MPI_Iallgather(operation.send, count, type, operation.receive, count, type, comm_, request);
+      MPI_Iallgather(send_or_in_place(operation), in_place(operation) ? 0 : count, type,
+                     operation.receive, count, type, comm_, request);
       break;
     case CommOp::broadcast:
       MPI_Ibcast(operation.receive, count, type, operation.peer, comm_, request);

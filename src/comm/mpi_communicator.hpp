@@ -1,7 +1,7 @@
 // The MPI backend of Communicator for host buffers: one MPI communicator per process group. When
-// all the group's ranks share a node, reduction memory comes from an MPI-3 shared-memory window
-// and float sums of buffers inside it are done in place there (see shared_window.hpp); all else
-// goes through MPI's collectives and point-to-point calls.
+// all the group's ranks share a node, collective memory comes from MPI-3 shared-memory windows,
+// and float all-reduces, reduce-scatters and all-gathers of buffers inside them are done in place
+// there (see shared_window.hpp); all else goes through MPI's collectives and point-to-point calls.
 #pragma once
 
 #include <mpi.h>
@@ -23,22 +23,24 @@ class MpiCommunicator final : public Communicator {
   int size() const override { return size_; }
   void barrier() override;
   MPI_Comm handle() const { return comm_; }
-  Buffer allocate_reduction_memory(Allocator& fallback, MemoryState state,
-                                   std::size_t bytes) override;
+  Buffer allocate_collective_memory(Allocator& fallback, MemoryState state,
+                                    std::size_t bytes) override;
 
  protected:
   void run_backend(const Operation& operation) override;
   std::unique_ptr<PendingOperation> start_backend(const Operation& operation) override;
 
  private:
-  // A float sum of a buffer inside the shared window, or null when the operation is not one.
-  std::unique_ptr<PendingOperation> start_shared_sum(const Operation& operation);
+  // The operation done in a shared window, or null when it is not one that can be.
+  std::unique_ptr<PendingOperation> start_shared(const Operation& operation);
 
   MPI_Comm comm_;
   int rank_ = 0;
   int size_ = 1;
-  std::unique_ptr<SharedWindow> window_;
-  std::unique_ptr<Allocator> window_allocator_;
+  bool shares_node_ = false;
+  // One window per allocation; each window hands out its one segment.
+  std::vector<std::unique_ptr<SharedWindow>> windows_;
+  std::vector<std::unique_ptr<Allocator>> window_allocators_;
 };
 
 }  // namespace mlptrain

@@ -1,4 +1,4 @@
-// Shared-memory in-place all-reduce (see shared_window.hpp).
+// Shared-memory in-place collectives (see shared_window.hpp).
 #include "comm/shared_window.hpp"
 
 #include <sched.h>
@@ -23,18 +23,18 @@ std::uint32_t chunk_count(std::size_t count, std::size_t chunk_floats) {
 
 }  // namespace
 
-class SharedWindow::PendingSum final : public PendingOperation {
+class SharedWindow::Pending final : public PendingOperation {
  public:
-  PendingSum(SharedWindow& window, Sum sum) : window_(window), sum_(sum) {}
-  bool test() override { return window_.help(sum_); }
+  Pending(SharedWindow& window, Task task) : window_(window), task_(task) {}
+  bool test() override { return window_.help(task_); }
   void wait() override {
     // Yield while waiting: ranks may share cores.
-    while (!window_.help(sum_)) sched_yield();
+    while (!window_.help(task_)) sched_yield();
   }
 
  private:
   SharedWindow& window_;
-  Sum sum_;
+  Task task_;
 };
 
 bool group_shares_node(MPI_Comm comm) {
@@ -95,16 +95,16 @@ bool SharedWindow::contains(const void* data, std::size_t bytes) const {
   return pointer >= begin && pointer + bytes <= begin + bytes_;
 }
 
-std::unique_ptr<PendingOperation> SharedWindow::start_sum(float* data, std::size_t count) {
+std::unique_ptr<PendingOperation> SharedWindow::start(Kind kind, float* data, std::size_t count) {
   const std::uint64_t sequence = ++sequence_;
   if (count == 0 || size_ == 1) return std::make_unique<Done>();
-  const Sum sum{sequence,
-                static_cast<std::size_t>(reinterpret_cast<char*>(data) -
-                                         segments_[static_cast<std::size_t>(rank_)]),
-                count};
+  const Task task{kind, sequence,
+                  static_cast<std::size_t>(reinterpret_cast<char*>(data) -
+                                           segments_[static_cast<std::size_t>(rank_)]),
+                  count};
   Slot& slot = slot_of(sequence);
   // The slot's previous operation must be over before the slot is reused (only with more than
-  // slot_count sums in flight on this rank): the other ranks' tests and waits finish it.
+  // slot_count operations in flight on this rank): the other ranks' tests and waits finish it.
   while (sequence > slot_count &&
          slot.completed.load(std::memory_order_acquire) < sequence - slot_count)
     sched_yield();
@@ -112,52 +112,71 @@ std::unique_ptr<PendingOperation> SharedWindow::start_sum(float* data, std::size
   if (slot.arrivals.fetch_add(1, std::memory_order_acq_rel) == size_ - 1) {
     slot.finished.store(0, std::memory_order_relaxed);
     slot.claims.store(sequence << 32, std::memory_order_release);  // open the chunks
-    // Only a fair share now: the rest goes to whoever tests or waits first, often a rank that
-    // is ahead and would otherwise idle.
-    help(sum, (chunk_count(count, chunk_floats) + size_ - 1) / size_);
+    help(task, (chunk_count(count, chunk_floats) + size_ - 1) / size_);  // a fair share
   }
-  return std::make_unique<PendingSum>(*this, sum);
+  return std::make_unique<Pending>(*this, task);
 }
 
-bool SharedWindow::help(const Sum& sum, std::uint32_t most) {
-  Slot& slot = slot_of(sum.sequence);
-  if (slot.completed.load(std::memory_order_acquire) >= sum.sequence) return true;
-  const std::uint32_t chunks = chunk_count(sum.count, chunk_floats);
+bool SharedWindow::help(const Task& task, std::uint32_t most) {
+  Slot& slot = slot_of(task.sequence);
+  if (slot.completed.load(std::memory_order_acquire) >= task.sequence) return true;
+  const std::uint32_t chunks = chunk_count(task.count, chunk_floats);
   std::uint64_t claims = slot.claims.load(std::memory_order_acquire);
   for (std::uint32_t done = 0;
-       done < most && (claims >> 32) == sum.sequence && (claims & 0xffffffffu) < chunks;) {
+       done < most && (claims >> 32) == task.sequence && (claims & 0xffffffffu) < chunks;) {
     if (!slot.claims.compare_exchange_weak(claims, claims + 1, std::memory_order_acq_rel))
       continue;
-    reduce_chunk(sum, static_cast<std::size_t>(claims & 0xffffffffu));
+    do_chunk(task, static_cast<std::size_t>(claims & 0xffffffffu));
     ++done;
     if (slot.finished.fetch_add(1, std::memory_order_acq_rel) + 1 == chunks) {
       slot.arrivals.store(0, std::memory_order_relaxed);
-      slot.completed.store(sum.sequence, std::memory_order_release);
+      slot.completed.store(task.sequence, std::memory_order_release);
       return true;
     }
     claims = slot.claims.load(std::memory_order_acquire);
   }
-  return slot.completed.load(std::memory_order_acquire) >= sum.sequence;
+  return slot.completed.load(std::memory_order_acquire) >= task.sequence;
 }
 
-void SharedWindow::reduce_chunk(const Sum& sum, std::size_t chunk) {
-  // Pieces small enough to stay in the first-level cache between the sum and the write-back.
+void SharedWindow::do_chunk(const Task& task, std::size_t chunk) {
+  const std::size_t first = chunk * chunk_floats;
+  const std::size_t end = std::min(task.count, first + chunk_floats);
+  if (task.kind == Kind::sum) {
+    sum_piece(task, first, end, -1);
+    return;
+  }
+  // The block kinds: split the chunk where blocks change owner.
+  const std::size_t block = task.count / static_cast<std::size_t>(size_);
+  for (std::size_t at = first; at < end;) {
+    const int owner = static_cast<int>(at / block);
+    const std::size_t piece_end = std::min(end, (static_cast<std::size_t>(owner) + 1) * block);
+    if (task.kind == Kind::sum_scatter) {
+      sum_piece(task, at, piece_end, owner);
+    } else {
+      const float* source = range_of(owner, task) + at;
+      for (int rank = 0; rank < size_; ++rank)
+        if (rank != owner) std::copy(source, source + (piece_end - at), range_of(rank, task) + at);
+    }
+    at = piece_end;
+  }
+}
+
+void SharedWindow::sum_piece(const Task& task, std::size_t first, std::size_t end, int owner) {
+  // Sub-pieces small enough to stay in the first-level cache between the sum and the write-back.
   constexpr std::size_t piece = 2048;
   float total[piece];
-  const std::size_t chunk_first = chunk * chunk_floats;
-  const std::size_t chunk_end = std::min(sum.count, chunk_first + chunk_floats);
-  for (std::size_t first = chunk_first; first < chunk_end; first += piece) {
-    const std::size_t length = std::min(piece, chunk_end - first);
-    const auto range = [&](int rank) {
-      return reinterpret_cast<float*>(segments_[static_cast<std::size_t>(rank)] + sum.offset_bytes) +
-             first;
-    };
-    std::copy_n(range(0), length, total);
+  for (std::size_t at = first; at < end; at += piece) {
+    const std::size_t length = std::min(piece, end - at);
+    std::copy_n(range_of(0, task) + at, length, total);
     for (int rank = 1; rank < size_; ++rank) {
-      const float* __restrict part = range(rank);
+      const float* __restrict part = range_of(rank, task) + at;
       for (std::size_t i = 0; i < length; ++i) total[i] += part[i];
     }
-    for (int rank = 0; rank < size_; ++rank) std::copy_n(total, length, range(rank));
+    if (owner >= 0) {
+      std::copy_n(total, length, range_of(owner, task) + at);
+    } else {
+      for (int rank = 0; rank < size_; ++rank) std::copy_n(total, length, range_of(rank, task) + at);
+    }
   }
 }
 

@@ -1,9 +1,14 @@
-// In-place all-reduce through an MPI-3 shared-memory window, for a group whose ranks share one
-// node. Each rank's buffer lives in the window, so no data is copied: posting an all-reduce only
-// announces arrival. Once every rank has arrived, the range is summed chunk by chunk (in rank order,
-// so every replica gets the same bits) and each sum is written into all ranks' ranges. Chunks are
-// claimed by whichever ranks look first: the last to arrive, and any rank testing or waiting, so a
-// rank that is ahead spends its idle time on the reduction instead of the one that is behind.
+// In-place collectives through an MPI-3 shared-memory window, for a group whose ranks share one
+// node. Each rank's buffer lives in the window, so no data is copied on the way in or out: posting
+// an operation only announces arrival. Once every rank has arrived, the range is processed chunk
+// by chunk, each chunk claimed by whichever rank looks first (the last to arrive takes a fair
+// share; a rank that is ahead takes the rest while it tests or waits, so it spends idle time on
+// the work instead of the rank that is behind), and nobody has to call into MPI for it to progress.
+//   sum:         every rank's range becomes the element-wise sum (summed in rank order, so every
+//                replica holds the same bits): an all-reduce.
+//   sum_scatter: the range is split in `size` equal blocks; block b of rank b becomes the sum of
+//                every rank's block b (a reduce-scatter); other blocks are left as they were.
+//   gather:      block b of rank b is copied into block b of every rank (an all-gather).
 #pragma once
 
 #include <mpi.h>
@@ -20,6 +25,8 @@ namespace mlptrain {
 
 class SharedWindow {
  public:
+  enum class Kind { sum, sum_scatter, gather };
+
   // Collective over `comm`, whose ranks must share a node: `bytes` per rank.
   SharedWindow(MPI_Comm comm, std::size_t bytes);
   ~SharedWindow();
@@ -30,34 +37,41 @@ class SharedWindow {
   std::size_t segment_bytes() const { return bytes_; }
   bool contains(const void* data, std::size_t bytes) const;
 
-  // Starts the sum of `count` floats at `data` (inside this rank's segment) over the group. Every
-  // rank must pass the same range of its own segment: the ranks lay out their buffers alike.
-  std::unique_ptr<PendingOperation> start_sum(float* data, std::size_t count);
+  // Starts an operation on the `count` floats at `data` (inside this rank's segment; for the
+  // block kinds, count is the whole range, a multiple of the group size). Every rank must pass the
+  // same range of its own segment: the ranks lay out their buffers alike.
+  std::unique_ptr<PendingOperation> start(Kind kind, float* data, std::size_t count);
 
  private:
-  // Operations in flight take slots in turn; a slot's words carry the operation's sequence number,
-  // so a late look at a reused slot can never act on the wrong operation.
   static_assert(std::atomic<std::uint64_t>::is_always_lock_free,
                 "the slots are shared between processes: their atomics must be lock-free");
+  // Operations in flight take slots in turn; a slot's words carry the operation's sequence number,
+  // so a late look at a reused slot can never act on the wrong operation.
   struct Slot {
     std::atomic<std::int32_t> arrivals;
     std::atomic<std::uint64_t> claims;     // sequence << 32 | chunks handed out so far
-    std::atomic<std::uint32_t> finished;   // chunks summed
+    std::atomic<std::uint32_t> finished;   // chunks done
     std::atomic<std::uint64_t> completed;  // sequence number of the last completed operation
   };
-  struct Sum {
+  struct Task {
+    Kind kind;
     std::uint64_t sequence;
     std::size_t offset_bytes;
     std::size_t count;
   };
-  class PendingSum;
+  class Pending;
   static constexpr std::size_t slot_count = 1024;
   static constexpr std::size_t chunk_floats = 16384;
 
   Slot& slot_of(std::uint64_t sequence) const { return slots_[sequence % slot_count]; }
-  // Sums up to `most` unclaimed chunks of `sum`; true once the operation is complete.
-  bool help(const Sum& sum, std::uint32_t most = ~std::uint32_t{0});
-  void reduce_chunk(const Sum& sum, std::size_t chunk);
+  float* range_of(int rank, const Task& task) const {
+    return reinterpret_cast<float*>(segments_[static_cast<std::size_t>(rank)] + task.offset_bytes);
+  }
+  // Does up to `most` unclaimed chunks of `task`; true once the operation is complete.
+  bool help(const Task& task, std::uint32_t most = ~std::uint32_t{0});
+  void do_chunk(const Task& task, std::size_t chunk);
+  // Elements [first, end) of the task, all inside the block of `owner`.
+  void sum_piece(const Task& task, std::size_t first, std::size_t end, int owner);
 
   MPI_Win data_window_ = MPI_WIN_NULL;
   MPI_Win control_window_ = MPI_WIN_NULL;

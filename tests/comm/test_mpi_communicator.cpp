@@ -151,7 +151,7 @@ TEST_F(MpiCommunicatorTest, ReductionMemoryIsSummedInPlaceWithManyOperationsInFl
   MemoryLedger memory;
   HostAllocator allocator(memory);
   const std::size_t total = 100003;  // several chunks, not a multiple of any of them
-  Buffer buffer = world.allocate_reduction_memory(allocator, MemoryState::grads, total * sizeof(float));
+  Buffer buffer = world.allocate_collective_memory(allocator, MemoryState::grads, total * sizeof(float));
   EXPECT_EQ(memory.current(MemoryState::grads), static_cast<std::int64_t>(total * sizeof(float)));
   float* data = buffer.floats();
   for (int round = 0; round < 3; ++round) {
@@ -175,6 +175,32 @@ TEST_F(MpiCommunicatorTest, ReductionMemoryIsSummedInPlaceWithManyOperationsInFl
   world.all_reduce(&highest, 1, ReduceOp::max);
   EXPECT_EQ(lowest, highest);
   EXPECT_EQ(bytes_of(CommOp::all_reduce), static_cast<std::int64_t>(4 * total * 4 + 16));
+}
+
+TEST_F(MpiCommunicatorTest, InPlaceReduceScatterAndAllGatherInAndOutOfSharedMemory) {
+  MemoryLedger memory;
+  HostAllocator allocator(memory);
+  const std::size_t block = 40001;  // several chunks per block, not a multiple of any
+  const std::size_t total = block * size;
+  Buffer shared = world.allocate_collective_memory(allocator, MemoryState::grads, total * sizeof(float));
+  std::vector<float> private_memory(total);
+  for (float* data : {shared.floats(), private_memory.data()}) {
+    for (std::size_t i = 0; i < total; ++i) data[i] = static_cast<float>(i % 101) + rank;
+    Request scatter = world.reduce_scatter_in_place_async(data, block);
+    scatter.wait();
+    const float ranks_sum = size * (size - 1) / 2.0f;
+    for (std::size_t i = rank * block; i < (rank + 1) * block; ++i)
+      ASSERT_EQ(data[i], static_cast<float>(i % 101) * size + ranks_sum) << i;
+    // Each rank's block now says who owns it; gather them everywhere.
+    for (std::size_t i = rank * block; i < (rank + 1) * block; ++i) data[i] = rank * 1000.0f + i % 7;
+    Request gather = world.all_gather_in_place_async(data, block);
+    while (!gather.test()) {
+    }
+    for (std::size_t i = 0; i < total; ++i)
+      ASSERT_EQ(data[i], static_cast<float>(i / block) * 1000.0f + i % 7) << i;
+  }
+  EXPECT_EQ(bytes_of(CommOp::reduce_scatter), static_cast<std::int64_t>(2 * total * 4));
+  EXPECT_EQ(bytes_of(CommOp::all_gather), static_cast<std::int64_t>(2 * total * 4));
 }
 
 TEST_F(MpiCommunicatorTest, EveryRankAgreesOnTheLowestRanksError) {
