@@ -30,7 +30,7 @@ class DataParallel final : public Strategy {
       return group_.allocate_collective_memory(context.allocator, MemoryState::grads, bytes);
     });
     for (int layer = context.last_layer - 1; layer >= context.first_layer; --layer) {
-      const FlatRange layer_range = parameters_.layer_range(layer);
+      const FlatRange layer_range = parameters_.unit_range(layer);
       if (buckets_.empty() || buckets_.back().range.count * sizeof(float) >= bucket_capacity_bytes)
         buckets_.push_back({.first_layer = layer, .range = layer_range});
       else {

@@ -7,6 +7,7 @@
 #include <array>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -17,8 +18,10 @@
 #include "core/buffer.hpp"
 #include "core/config.hpp"
 #include "kernels/kernels.hpp"
+#include "model/linear.hpp"
 #include "model/model_spec.hpp"
 #include "model/parameter_store.hpp"
+#include "model/state_runs.hpp"
 
 namespace mlptrain {
 
@@ -35,13 +38,18 @@ struct StrategyContext {
 };
 
 // One layer of one micro-batch. Pointers are this rank's local tensors ([rows, features]); those
-// not yet computed at the hook's point are null.
+// not yet computed at the hook's point are null. `parameters` is the layer's view of its weights,
+// bias and their gradients: a before-hook may point it elsewhere for this use (a gathered copy of
+// sharded parameters, a transient gradient buffer), and may make the gradients overwrite instead
+// of accumulate.
 struct LayerEvent {
   int layer = 0;
   int micro_batch = 0;
   int micro_batches = 1;
   bool training = true;  // false while evaluating
   std::int64_t rows = 0;
+  LinearLayer* parameters = nullptr;
+  bool accumulate_grads = false;  // add into the gradients (later micro-batches) or overwrite
   const float* input = nullptr;
   float* pre = nullptr;           // x W^T, then + b
   float* output = nullptr;        // the layer's output (GELU(pre) or pre)
@@ -85,13 +93,19 @@ class Strategy {
   virtual void after_optimizer_step(const StepEvent&) {}
 
   virtual void predict(PlacementPrediction&) const {}
+  // Where the rank's state lives when the strategy shards it (else the store's runs are used).
+  virtual std::optional<StatePlacement> state_placement() const { return std::nullopt; }
+  // A sentence for the start of the run, if the strategy has something to say.
+  virtual std::string note() const { return {}; }
 };
 
-// A strategy's entry in the registry: when it takes part, and how to make it.
+// A strategy's entry in the registry: when it takes part, how it wants parameter memory laid out
+// (optional: called before the parameter store exists), and how to make it.
 struct StrategyRegistration {
   std::string_view name;
   bool (*wanted)(const Config& config, const GridShape& shape);
   std::unique_ptr<Strategy> (*create)(const StrategyContext& context);
+  void (*plan)(const Config& config, const GridShape& shape, ParameterPlan& plan) = nullptr;
 };
 
 // Every strategy, in the order their hooks run.

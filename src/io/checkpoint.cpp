@@ -19,6 +19,7 @@
 #include "core/error.hpp"
 #include "core/hdf5_handle.hpp"
 #include "io/hdf5_attributes.hpp"
+#include "io/tensor_io.hpp"
 
 namespace mlptrain {
 
@@ -31,10 +32,8 @@ constexpr int part_count = 3;
 constexpr const char* part_prefixes[part_count] = {"/model/", "/optimizer/exp_avg/",
                                                    "/optimizer/exp_avg_sq/"};
 
-float* part_data(const TrainingState& state, int part) {
-  if (part == 0) return state.parameters.values();
-  return part == 1 ? state.exp_avg : state.exp_avg_sq;
-}
+constexpr RunPart run_parts[part_count] = {&StateRun::values, &StateRun::exp_avg,
+                                           &StateRun::exp_avg_sq};
 
 std::string dataset_name(const ParameterTensor& tensor, int part) {
   return part_prefixes[part] + tensor.path;
@@ -47,11 +46,11 @@ std::string shape_text(const std::vector<std::int64_t>& shape) {
   return text + "]";
 }
 
-// The locally held tensor for a global one, or null (another pipeline stage holds it).
-const ParameterTensor* held(const ParameterStore& store, const ParameterTensor& global) {
-  for (const auto& tensor : store.tensors())
-    if (tensor.path == global.path) return &tensor;
-  return nullptr;
+// A rank's owned runs of one tensor: what it writes and checksums.
+std::vector<const StateRun*> owned_runs_of(const std::vector<StateRun>& runs, int global_index) {
+  std::vector<const StateRun*> owned = runs_of(runs, global_index);
+  std::erase_if(owned, [](const StateRun* run) { return !run->owned; });
+  return owned;
 }
 
 Hdf5Handle mpio_access(MPI_Comm comm) {
@@ -68,23 +67,6 @@ Hdf5Handle collective_transfer() {
   return transfer;
 }
 
-// Selects `tensor`'s local box in the file space and returns a matching memory space; with no
-// tensor (or an empty box), selects nothing in both.
-Hdf5Handle select_piece(hid_t file_space, const ParameterTensor* tensor) {
-  if (tensor == nullptr || tensor->count == 0) {
-    H5Sselect_none(file_space);
-    const hsize_t one = 1;
-    Hdf5Handle memory = dataspace_handle(H5Screate_simple(1, &one, nullptr));
-    H5Sselect_none(memory.get());
-    return memory;
-  }
-  const std::vector<hsize_t> start(tensor->local_start.begin(), tensor->local_start.end());
-  const std::vector<hsize_t> count(tensor->local_shape.begin(), tensor->local_shape.end());
-  H5Sselect_hyperslab(file_space, H5S_SELECT_SET, start.data(), nullptr, count.data(), nullptr);
-  return dataspace_handle(
-      H5Screate_simple(static_cast<int>(count.size()), count.data(), nullptr));
-}
-
 // A checksummed run of a dataset: [offset, offset + length) bytes in row-major order.
 struct Run {
   std::uint64_t dataset = 0, offset = 0, length = 0, crc = 0;
@@ -97,19 +79,13 @@ std::vector<std::uint32_t> dataset_checksums(const TrainingState& state,
   std::vector<std::uint64_t> local;
   const auto& globals = scope.global_tensors;
   for (std::size_t index = 0; index < globals.size(); ++index) {
-    const ParameterTensor* tensor = held(state.parameters, globals[index]);
-    if (tensor == nullptr || !ParameterStore::owns(*tensor, scope.shape, scope.place)) continue;
-    for (int part = 0; part < part_count; ++part) {
-      const float* data = part_data(state, part) + tensor->offset;
-      for_each_run(tensor->global_shape, tensor->local_start, tensor->local_shape,
-                   [&](std::int64_t global_offset, std::int64_t local_offset, std::int64_t count) {
-                     const auto bytes = static_cast<uInt>(count * sizeof(float));
-                     const auto crc = crc32(0L, reinterpret_cast<const Bytef*>(data + local_offset),
-                                            bytes);
-                     local.insert(local.end(), {index * part_count + part,
-                                                static_cast<std::uint64_t>(global_offset) * 4,
-                                                bytes, crc});
-                   });
+    for (const StateRun* run : owned_runs_of(state.updated, globals[index].global_index)) {
+      for (int part = 0; part < part_count; ++part) {
+        const auto bytes = static_cast<uInt>(run->count * sizeof(float));
+        const auto crc = crc32(0L, reinterpret_cast<const Bytef*>(run->*run_parts[part]), bytes);
+        local.insert(local.end(), {index * part_count + part,
+                                   static_cast<std::uint64_t>(run->offset) * 4, bytes, crc});
+      }
     }
   }
   // Gather every rank's runs (padded to the longest list).
@@ -214,8 +190,7 @@ std::string save_checkpoint(const std::string& directory, const TrainingState& s
     bool written = true;
     for (std::size_t index = 0; index < scope.global_tensors.size(); ++index) {
       const ParameterTensor& global = scope.global_tensors[index];
-      const ParameterTensor* tensor = held(state.parameters, global);
-      const bool writes = tensor != nullptr && ParameterStore::owns(*tensor, scope.shape, scope.place);
+      const std::vector<const StateRun*> runs = owned_runs_of(state.updated, global.global_index);
       const std::vector<hsize_t> dims(global.global_shape.begin(), global.global_shape.end());
       for (int part = 0; part < part_count; ++part) {
         Hdf5Handle file_space =
@@ -223,11 +198,9 @@ std::string save_checkpoint(const std::string& directory, const TrainingState& s
         Hdf5Handle dataset = dataset_handle(
             H5Dcreate2(file.get(), dataset_name(global, part).c_str(), H5T_IEEE_F32LE,
                        file_space.get(), links.get(), creation.get(), H5P_DEFAULT));
-        Hdf5Handle memory_space = select_piece(file_space.get(), writes ? tensor : nullptr);
-        const float* data = writes ? part_data(state, part) + tensor->offset : nullptr;
         // Every call is made on every rank whatever failed before: they are collective.
-        written = H5Dwrite(dataset.get(), H5T_NATIVE_FLOAT, memory_space.get(), file_space.get(),
-                           transfer.get(), data) >= 0 && dataset.valid() && written;
+        written = write_runs(dataset.get(), transfer.get(), runs, run_parts[part], scope.allocator) &&
+                  dataset.valid() && written;
         written = write_uint32_attribute(dataset.get(), "crc32",
                                          checksums[index * part_count + part]) && written;
       }
@@ -344,15 +317,13 @@ std::string load_checkpoint(const std::string& path, TrainingState& state,
     Hdf5Handle transfer = collective_transfer();
     bool read = true;
     for (const ParameterTensor& global : scope.global_tensors) {
-      const ParameterTensor* tensor = held(state.parameters, global);
       for (int part = 0; part < part_count; ++part) {
+        // Values go wherever this rank holds them; moments wherever it updates them.
+        const auto runs = runs_of(part == 0 ? state.held : state.updated, global.global_index);
         Hdf5Handle dataset = dataset_handle(
             H5Dopen2(file.get(), dataset_name(global, part).c_str(), H5P_DEFAULT));
-        Hdf5Handle file_space = dataspace_handle(H5Dget_space(dataset.get()));
-        Hdf5Handle memory_space = select_piece(file_space.get(), tensor);
-        float* data = tensor != nullptr ? part_data(state, part) + tensor->offset : nullptr;
-        read = H5Dread(dataset.get(), H5T_NATIVE_FLOAT, memory_space.get(), file_space.get(),
-                       transfer.get(), data) >= 0 && read;
+        read = read_runs(dataset.get(), transfer.get(), runs, run_parts[part], scope.allocator) &&
+               read;
       }
     }
     if (!read) throw RuntimeFailure(where + ": reading the tensors failed (corrupted?)");

@@ -12,20 +12,20 @@
 #include <vector>
 
 #include "comm/communicator.hpp"
-#include "comm/process_grid.hpp"
-#include "model/parameter_store.hpp"
+#include "core/buffer.hpp"
+#include "model/state_runs.hpp"
 
 namespace mlptrain {
 
 inline constexpr const char* checkpoint_format = "mlptrain-checkpoint";
 inline constexpr std::int64_t checkpoint_format_version = 1;
 
-// The state a checkpoint holds: parameters and AdamW moments laid out alike in flat buffers, the
-// optimizer steps taken, and the data position (global samples consumed) to continue from.
+// The state a checkpoint holds: the runs a rank updates (values and AdamW moments; the owned ones
+// are written), the runs of values it holds (read back on load), the optimizer steps taken and the
+// data position (global samples consumed) to continue from.
 struct TrainingState {
-  ParameterStore& parameters;
-  float* exp_avg = nullptr;
-  float* exp_avg_sq = nullptr;
+  const std::vector<StateRun>& updated;
+  const std::vector<StateRun>& held;
   std::int64_t step = 0;
   std::int64_t data_position = 0;
 };
@@ -37,11 +37,11 @@ struct CheckpointDescription {
 };
 
 // Where a run's place in the grid and the whole model's tensors are known.
+// The ranks taking part and the whole model's tensors.
 struct CheckpointScope {
   Communicator& world;
-  MPI_Comm mpi_comm;  // the same ranks as `world`, for MPI-IO
-  GridShape shape;
-  GridCoordinates place;
+  MPI_Comm mpi_comm;     // the same ranks as `world`, for MPI-IO
+  Allocator& allocator;  // staging buffers (workspace)
   std::vector<ParameterTensor> global_tensors;  // every tensor of the model, whole
   int layer_count = 0;
 };

@@ -10,10 +10,15 @@ LinearLayer linear_layer_view(const ParameterStore& store, const LayerSpec& spec
   LinearLayer layer{.spec = spec};
   layer.spec.out_features = weight.local_shape[0];
   layer.spec.in_features = weight.local_shape[1];
-  layer.weight = store.values() + weight.offset;
-  layer.bias = store.values() + bias.offset;
-  layer.weight_grad = store.grads() + weight.offset;
-  layer.bias_grad = store.grads() + bias.offset;
+  // Null where the store does not hold the memory: a strategy points the view at its own.
+  if (store.values() != nullptr) {
+    layer.weight = store.values() + weight.offset;
+    layer.bias = store.values() + bias.offset;
+  }
+  if (store.grads() != nullptr) {
+    layer.weight_grad = store.grads() + weight.offset;
+    layer.bias_grad = store.grads() + bias.offset;
+  }
   return layer;
 }
 

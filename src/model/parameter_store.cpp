@@ -4,12 +4,17 @@
 #include <cmath>
 #include <stdexcept>
 
-#include "core/rng.hpp"
 
 namespace mlptrain {
 
+namespace {
+std::size_t round_up(std::size_t value, std::size_t multiple) {
+  return (value + multiple - 1) / multiple * multiple;
+}
+}  // namespace
+
 std::vector<ParameterTensor> dense_parameter_tensors(const std::vector<LayerSpec>& specs, int first,
-                                                     int last) {
+                                                     int last, int unit_multiple) {
   std::vector<ParameterTensor> tensors;
   const int layer_count = static_cast<int>(specs.size());
   std::size_t offset = 0;
@@ -36,31 +41,23 @@ std::vector<ParameterTensor> dense_parameter_tensors(const std::vector<LayerSpec
                          .offset = offset,
                          .count = static_cast<std::size_t>(spec.out_features),
                          .init_bound = bound};
-    offset += bias.count;
+    offset = round_up(offset + bias.count, static_cast<std::size_t>(unit_multiple));
     tensors.push_back(std::move(weight));
     tensors.push_back(std::move(bias));
   }
   return tensors;
 }
 
-ParameterStore::ParameterStore(std::vector<ParameterTensor> tensors, Allocator& allocator)
-    : tensors_(std::move(tensors)) {
-  for (const auto& tensor : tensors_) size_ = std::max(size_, tensor.offset + tensor.count);
-  values_ = allocator.allocate_floats(MemoryState::params, size_);
-  grads_ = allocator.allocate_floats(MemoryState::grads, size_);
-}
-
-void ParameterStore::initialize(std::uint64_t seed) {
-  for (const auto& tensor : tensors_) {
-    const CounterRng rng(seed, tensor.path);
-    float* local = values() + tensor.offset;
-    for_each_run(tensor.global_shape, tensor.local_start, tensor.local_shape,
-                 [&](std::int64_t global_offset, std::int64_t local_offset, std::int64_t count) {
-                   rng.fill_uniform(local + local_offset, static_cast<std::uint64_t>(global_offset),
-                                    static_cast<std::size_t>(count), -tensor.init_bound,
-                                    tensor.init_bound);
-                 });
-  }
+ParameterStore::ParameterStore(std::vector<ParameterTensor> tensors, Allocator& allocator,
+                               const ParameterPlan& plan)
+    : tensors_(std::move(tensors)), unit_multiple_(plan.unit_multiple) {
+  for (const auto& tensor : tensors_)
+    size_ = std::max(size_, round_up(tensor.offset + tensor.count,
+                                     static_cast<std::size_t>(unit_multiple_)));
+  if (plan.hold_values) values_ = allocator.allocate_floats(MemoryState::params, size_);
+  if (plan.hold_grads) grads_ = allocator.allocate_floats(MemoryState::grads, size_);
+  // The padding is never trained, but it is summed and gathered: keep it finite.
+  if (!values_.empty()) std::fill_n(values(), size_, 0.0f);
 }
 
 void ParameterStore::reallocate_grads(const std::function<Buffer(std::size_t bytes)>& allocate) {
@@ -76,7 +73,7 @@ const ParameterTensor& ParameterStore::tensor(const std::string& path) const {
   throw std::out_of_range("no parameter " + path);
 }
 
-FlatRange ParameterStore::layer_range(int layer) const {
+FlatRange ParameterStore::unit_range(int layer) const {
   std::size_t begin = size_, end = 0;
   for (const auto& tensor : tensors_) {
     if (tensor.layer != layer) continue;
@@ -84,7 +81,7 @@ FlatRange ParameterStore::layer_range(int layer) const {
     end = std::max(end, tensor.offset + tensor.count);
   }
   if (end < begin) throw std::out_of_range("no parameters for layer " + std::to_string(layer));
-  return {begin, end - begin};
+  return {begin, round_up(end, static_cast<std::size_t>(unit_multiple_)) - begin};
 }
 
 bool ParameterStore::owns(const ParameterTensor& tensor, const GridShape& shape,

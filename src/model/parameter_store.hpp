@@ -1,7 +1,8 @@
 // Parameters and their gradients live in two flat buffers; each tensor is a range of them and each
-// layer's tensors are contiguous, so gradient buckets and shards are ranges and communication uses
-// large messages. Every tensor knows its global shape and the box of it this rank holds, which is
-// all a checkpoint needs to write it as a hyperslab of the whole tensor.
+// layer's tensors are contiguous (a unit, padded to a multiple the strategies ask for), so
+// gradient buckets and shards are ranges and communication uses large messages. Every tensor
+// knows its global shape and the box of it this rank holds. A strategy that shards the state may
+// ask the store not to hold full values or gradients at all (see ParameterPlan).
 #pragma once
 
 #include <cstdint>
@@ -34,26 +35,33 @@ struct FlatRange {
   std::size_t count = 0;
 };
 
-// The tensors of layers [first, last) of a dense model, whole on this rank.
+// How the strategies of a run want parameter memory laid out and held.
+struct ParameterPlan {
+  int unit_multiple = 1;    // each layer's range is padded to a multiple of this many elements
+  bool hold_values = true;  // the store holds every local parameter value...
+  bool hold_grads = true;   // ...and every gradient (else a strategy holds what it needs)
+};
+
+// The tensors of layers [first, last) of a dense model, whole on this rank, each layer's range
+// padded to a multiple of `unit_multiple` elements.
 std::vector<ParameterTensor> dense_parameter_tensors(const std::vector<LayerSpec>& specs, int first,
-                                                     int last);
+                                                     int last, int unit_multiple = 1);
 
 class ParameterStore {
  public:
-  ParameterStore(std::vector<ParameterTensor> tensors, Allocator& allocator);
+  ParameterStore(std::vector<ParameterTensor> tensors, Allocator& allocator,
+                 const ParameterPlan& plan = {});
 
-  // Every element from the counter RNG keyed by (seed, path, global element index).
-  void initialize(std::uint64_t seed);
-
-  std::size_t size() const { return size_; }
-  float* values() const { return values_.floats(); }
+  std::size_t size() const { return size_; }  // elements of the padded layout
+  float* values() const { return values_.floats(); }  // null when the plan does not hold them
   float* grads() const { return grads_.floats(); }
   const std::vector<ParameterTensor>& tensors() const { return tensors_; }
   // Moves the gradients into memory from `allocate(bytes)`, e.g. memory a communicator reduces in
   // place. The old buffer goes first, so the ledger never holds both. Views taken before are stale.
   void reallocate_grads(const std::function<Buffer(std::size_t bytes)>& allocate);
   const ParameterTensor& tensor(const std::string& path) const;
-  FlatRange layer_range(int layer) const;
+  // A layer's tensors and the padding after them.
+  FlatRange unit_range(int layer) const;
 
   // Whether this rank is the one replica that counts a tensor (norms, checkpoint writes, checksums).
   // Replicated tensors are spread over the replicas by index, so that work is balanced.
@@ -62,6 +70,7 @@ class ParameterStore {
 
  private:
   std::vector<ParameterTensor> tensors_;
+  int unit_multiple_ = 1;
   std::size_t size_ = 0;
   Buffer values_;
   Buffer grads_;

@@ -52,18 +52,20 @@ LossSums ModelRunner::forward(MicroBatchActivations& activations, int micro_batc
     activations.pre[local] = allocator_.allocate_floats(MemoryState::activations, size);
     if (layer.spec.gelu)
       activations.output[local] = allocator_.allocate_floats(MemoryState::activations, size);
+    LinearLayer view = layer;
     LayerEvent event{.layer = first_layer_ + static_cast<int>(local),
                      .micro_batch = micro_batch,
                      .micro_batches = micro_batches,
                      .training = training,
                      .rows = rows,
+                     .parameters = &view,
                      .input = input};
     strategies_.before_layer_forward(event);
     event.pre = activations.pre[local].floats();
-    linear_forward_matmul(kernels_, layer, input, rows, event.pre);
+    linear_forward_matmul(kernels_, view, input, rows, event.pre);
     strategies_.after_layer_matmul(event);
     event.output = layer_output(activations, local);
-    linear_forward_finish(kernels_, layer, rows, event.pre, event.output);
+    linear_forward_finish(kernels_, view, rows, event.pre, event.output);
     strategies_.after_layer_forward(event);
     input = event.output;
   }
@@ -94,18 +96,21 @@ void ModelRunner::backward(MicroBatchActivations& activations, int micro_batch,
     const int global_layer = first_layer_ + static_cast<int>(local);
     const float* input = local == 0 ? activations.input.floats() : layer_output(activations, local - 1);
     float* grad_input = global_layer == 0 ? nullptr : workspace[outgoing].floats();
+    LinearLayer view = layer;
     LayerEvent event{.layer = global_layer,
                      .micro_batch = micro_batch,
                      .micro_batches = micro_batches,
                      .rows = rows,
+                     .parameters = &view,
+                     .accumulate_grads = micro_batch > 0,
                      .input = input,
                      .pre = activations.pre[local].floats(),
                      .output = layer_output(activations, local),
                      .grad_output = grad_output,
                      .grad_input = grad_input};
     strategies_.before_layer_backward(event);
-    linear_backward(kernels_, layer, input, event.pre, grad_output, rows, workspace[2].floats(),
-                    grad_input, micro_batch > 0);
+    linear_backward(kernels_, view, input, event.pre, grad_output, rows, workspace[2].floats(),
+                    grad_input, event.accumulate_grads);
     strategies_.after_layer_backward(event);
     grad_output = grad_input;
     outgoing ^= 1;

@@ -20,25 +20,35 @@ double clip_coefficient(double max_norm, double total_norm) {
   return std::min(1.0, max_norm / (total_norm + 1e-6));
 }
 
-AdamW::AdamW(const Config& config, Allocator& allocator, std::size_t parameter_count)
-    : config_(config),
-      exp_avg_(allocator.allocate_floats(MemoryState::optimizer, parameter_count)),
-      exp_avg_sq_(allocator.allocate_floats(MemoryState::optimizer, parameter_count)) {
-  std::fill_n(exp_avg(), parameter_count, 0.0f);
-  std::fill_n(exp_avg_sq(), parameter_count, 0.0f);
+AdamW::AdamW(const Config& config, Allocator& allocator, std::vector<StateRun>& runs)
+    : config_(config) {
+  std::size_t total = 0;
+  for (const StateRun& run : runs) total += static_cast<std::size_t>(run.count);
+  exp_avg_ = allocator.allocate_floats(MemoryState::optimizer, total);
+  exp_avg_sq_ = allocator.allocate_floats(MemoryState::optimizer, total);
+  std::fill_n(exp_avg_.floats(), total, 0.0f);
+  std::fill_n(exp_avg_sq_.floats(), total, 0.0f);
+  std::size_t at = 0;
+  for (StateRun& run : runs) {
+    run.exp_avg = exp_avg_.floats() + at;
+    run.exp_avg_sq = exp_avg_sq_.floats() + at;
+    at += static_cast<std::size_t>(run.count);
+  }
 }
 
-double AdamW::owned_square_sum(Kernels& kernels, const ParameterStore& parameters,
-                               const GridShape& shape, const GridCoordinates& place) {
+double AdamW::owned_square_sum(Kernels& kernels, const std::vector<StateRun>& runs) {
   double sum = 0;
-  for (const ParameterTensor& tensor : parameters.tensors())
-    if (ParameterStore::owns(tensor, shape, place))
-      sum += kernels.sum_of_squares(parameters.grads() + tensor.offset, tensor.count);
+  for (const StateRun& run : runs)
+    if (run.owned) sum += kernels.sum_of_squares(run.grads, static_cast<std::size_t>(run.count));
   return sum;
 }
 
-double AdamW::update(Kernels& kernels, ParameterStore& parameters, double learning_rate,
-                     std::int64_t step, const GridShape& shape, const GridCoordinates& place) {
+void AdamW::scale_grads(Kernels& kernels, const std::vector<StateRun>& runs, float factor) {
+  for (const StateRun& run : runs) kernels.scale(run.grads, static_cast<std::size_t>(run.count), factor);
+}
+
+double AdamW::update(Kernels& kernels, const std::vector<StateRun>& runs, double learning_rate,
+                     std::int64_t step) const {
   const AdamWStep settings{.learning_rate = learning_rate,
                            .beta1 = config_.beta1,
                            .beta2 = config_.beta2,
@@ -46,11 +56,10 @@ double AdamW::update(Kernels& kernels, ParameterStore& parameters, double learni
                            .weight_decay = config_.weight_decay,
                            .step = step};
   double owned_sum = 0;
-  for (const ParameterTensor& tensor : parameters.tensors()) {
-    const std::size_t at = tensor.offset;
-    const double sum = kernels.adamw(parameters.values() + at, parameters.grads() + at,
-                                     exp_avg() + at, exp_avg_sq() + at, tensor.count, settings);
-    if (ParameterStore::owns(tensor, shape, place)) owned_sum += sum;
+  for (const StateRun& run : runs) {
+    const double sum = kernels.adamw(run.values, run.grads, run.exp_avg, run.exp_avg_sq,
+                                     static_cast<std::size_t>(run.count), settings);
+    if (run.owned) owned_sum += sum;
   }
   return owned_sum;
 }

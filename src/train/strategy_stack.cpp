@@ -9,6 +9,26 @@ StrategyStack::StrategyStack(const StrategyContext& context) {
       strategies_.push_back(entry.create(context));
 }
 
+ParameterPlan StrategyStack::plan(const Config& config, const GridShape& shape) {
+  ParameterPlan plan;
+  for (const StrategyRegistration& entry : strategy_registry())
+    if (entry.plan != nullptr && entry.wanted(config, shape)) entry.plan(config, shape, plan);
+  return plan;
+}
+
+std::optional<StatePlacement> StrategyStack::state_placement() const {
+  for (const auto& strategy : strategies_)
+    if (auto placement = strategy->state_placement()) return placement;
+  return std::nullopt;
+}
+
+std::vector<std::string> StrategyStack::notes() const {
+  std::vector<std::string> notes;
+  for (const auto& strategy : strategies_)
+    if (auto note = strategy->note(); !note.empty()) notes.push_back(std::move(note));
+  return notes;
+}
+
 std::vector<std::string_view> StrategyStack::names() const {
   std::vector<std::string_view> names;
   for (const auto& strategy : strategies_) names.push_back(strategy->name());

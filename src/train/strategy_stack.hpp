@@ -39,6 +39,12 @@ class StrategyStack {
   void predict(PlacementPrediction& prediction) const {
     for (const auto& strategy : strategies_) strategy->predict(prediction);
   }
+  // The first strategy's placement of the state, if one shards it.
+  std::optional<StatePlacement> state_placement() const;
+  std::vector<std::string> notes() const;
+
+  // The parameter layout the wanted strategies ask for (before any exists).
+  static ParameterPlan plan(const Config& config, const GridShape& shape);
 
  private:
   template <typename Call>

@@ -48,7 +48,7 @@ class Trainer {
   // Whether this rank's loss sums count in the world's totals: the loss is computed where the
   // last layer is, and the ranks of a tensor-parallel group all hold the same one.
   bool counts_loss() const { return runner_->computes_loss() && groups_->place().tp == 0; }
-  CheckpointScope checkpoint_scope() const;
+  CheckpointScope checkpoint_scope();
   StepRecord train_step(std::int64_t step);
   void evaluate(StepRecord& record);
   void save(std::int64_t step);
@@ -57,10 +57,12 @@ class Trainer {
   void world_sum(double* values, std::size_t count);
   PlacementPrediction predict() const;
   std::string describe_run() const;
-  TrainingState state(std::int64_t step) {
-    return {*parameters_, optimizer_->exp_avg(), optimizer_->exp_avg_sq(), step,
-            batch_.step_position(step)};
+  TrainingState state(std::int64_t step) const {
+    return {placement_.updated, placement_.held, step, batch_.step_position(step)};
   }
+  // Runs `allocate` on every rank; running out of memory anywhere is one clear error everywhere.
+  template <typename Allocate>
+  void allocate_or_explain(Allocate&& allocate);
 
   const Config& config_;
   MPI_Comm mpi_world_;
@@ -74,6 +76,7 @@ class Trainer {
   std::vector<LayerSpec> specs_;
   std::unique_ptr<ParameterStore> parameters_;
   std::unique_ptr<StrategyStack> strategies_;
+  StatePlacement placement_;
   std::unique_ptr<ModelRunner> runner_;
   std::unique_ptr<AdamW> optimizer_;
   std::unique_ptr<SampleOrder> order_;
@@ -110,20 +113,12 @@ Trainer::Trainer(const Config& config, MPI_Comm world_comm) : config_(config), m
   first_layer_ = 0;
   last_layer_ = config.layers;
 
-  agree_or_throw(world, [&] {
-    auto tensors = dense_parameter_tensors(specs_, first_layer_, last_layer_);
-    try {
-      parameters_ = std::make_unique<ParameterStore>(tensors, allocator_);
-      optimizer_ = std::make_unique<AdamW>(config, allocator_, parameters_->size());
-    } catch (const std::bad_alloc&) {
-      std::size_t count = 0;
-      for (const ParameterTensor& tensor : tensors) count += tensor.count;
-      throw RuntimeFailure(fmt::format(
-          "out of memory: {} parameters need {:.1f} GiB per rank for values, gradients and "
-          "AdamW state (--hidden, --layers)", count, 16.0 * static_cast<double>(count) / (1 << 30)));
-    }
+  const ParameterPlan plan = StrategyStack::plan(config, shape);
+  allocate_or_explain([&] {
+    parameters_ = std::make_unique<ParameterStore>(
+        dense_parameter_tensors(specs_, first_layer_, last_layer_, plan.unit_multiple), allocator_,
+        plan);
   });
-  parameters_->initialize(static_cast<std::uint64_t>(config.seed));
   const StrategyContext context{.config = config,
                                 .groups = *groups_,
                                 .kernels = *kernels_,
@@ -132,7 +127,13 @@ Trainer::Trainer(const Config& config, MPI_Comm world_comm) : config_(config), m
                                 .layers = specs_,
                                 .first_layer = first_layer_,
                                 .last_layer = last_layer_};
-  strategies_ = std::make_unique<StrategyStack>(context);
+  allocate_or_explain([&] { strategies_ = std::make_unique<StrategyStack>(context); });
+  // Every layout starts from the same model: values are a function of (seed, tensor, index).
+  placement_ = strategies_->state_placement().value_or(
+      store_placement(*parameters_, groups_->shape(), groups_->place()));
+  initialize_values(placement_.held, static_cast<std::uint64_t>(config.seed));
+  allocate_or_explain(
+      [&] { optimizer_ = std::make_unique<AdamW>(config, allocator_, placement_.updated); });
   // The runner's layer views point into the parameter store: taken only now, since strategies
   // may move parameter memory (data parallel places gradients where its group reduces them).
   runner_ = std::make_unique<ModelRunner>(*kernels_, allocator_, *parameters_, specs_, first_layer_,
@@ -152,6 +153,22 @@ Trainer::Trainer(const Config& config, MPI_Comm world_comm) : config_(config), m
   note_peaks();
 }
 
+template <typename Allocate>
+void Trainer::allocate_or_explain(Allocate&& allocate) {
+  agree_or_throw(groups_->world(), [&] {
+    try {
+      allocate();
+    } catch (const std::bad_alloc&) {
+      std::size_t count = 0;
+      for (const LayerSpec& spec : specs_) count += spec.in_features * spec.out_features + spec.out_features;
+      throw RuntimeFailure(fmt::format(
+          "out of memory: the model's {} parameters need up to {:.1f} GiB per rank for values, "
+          "gradients and AdamW state (--hidden, --layers, --zero)",
+          count, 16.0 * static_cast<double>(count) / (1 << 30)));
+    }
+  });
+}
+
 std::string Trainer::describe_run() const {
   const GridShape& shape = groups_->shape();
   std::string widths = std::to_string(specs_.front().in_features);
@@ -165,13 +182,22 @@ std::string Trainer::describe_run() const {
       shape.world, shape.dp, shape.tp, shape.pp, shape.ep, config_.zero,
       strategies.empty() ? " none" : strategies, specs_.size(), widths, parameters_->size(),
       dataset_->info().name, dataset_->info().train_size, config_.global_batch,
-      config_.micro_batches, config_.steps);
+      config_.micro_batches, config_.steps) + [&] {
+        std::string notes;
+        for (const std::string& note : strategies_->notes()) notes += "\n" + note;
+        return notes;
+      }();
 }
 
 PlacementPrediction Trainer::predict() const {
   PlacementPrediction prediction;
-  const auto parameter_bytes = static_cast<std::int64_t>(parameters_->size() * sizeof(float));
-  prediction.bytes = {parameter_bytes, parameter_bytes, 2 * parameter_bytes,
+  // What the store holds, the moments of what this rank updates, one micro-batch's activations;
+  // strategies add what they hold themselves.
+  const auto store_bytes = static_cast<std::int64_t>(parameters_->size() * sizeof(float));
+  std::int64_t updated = 0;
+  for (const StateRun& run : placement_.updated) updated += run.count;
+  prediction.bytes = {parameters_->values() ? store_bytes : 0,
+                      parameters_->grads() ? store_bytes : 0, 8 * updated,
                       runner_->activation_bytes(batch_.local_size(), loss_kind_)};
   // The step's world sum: loss, correct predictions, squared gradient norm, read failures.
   if (groups_->shape().world > 1) prediction.comm(CommOp::all_reduce) += 4 * sizeof(double);
@@ -242,19 +268,17 @@ StepRecord Trainer::train_step(std::int64_t step) {
   double totals[4] = {counts_loss() ? local.loss_sum : 0.0, counts_loss() ? local.correct : 0.0,
                       0.0, read_problem_ ? 1.0 : 0.0};
   const double learning_rate = scheduled_learning_rate(config_, step);
-  const GridShape& shape = groups_->shape();
-  const GridCoordinates& place = groups_->place();
   if (config_.grad_clip > 0) {
-    totals[2] = AdamW::owned_square_sum(*kernels_, *parameters_, shape, place);
+    totals[2] = AdamW::owned_square_sum(*kernels_, placement_.updated);
     world_sum(totals, 4);
     stop_on_read_problem(totals[3]);
     const double coefficient = clip_coefficient(config_.grad_clip, std::sqrt(totals[2]));
     if (coefficient < 1.0)
-      kernels_->scale(parameters_->grads(), parameters_->size(), static_cast<float>(coefficient));
-    optimizer_->update(*kernels_, *parameters_, learning_rate, step + 1, shape, place);
+      AdamW::scale_grads(*kernels_, placement_.updated, static_cast<float>(coefficient));
+    optimizer_->update(*kernels_, placement_.updated, learning_rate, step + 1);
   } else {
     // Without clipping the norm comes free from the update's own pass over the gradients.
-    totals[2] = optimizer_->update(*kernels_, *parameters_, learning_rate, step + 1, shape, place);
+    totals[2] = optimizer_->update(*kernels_, placement_.updated, learning_rate, step + 1);
     world_sum(totals, 4);
     stop_on_read_problem(totals[3]);
   }
@@ -300,11 +324,10 @@ void Trainer::evaluate(StepRecord& record) {
   note_peaks();
 }
 
-CheckpointScope Trainer::checkpoint_scope() const {
+CheckpointScope Trainer::checkpoint_scope() {
   return {.world = groups_->world(),
           .mpi_comm = mpi_world_,
-          .shape = groups_->shape(),
-          .place = groups_->place(),
+          .allocator = allocator_,
           .global_tensors = dense_parameter_tensors(specs_, 0, config_.layers),
           .layer_count = config_.layers};
 }

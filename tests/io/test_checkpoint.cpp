@@ -1,14 +1,14 @@
-// Checkpoints at whatever world size mpiexec gives: tensors written as row blocks spread over the
-// ranks (as a sharded layout holds them) read back whole in another layout, the checksums joined
-// from the ranks' pieces equal the checksum of the whole tensor, and pieces that leave a gap are
-// refused rather than written.
+// Checkpoints at whatever world size mpiexec gives: state spread over the ranks as flat shards
+// (as ZeRO holds it) or as column blocks (as a tensor-parallel layout would), written
+// collectively, read back whole in another layout; the checksums joined from the ranks' pieces
+// equal the checksum of the whole tensor; pieces that leave a gap are refused rather than written.
 #include <gtest/gtest.h>
 #include <mpi.h>
+#include <unistd.h>
 #include <zlib.h>
 
-#include <unistd.h>
-
 #include <filesystem>
+#include <functional>
 
 #include "comm/mpi_communicator.hpp"
 #include "core/error.hpp"
@@ -23,15 +23,34 @@ float value_of(const ParameterTensor& tensor, std::int64_t global_index, int par
   return static_cast<float>(tensor.global_index * 1000 + global_index) * (part + 1) * 0.5f;
 }
 
+// A layout's runs, with the memory behind them.
+struct Layout {
+  std::vector<StateRun> runs;
+  std::vector<std::vector<float>> memory;  // values, exp_avg, exp_avg_sq per run
+
+  void add(const ParameterTensor& tensor, std::int64_t offset, std::int64_t count) {
+    memory.emplace_back(3 * count);
+    float* base = memory.back().data();
+    runs.push_back({.tensor = &tensor, .offset = offset, .count = count, .values = base,
+                    .exp_avg = base + count, .exp_avg_sq = base + 2 * count});
+  }
+  void fill() {
+    for (StateRun& run : runs)
+      for (std::int64_t i = 0; i < run.count; ++i) {
+        run.values[i] = value_of(*run.tensor, run.offset + i, 0);
+        run.exp_avg[i] = value_of(*run.tensor, run.offset + i, 1);
+        run.exp_avg_sq[i] = value_of(*run.tensor, run.offset + i, 2);
+      }
+  }
+};
+
 class CheckpointTest : public ::testing::Test {
  protected:
   CommLedger ledger;
   MpiCommunicator world{MPI_COMM_WORLD, "world", ledger};
   MemoryLedger memory;
   HostAllocator allocator{memory};
-  std::vector<LayerSpec> specs = dense_layer_specs(3, 5, 8, 3);
-  std::vector<ParameterTensor> whole = dense_parameter_tensors(specs, 0, 3);
-  GridShape shape{.world = world.size(), .tp = 1, .dp = world.size(), .pp = 1, .ep = 1};
+  std::vector<ParameterTensor> whole = dense_parameter_tensors(dense_layer_specs(3, 5, 8, 3), 0, 3);
 
   std::string directory() {
     // One directory for all ranks: rank 0's process id names it.
@@ -40,89 +59,102 @@ class CheckpointTest : public ::testing::Test {
     return ::testing::TempDir() + "checkpoint-test-" + std::to_string(id);
   }
 
-  // Weights split by rows over the ranks (rank r holds rows [r*out/n, (r+1)*out/n)); biases whole.
-  std::vector<ParameterTensor> row_blocks(int rank) const {
-    std::vector<ParameterTensor> tensors;
-    std::size_t offset = 0;
-    for (ParameterTensor tensor : whole) {
-      if (tensor.global_shape.size() == 2) {
-        const std::int64_t rows = tensor.global_shape[0], n = world.size();
-        const std::int64_t first = rows * rank / n, last = rows * (rank + 1) / n;
-        tensor.local_start = {first, 0};
-        tensor.local_shape = {last - first, tensor.global_shape[1]};
-        tensor.replicated_over_data = false;
-      }
-      tensor.offset = offset;
-      tensor.count = static_cast<std::size_t>(tensor.local_shape[0]) *
-                     (tensor.local_shape.size() == 2 ? tensor.local_shape[1] : 1);
-      offset += tensor.count;
-      tensors.push_back(tensor);
-    }
-    return tensors;
+  CheckpointScope scope() {
+    return {.world = world, .mpi_comm = MPI_COMM_WORLD, .allocator = allocator,
+            .global_tensors = whole, .layer_count = 3};
   }
 
-  CheckpointScope scope() {
-    return {.world = world, .mpi_comm = MPI_COMM_WORLD, .shape = shape,
-            .place = coordinates_of(shape, world.rank()), .global_tensors = whole, .layer_count = 3};
+  // The model's elements in tensor order split into equal flat ranges, one per rank.
+  Layout flat_shards() {
+    Layout layout;
+    std::int64_t total = 0;
+    for (const ParameterTensor& tensor : whole) total += static_cast<std::int64_t>(tensor.count);
+    const std::int64_t begin = total * world.rank() / world.size();
+    const std::int64_t end = total * (world.rank() + 1) / world.size();
+    std::int64_t at = 0;
+    for (const ParameterTensor& tensor : whole) {
+      const auto count = static_cast<std::int64_t>(tensor.count);
+      const std::int64_t first = std::max(begin, at), last = std::min(end, at + count);
+      if (first < last) layout.add(tensor, first - at, last - first);
+      at += count;
+    }
+    return layout;
+  }
+
+  // Each weight split by columns (a run per row); biases whole on one rank.
+  Layout column_blocks() {
+    Layout layout;
+    for (const ParameterTensor& tensor : whole) {
+      if (tensor.global_shape.size() == 1) {
+        if (tensor.global_index % world.size() == world.rank())
+          layout.add(tensor, 0, static_cast<std::int64_t>(tensor.count));
+        continue;
+      }
+      const std::int64_t rows = tensor.global_shape[0], columns = tensor.global_shape[1];
+      const std::int64_t first = columns * world.rank() / world.size();
+      const std::int64_t last = columns * (world.rank() + 1) / world.size();
+      if (first < last)
+        for (std::int64_t row = 0; row < rows; ++row) layout.add(tensor, row * columns + first, last - first);
+    }
+    return layout;
+  }
+
+  void round_trip(Layout written) {
+    written.fill();
+    const std::string dir = directory();
+    if (world.rank() == 0) prepare_checkpoint_directory(dir);
+    world.barrier();
+    const std::string path = save_checkpoint(
+        dir, {written.runs, written.runs, 7, 112},
+        {.config_ini = "layers = 3\n", .layout = "test", .seed = 1}, scope());
+
+    // Read back whole on every rank, as one process or plain data parallelism holds it.
+    ParameterStore store(whole, allocator);
+    const GridShape replicated{.world = world.size(), .tp = 1, .dp = world.size(), .pp = 1, .ep = 1};
+    StatePlacement loaded = store_placement(store, replicated, coordinates_of(replicated, world.rank()));
+    std::vector<float> moments(2 * store.size());
+    for (StateRun& run : loaded.updated) {
+      run.exp_avg = moments.data() + (run.values - store.values());
+      run.exp_avg_sq = run.exp_avg + store.size();
+    }
+    TrainingState state{loaded.updated, loaded.held};
+    EXPECT_EQ(load_checkpoint(dir, state, scope()), path);
+    EXPECT_EQ(state.step, 7);
+    EXPECT_EQ(state.data_position, 112);
+    for (const StateRun& run : loaded.updated)
+      for (std::int64_t i = 0; i < run.count; ++i) {
+        ASSERT_EQ(run.values[i], value_of(*run.tensor, run.offset + i, 0)) << run.tensor->path;
+        ASSERT_EQ(run.exp_avg_sq[i], value_of(*run.tensor, run.offset + i, 2)) << run.tensor->path;
+      }
+
+    // The joined checksum is the CRC-32 of the whole tensor.
+    if (world.rank() == 0) {
+      Hdf5Handle file = file_handle(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
+      const ParameterTensor& weight = store.tensor("layers/01/weight");
+      Hdf5Handle dataset = dataset_handle(H5Dopen2(file.get(), "/model/layers/01/weight", H5P_DEFAULT));
+      Hdf5Handle attribute = attribute_handle(H5Aopen(dataset.get(), "crc32", H5P_DEFAULT));
+      std::uint32_t stored = 0;
+      H5Aread(attribute.get(), H5T_NATIVE_UINT32, &stored);
+      const auto expected = crc32(0L, reinterpret_cast<const Bytef*>(store.values() + weight.offset),
+                                  static_cast<uInt>(weight.count * sizeof(float)));
+      EXPECT_EQ(stored, expected);
+      std::filesystem::remove_all(dir);
+    }
+    world.barrier();
   }
 };
 
 }  // namespace
 
-TEST_F(CheckpointTest, RowBlocksWrittenByAllRanksLoadWholeInAnotherLayout) {
-  ParameterStore written(row_blocks(world.rank()), allocator);
-  std::vector<float> exp_avg(written.size()), exp_avg_sq(written.size());
-  for (const ParameterTensor& tensor : written.tensors()) {
-    float* parts[3] = {written.values(), exp_avg.data(), exp_avg_sq.data()};
-    for_each_run(tensor.global_shape, tensor.local_start, tensor.local_shape,
-                 [&](std::int64_t global, std::int64_t local, std::int64_t count) {
-                   for (std::int64_t i = 0; i < count; ++i)
-                     for (int part = 0; part < 3; ++part)
-                       parts[part][tensor.offset + local + i] = value_of(tensor, global + i, part);
-                 });
-  }
-  const std::string dir = directory();
-  if (world.rank() == 0) prepare_checkpoint_directory(dir);
-  world.barrier();
-  const std::string path =
-      save_checkpoint(dir, {written, exp_avg.data(), exp_avg_sq.data(), 7, 112},
-                      {.config_ini = "layers = 3\n", .layout = "test", .seed = 1}, scope());
+TEST_F(CheckpointTest, FlatShardsLoadWholeInAnotherLayout) { round_trip(flat_shards()); }
 
-  ParameterStore loaded(whole, allocator);
-  std::vector<float> loaded_avg(loaded.size()), loaded_avg_sq(loaded.size());
-  TrainingState state{loaded, loaded_avg.data(), loaded_avg_sq.data()};
-  EXPECT_EQ(load_checkpoint(dir, state, scope()), path);
-  EXPECT_EQ(state.step, 7);
-  EXPECT_EQ(state.data_position, 112);
-  for (const ParameterTensor& tensor : loaded.tensors())
-    for (std::size_t i = 0; i < tensor.count; ++i) {
-      ASSERT_EQ(loaded.values()[tensor.offset + i], value_of(tensor, i, 0)) << tensor.path;
-      ASSERT_EQ(loaded_avg_sq[tensor.offset + i], value_of(tensor, i, 2)) << tensor.path;
-    }
-
-  // The joined checksum is the CRC-32 of the whole tensor.
-  if (world.rank() == 0) {
-    Hdf5Handle file = file_handle(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
-    const ParameterTensor& weight = loaded.tensor("layers/01/weight");
-    Hdf5Handle dataset = dataset_handle(H5Dopen2(file.get(), "/model/layers/01/weight", H5P_DEFAULT));
-    Hdf5Handle attribute = attribute_handle(H5Aopen(dataset.get(), "crc32", H5P_DEFAULT));
-    std::uint32_t stored = 0;
-    H5Aread(attribute.get(), H5T_NATIVE_UINT32, &stored);
-    const auto expected = crc32(0L, reinterpret_cast<const Bytef*>(loaded.values() + weight.offset),
-                                static_cast<uInt>(weight.count * sizeof(float)));
-    EXPECT_EQ(stored, expected);
-    std::filesystem::remove_all(dir);
-  }
-  world.barrier();
-}
+TEST_F(CheckpointTest, ColumnBlocksLoadWholeInAnotherLayout) { round_trip(column_blocks()); }
 
 TEST_F(CheckpointTest, PiecesThatLeaveAGapAreRefused) {
-  if (world.size() < 2) GTEST_SKIP() << "needs two ranks to leave another rank's rows out";
-  std::vector<ParameterTensor> pieces = row_blocks(world.rank());
-  if (world.rank() == 1) pieces[0].local_shape[0] = 0, pieces[0].count = 0;  // rank 1 drops its rows
-  ParameterStore written(pieces, allocator);
-  std::vector<float> moments(written.size() + 1);
+  if (world.size() < 2) GTEST_SKIP() << "needs two ranks to leave another rank's piece out";
+  Layout pieces = flat_shards();
+  if (world.rank() == 1) pieces.runs.clear();  // rank 1 drops its shard
+  pieces.fill();
   const std::string dir = directory();
-  EXPECT_THROW(save_checkpoint(dir, {written, moments.data(), moments.data(), 1, 1}, {}, scope()),
-               RuntimeFailure);
+  EXPECT_THROW(save_checkpoint(dir, {pieces.runs, pieces.runs, 1, 1}, {}, scope()), RuntimeFailure);
 }

@@ -10,6 +10,7 @@
 #include "model/loss.hpp"
 #include "model/model_spec.hpp"
 #include "model/parameter_store.hpp"
+#include "model/state_runs.hpp"
 
 using namespace mlptrain;
 
@@ -44,7 +45,7 @@ struct LayerFixture {
     specs = {{.index = 0, .in_features = 5, .out_features = 4, .gelu = gelu},
              {.index = 1, .in_features = 4, .out_features = 3, .gelu = false}};
     store = std::make_unique<ParameterStore>(dense_parameter_tensors(specs, 0, 1), allocator);
-    store->initialize(11);
+    initialize_values(store_placement(*store, {}, {}).held, 11);
     layer = linear_layer_view(*store, specs[0], "layers/00");
   }
 };
@@ -130,12 +131,12 @@ TEST(ParameterStore, FlatLayoutAndInitBounds) {
   HostAllocator allocator(ledger);
   const auto specs = dense_layer_specs(3, 6, 8, 2);
   ParameterStore store(dense_parameter_tensors(specs, 0, 3), allocator);
-  store.initialize(5);
+  initialize_values(store_placement(store, {}, {}).held, 5);
   const std::size_t expected = 8 * 6 + 8 + 8 * 8 + 8 + 2 * 8 + 2;
   EXPECT_EQ(store.size(), expected);
   EXPECT_EQ(ledger.current(MemoryState::params), static_cast<std::int64_t>(expected * 4));
   EXPECT_EQ(ledger.current(MemoryState::grads), static_cast<std::int64_t>(expected * 4));
-  const FlatRange middle = store.layer_range(1);
+  const FlatRange middle = store.unit_range(1);
   EXPECT_EQ(middle.offset, 8u * 6 + 8);
   EXPECT_EQ(middle.count, 8u * 8 + 8);
   for (const ParameterTensor& tensor : store.tensors()) {
@@ -145,12 +146,28 @@ TEST(ParameterStore, FlatLayoutAndInitBounds) {
   }
 }
 
+TEST(ParameterStore, UnitsArePaddedToTheAskedMultipleAndMemoryFollowsThePlan) {
+  MemoryLedger ledger;
+  HostAllocator allocator(ledger);
+  const auto specs = dense_layer_specs(3, 6, 8, 2);  // units of 56, 72 and 18 elements
+  ParameterStore store(dense_parameter_tensors(specs, 0, 3, 4), allocator,
+                       {.unit_multiple = 4, .hold_values = true, .hold_grads = false});
+  EXPECT_EQ(store.unit_range(0).count, 56u);
+  EXPECT_EQ(store.unit_range(1).offset, 56u);
+  EXPECT_EQ(store.unit_range(2).offset, 128u);
+  EXPECT_EQ(store.unit_range(2).count, 20u);  // 18 padded to 20
+  EXPECT_EQ(store.size(), 148u);
+  EXPECT_EQ(ledger.current(MemoryState::params), 148 * 4);
+  EXPECT_EQ(ledger.current(MemoryState::grads), 0);
+  EXPECT_EQ(store.grads(), nullptr);
+}
+
 TEST(ParameterStore, AShardGeneratedAloneEqualsTheSliceOfTheWhole) {
   MemoryLedger ledger;
   HostAllocator allocator(ledger);
   const auto specs = dense_layer_specs(2, 9, 7, 3);
   ParameterStore whole(dense_parameter_tensors(specs, 0, 2), allocator);
-  whole.initialize(42);
+  initialize_values(store_placement(whole, {}, {}).held, 42);
   // A box of rows [2, 6) and columns [3, 8) of layer 0's weight, as a tensor-parallel rank holds.
   ParameterTensor shard = whole.tensor("layers/00/weight");
   shard.local_start = {2, 3};
@@ -158,11 +175,16 @@ TEST(ParameterStore, AShardGeneratedAloneEqualsTheSliceOfTheWhole) {
   shard.offset = 0;
   shard.count = 20;
   ParameterStore alone({shard}, allocator);
-  alone.initialize(42);
+  initialize_values(store_placement(alone, {}, {}).held, 42);
   const float* full = whole.values() + whole.tensor("layers/00/weight").offset;
   for (int row = 0; row < 4; ++row)
     for (int col = 0; col < 5; ++col)
       EXPECT_EQ(alone.values()[row * 5 + col], full[(2 + row) * 9 + 3 + col]);
+  // And a flat range cutting through rows, as a ZeRO shard holds it.
+  float piece[17];
+  const StateRun run{.tensor = &whole.tensor("layers/00/weight"), .offset = 13, .count = 17, .values = piece};
+  initialize_values({run}, 42);
+  for (int i = 0; i < 17; ++i) EXPECT_EQ(piece[i], full[13 + i]);
 }
 
 TEST(ParameterStore, RunsOfBoxesInRowMajorOrder) {

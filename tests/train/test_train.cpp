@@ -151,17 +151,17 @@ TEST(AdamW, TwoStepsByHand) {
   std::vector<ParameterTensor> tensors = {{.path = "p", .global_shape = {1}, .local_start = {0},
                                            .local_shape = {1}, .offset = 0, .count = 1}};
   ParameterStore store(tensors, allocator);
+  StatePlacement placement = store_placement(store, {}, {});
   store.values()[0] = 1.0f;
-  AdamW optimizer(config, allocator, 1);
+  AdamW optimizer(config, allocator, placement.updated);
   EXPECT_EQ(ledger.current(MemoryState::optimizer), 8);
-  const GridShape shape{};
   store.grads()[0] = 0.5f;
-  EXPECT_DOUBLE_EQ(optimizer.update(*kernels, store, 0.1, 1, shape, {}), 0.25);
+  EXPECT_DOUBLE_EQ(optimizer.update(*kernels, placement.updated, 0.1, 1), 0.25);
   EXPECT_NEAR(store.values()[0], 0.899, 1e-6);
   // Step 2: m = 0.9*0.05 - 0.025 = 0.02, v = 0.999*0.00025 + 0.0000625 = 0.00031225,
   // m_hat = 0.02/0.19, v_hat = 0.00031225/0.001999; p = 0.899*0.999 - 0.1*m_hat/(sqrt(v_hat)+eps).
   store.grads()[0] = -0.25f;
-  optimizer.update(*kernels, store, 0.1, 2, shape, {});
+  optimizer.update(*kernels, placement.updated, 0.1, 2);
   const double m_hat = 0.02 / 0.19, v_hat = 0.00031225 / (1 - 0.999 * 0.999);
   EXPECT_NEAR(store.values()[0], 0.899 * 0.999 - 0.1 * m_hat / (std::sqrt(v_hat) + 1e-8), 1e-6);
 }

@@ -1,0 +1,46 @@
+// Where a rank's share of the training state lives, as runs: row-major ranges of one tensor's
+// elements (flat indices into the whole tensor) with pointers to their values, gradients and AdamW
+// moments. A replicated layout has one run per row range of every tensor; a sharded one has the
+// pieces of its shards. The optimizer updates runs, norms and checkpoints count the owned ones,
+// and initialization fills held runs, so none of them needs to know the layout.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "comm/process_grid.hpp"
+#include "model/parameter_store.hpp"
+
+namespace mlptrain {
+
+struct StateRun {
+  const ParameterTensor* tensor = nullptr;  // its path, global shape and init bound
+  std::int64_t offset = 0;                  // first element, flat row-major in the whole tensor
+  std::int64_t count = 0;
+  float* values = nullptr;
+  float* grads = nullptr;
+  float* exp_avg = nullptr;  // set by the optimizer that owns the moments
+  float* exp_avg_sq = nullptr;
+  bool owned = true;  // this rank counts it in norms and writes it to checkpoints
+};
+
+// A rank's state: the runs it updates (gradients and moments included), and the runs of values
+// it holds for computing (equal to `updated` unless parameters are replicated beyond the shard).
+struct StatePlacement {
+  std::vector<StateRun> updated;
+  std::vector<StateRun> held;
+};
+
+// The runs of a store that holds every local value and gradient: every rank updates what it
+// holds; the owner of each replicated tensor (ParameterStore::owns) counts it.
+StatePlacement store_placement(const ParameterStore& store, const GridShape& shape,
+                               const GridCoordinates& place);
+
+// Every held value from the counter RNG keyed by (seed, tensor path, global element index), so
+// any placement starts from the same model.
+void initialize_values(const std::vector<StateRun>& held, std::uint64_t seed);
+
+// The runs among `runs` of the tensor with this global index, in row-major order.
+std::vector<const StateRun*> runs_of(const std::vector<StateRun>& runs, int global_index);
+
+}  // namespace mlptrain
