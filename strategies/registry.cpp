@@ -5,10 +5,12 @@
 namespace mlptrain {
 
 extern const StrategyRegistration data_parallel_registration;
+extern const StrategyRegistration zero_registration;
 
 std::span<const StrategyRegistration> strategy_registry() {
   static const StrategyRegistration registry[] = {
       data_parallel_registration,
+      zero_registration,
   };
   return registry;
 }

@@ -60,11 +60,23 @@ ParameterStore::ParameterStore(std::vector<ParameterTensor> tensors, Allocator& 
   if (!values_.empty()) std::fill_n(values(), size_, 0.0f);
 }
 
+namespace {
+void reallocate(Buffer& buffer, std::size_t count,
+                const std::function<Buffer(std::size_t bytes)>& allocate) {
+  buffer.reset();
+  buffer = allocate(count * sizeof(float));
+  if (buffer.bytes() != count * sizeof(float))
+    throw std::invalid_argument("replacement parameter buffer of the wrong size");
+}
+}  // namespace
+
+void ParameterStore::reallocate_values(const std::function<Buffer(std::size_t bytes)>& allocate) {
+  reallocate(values_, size_, allocate);
+  std::fill_n(values(), size_, 0.0f);
+}
+
 void ParameterStore::reallocate_grads(const std::function<Buffer(std::size_t bytes)>& allocate) {
-  grads_.reset();
-  grads_ = allocate(size_ * sizeof(float));
-  if (grads_.bytes() != size_ * sizeof(float))
-    throw std::invalid_argument("replacement gradient buffer of the wrong size");
+  reallocate(grads_, size_, allocate);
 }
 
 const ParameterTensor& ParameterStore::tensor(const std::string& path) const {

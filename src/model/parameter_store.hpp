@@ -56,8 +56,10 @@ class ParameterStore {
   float* values() const { return values_.floats(); }  // null when the plan does not hold them
   float* grads() const { return grads_.floats(); }
   const std::vector<ParameterTensor>& tensors() const { return tensors_; }
-  // Moves the gradients into memory from `allocate(bytes)`, e.g. memory a communicator reduces in
-  // place. The old buffer goes first, so the ledger never holds both. Views taken before are stale.
+  // Moves the values or the gradients into memory from `allocate(bytes)`, e.g. memory a
+  // communicator works on in place. The old buffer goes first, so the ledger never holds both (its
+  // contents are not kept). Views taken before are stale.
+  void reallocate_values(const std::function<Buffer(std::size_t bytes)>& allocate);
   void reallocate_grads(const std::function<Buffer(std::size_t bytes)>& allocate);
   const ParameterTensor& tensor(const std::string& path) const;
   // A layer's tensors and the padding after them.

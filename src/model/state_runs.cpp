@@ -21,7 +21,9 @@ StatePlacement store_placement(const ParameterStore& store, const GridShape& sha
                         .count = count,
                         .values = store.values() ? store.values() + at : nullptr,
                         .grads = store.grads() ? store.grads() + at : nullptr,
+                        .moment_offset = placement.moment_count,
                         .owned = owned});
+                   placement.moment_count += static_cast<std::size_t>(count);
                  });
   }
   placement.held = placement.updated;

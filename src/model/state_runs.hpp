@@ -19,16 +19,20 @@ struct StateRun {
   std::int64_t count = 0;
   float* values = nullptr;
   float* grads = nullptr;
-  float* exp_avg = nullptr;  // set by the optimizer that owns the moments
+  std::size_t moment_offset = 0;  // where its AdamW moments sit in the optimizer's buffers
+  float* exp_avg = nullptr;        // set by the optimizer that owns the moments
   float* exp_avg_sq = nullptr;
   bool owned = true;  // this rank counts it in norms and writes it to checkpoints
 };
 
-// A rank's state: the runs it updates (gradients and moments included), and the runs of values
-// it holds for computing (equal to `updated` unless parameters are replicated beyond the shard).
+// A rank's state: the runs it updates (gradients and moments included), the runs of values it
+// holds for computing (equal to `updated` unless parameters are replicated beyond the shard), and
+// the length of the moment buffers (a sharded layout keeps its padding there too, so that every
+// rank holds the same amount).
 struct StatePlacement {
   std::vector<StateRun> updated;
   std::vector<StateRun> held;
+  std::size_t moment_count = 0;
 };
 
 // The runs of a store that holds every local value and gradient: every rank updates what it

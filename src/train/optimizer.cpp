@@ -20,19 +20,16 @@ double clip_coefficient(double max_norm, double total_norm) {
   return std::min(1.0, max_norm / (total_norm + 1e-6));
 }
 
-AdamW::AdamW(const Config& config, Allocator& allocator, std::vector<StateRun>& runs)
+AdamW::AdamW(const Config& config, Allocator& allocator, StatePlacement& placement)
     : config_(config) {
-  std::size_t total = 0;
-  for (const StateRun& run : runs) total += static_cast<std::size_t>(run.count);
+  const std::size_t total = placement.moment_count;
   exp_avg_ = allocator.allocate_floats(MemoryState::optimizer, total);
   exp_avg_sq_ = allocator.allocate_floats(MemoryState::optimizer, total);
   std::fill_n(exp_avg_.floats(), total, 0.0f);
   std::fill_n(exp_avg_sq_.floats(), total, 0.0f);
-  std::size_t at = 0;
-  for (StateRun& run : runs) {
-    run.exp_avg = exp_avg_.floats() + at;
-    run.exp_avg_sq = exp_avg_sq_.floats() + at;
-    at += static_cast<std::size_t>(run.count);
+  for (StateRun& run : placement.updated) {
+    run.exp_avg = exp_avg_.floats() + run.moment_offset;
+    run.exp_avg_sq = exp_avg_sq_.floats() + run.moment_offset;
   }
 }
 

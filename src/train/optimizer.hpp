@@ -18,11 +18,11 @@ double scheduled_learning_rate(const Config& config, std::int64_t step);
 // The factor torch.nn.utils.clip_grad_norm_ scales gradients by: min(1, clip / (norm + 1e-6)).
 double clip_coefficient(double max_norm, double total_norm);
 
-// AdamW over the runs a rank updates: it owns their moments (laid out in run order, charged to
-// the ledger as optimizer state) and points each run at its share of them.
+// AdamW over the runs a rank updates: it owns their moments (laid out as the placement says,
+// charged to the ledger as optimizer state) and points each run at its share of them.
 class AdamW {
  public:
-  AdamW(const Config& config, Allocator& allocator, std::vector<StateRun>& runs);
+  AdamW(const Config& config, Allocator& allocator, StatePlacement& placement);
 
   // Sum of squares of the owned runs' gradients.
   static double owned_square_sum(Kernels& kernels, const std::vector<StateRun>& runs);

@@ -256,7 +256,6 @@ void validate_options(Config& c, int world_size) {
   not_built(c.tp > 1, "tensor parallelism (--tp > 1)");
   not_built(c.pp > 1, "pipeline parallelism (--pp > 1)");
   not_built(c.ep > 1, "expert parallelism (--ep > 1)");
-  not_built(c.zero > 0, "ZeRO (--zero > 0)");
   not_built(c.moe_every > 0, "MoE layers (--moe-every > 0)");
   not_built(c.recompute, "activation recomputation (--recompute)");
   not_built(c.offload, "optimizer offload (--offload)");

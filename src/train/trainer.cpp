@@ -133,7 +133,7 @@ Trainer::Trainer(const Config& config, MPI_Comm world_comm) : config_(config), m
       store_placement(*parameters_, groups_->shape(), groups_->place()));
   initialize_values(placement_.held, static_cast<std::uint64_t>(config.seed));
   allocate_or_explain(
-      [&] { optimizer_ = std::make_unique<AdamW>(config, allocator_, placement_.updated); });
+      [&] { optimizer_ = std::make_unique<AdamW>(config, allocator_, placement_); });
   // The runner's layer views point into the parameter store: taken only now, since strategies
   // may move parameter memory (data parallel places gradients where its group reduces them).
   runner_ = std::make_unique<ModelRunner>(*kernels_, allocator_, *parameters_, specs_, first_layer_,
@@ -194,10 +194,9 @@ PlacementPrediction Trainer::predict() const {
   // What the store holds, the moments of what this rank updates, one micro-batch's activations;
   // strategies add what they hold themselves.
   const auto store_bytes = static_cast<std::int64_t>(parameters_->size() * sizeof(float));
-  std::int64_t updated = 0;
-  for (const StateRun& run : placement_.updated) updated += run.count;
   prediction.bytes = {parameters_->values() ? store_bytes : 0,
-                      parameters_->grads() ? store_bytes : 0, 8 * updated,
+                      parameters_->grads() ? store_bytes : 0,
+                      static_cast<std::int64_t>(8 * placement_.moment_count),
                       runner_->activation_bytes(batch_.local_size(), loss_kind_)};
   // The step's world sum: loss, correct predictions, squared gradient norm, read failures.
   if (groups_->shape().world > 1) prediction.comm(CommOp::all_reduce) += 4 * sizeof(double);

@@ -111,7 +111,7 @@ TEST(Options, MalformedIniIsAUsageError) {
 
 TEST(Options, FeaturesNotBuiltAreRefusedByName) {
   for (const auto& arguments : std::vector<std::vector<std::string>>{
-           {"--tp", "2"}, {"--zero", "1"}, {"--moe-every", "2"}, {"--device", "cuda"},
+           {"--tp", "2"}, {"--moe-every", "2"}, {"--device", "cuda"},
            {"--comm", "nccl"}, {"--recompute"}, {"--trace", "t.json"}}) {
     const std::string message = usage_error(arguments, 2);
     EXPECT_NE(message.find("not built yet"), std::string::npos) << arguments[0] << ": " << message;
@@ -153,7 +153,7 @@ TEST(AdamW, TwoStepsByHand) {
   ParameterStore store(tensors, allocator);
   StatePlacement placement = store_placement(store, {}, {});
   store.values()[0] = 1.0f;
-  AdamW optimizer(config, allocator, placement.updated);
+  AdamW optimizer(config, allocator, placement);
   EXPECT_EQ(ledger.current(MemoryState::optimizer), 8);
   store.grads()[0] = 0.5f;
   EXPECT_DOUBLE_EQ(optimizer.update(*kernels, placement.updated, 0.1, 1), 0.25);

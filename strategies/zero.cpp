@@ -1,0 +1,344 @@
+// ZeRO stages 1-3 on the data-parallel group (Rajbhandari et al., "ZeRO: memory optimizations
+// toward training trillion parameter models", 2020). Each layer is a unit whose flat range is
+// padded to a multiple of the group size N and split into N equal shards; rank r owns shard r of
+// every unit: its optimizer state (all stages), its gradients (stages 2 and 3) and its parameters
+// (stage 3). A rank updates only what it owns; the loop and the optimizer see that through the
+// placement of the state (StateRun), never through this file.
+//   stage 1: full gradients accumulate locally; when a unit's last micro-batch is done, its
+//            gradients are reduce-scattered (in place: each rank's own block gets the sum); after
+//            the optimizer, each unit's parameters are all-gathered, overlapping the next forward.
+//   stage 2: as 1, but every micro-batch's unit gradients go to a transient unit buffer that is
+//            reduce-scattered into the shard accumulator at once (two buffers rotate, so one
+//            reduces while the next unit computes).
+//   stage 3: parameters live only as shards; a unit is gathered before its forward (and again
+//            before its backward) into one of two rotating buffers, the next unit's gather
+//            prefetched while the current one computes, and released right after use.
+// Transient buffers are fixed pools charged to the ledger for the whole run, so the memory a
+// stage holds is exact and predictable. With N = 1 nothing is sharded and nothing communicated.
+#include <algorithm>
+#include <deque>
+#include <fmt/format.h>
+#include <map>
+
+#include "strategies/strategy.hpp"
+
+namespace mlptrain {
+
+namespace {
+
+struct Unit {
+  int layer = 0;
+  FlatRange full;                // padded range in the store's layout
+  std::size_t shard_size = 0;    // full.count / N
+  std::size_t shard_offset = 0;  // where this unit's shard sits in the shard buffers
+  std::size_t weight_at = 0;     // the weight's and the bias's places within the unit
+  std::size_t bias_at = 0;
+};
+
+// A unit's full gradients of one micro-batch, being reduce-scattered (stages 2 and 3).
+struct ReducingGradients {
+  std::size_t unit = 0;
+  int micro_batch = 0;
+  float* buffer = nullptr;
+  Request request;
+};
+
+// A unit's parameters gathered from the shards (stage 3).
+struct GatheredParameters {
+  float* buffer = nullptr;
+  Request request;
+};
+
+class Zero final : public Strategy {
+ public:
+  explicit Zero(const StrategyContext& context);
+
+  std::string_view name() const override { return "zero"; }
+  std::string note() const override;
+
+  void before_layer_forward(LayerEvent& event) override;
+  void after_layer_forward(LayerEvent& event) override;
+  void before_layer_backward(LayerEvent& event) override;
+  void after_layer_backward(LayerEvent& event) override;
+  void synchronize_gradients(const StepEvent& event) override;
+  void after_optimizer_step(const StepEvent& event) override;
+
+  void predict(PlacementPrediction& prediction) const override;
+  std::optional<StatePlacement> state_placement() const override;
+
+ private:
+  std::size_t unit_index(int layer) const { return static_cast<std::size_t>(layer - first_layer_); }
+  std::size_t shard_start(const Unit& unit) const { return unit.full.offset + rank_ * unit.shard_size; }
+  bool communicates() const { return group_.size() > 1; }
+  // Non-blocking collectives move only inside MPI calls (or when tested): poll between layers.
+  void progress();
+
+  // Stage 3: the unit's gathered parameters (gathering now if no prefetch started it).
+  float* gathered(std::size_t unit);
+  void prefetch(std::size_t unit);
+  void release(std::size_t unit) { gathered_.erase(unit); }
+  void bind_values(LayerEvent& event, float* unit_values) const;
+
+  // Stages 2 and 3: a free unit gradient buffer, finishing older reductions as needed.
+  float* take_gradient_buffer();
+  void finish_oldest_reduction();
+
+  const Config& config_;
+  Communicator& group_;
+  Kernels& kernels_;
+  ParameterStore& parameters_;
+  const int stage_;
+  const std::size_t rank_;
+  const int first_layer_;
+  std::vector<Unit> units_;
+  std::size_t shard_total_ = 0;
+  std::size_t largest_unit_ = 0;
+  std::size_t padded_total_ = 0;
+
+  Buffer shard_values_;     // stage 3
+  Buffer shard_grads_;      // stages 2 and 3: the shard accumulator
+  Buffer gradient_pool_;    // stages 2 and 3: unit gradient buffers
+  Buffer parameter_pool_;   // stage 3: gathered unit buffers
+  std::size_t gradient_slots_ = 0;
+  std::size_t next_gradient_slot_ = 0;
+  std::size_t next_parameter_slot_ = 0;
+
+  std::vector<Request> gradient_reductions_;  // stage 1, per unit
+  std::vector<Request> parameter_gathers_;    // stages 1 and 2, per unit
+  std::deque<ReducingGradients> reducing_;     // stages 2 and 3, oldest first
+  std::map<std::size_t, GatheredParameters> gathered_;  // stage 3
+};
+
+Zero::Zero(const StrategyContext& context)
+    : config_(context.config),
+      group_(context.groups.group(GroupKind::data)),
+      kernels_(context.kernels),
+      parameters_(context.parameters),
+      stage_(context.config.zero),
+      rank_(static_cast<std::size_t>(group_.rank())),
+      first_layer_(context.first_layer) {
+  const auto ranks = static_cast<std::size_t>(group_.size());
+  for (int layer = context.first_layer; layer < context.last_layer; ++layer) {
+    const FlatRange full = parameters_.unit_range(layer);
+    const std::string base = layer_path(layer, context.config.layers);
+    units_.push_back({layer, full, full.count / ranks, shard_total_,
+                      parameters_.tensor(base + "/weight").offset - full.offset,
+                      parameters_.tensor(base + "/bias").offset - full.offset});
+    shard_total_ += full.count / ranks;
+    largest_unit_ = std::max(largest_unit_, full.count);
+    padded_total_ += full.count;
+  }
+  Allocator& allocator = context.allocator;
+  const auto collective = [&](MemoryState state, std::size_t count) {
+    return group_.allocate_collective_memory(allocator, state, count * sizeof(float));
+  };
+  // What is reduced or gathered in place lives where the group does that fastest.
+  if (stage_ <= 2)
+    parameters_.reallocate_values([&](std::size_t bytes) {
+      return group_.allocate_collective_memory(allocator, MemoryState::params, bytes);
+    });
+  if (stage_ == 1)
+    parameters_.reallocate_grads([&](std::size_t bytes) {
+      return group_.allocate_collective_memory(allocator, MemoryState::grads, bytes);
+    });
+  if (stage_ >= 2) {
+    shard_grads_ = allocator.allocate_floats(MemoryState::grads, shard_total_);
+    gradient_slots_ = stage_ == 2 ? 2 : 1;
+    gradient_pool_ = collective(MemoryState::grads, gradient_slots_ * largest_unit_);
+  }
+  if (stage_ == 3) {
+    shard_values_ = allocator.allocate_floats(MemoryState::params, shard_total_);
+    std::fill_n(shard_values_.floats(), shard_total_, 0.0f);  // the padding stays finite
+    parameter_pool_ = collective(MemoryState::params, 2 * largest_unit_);
+  }
+  gradient_reductions_.resize(units_.size());
+  parameter_gathers_.resize(units_.size());
+}
+
+std::string Zero::note() const {
+  if (!communicates())
+    return fmt::format("ZeRO stage {} on a data-parallel group of one rank: nothing is sharded",
+                       stage_);
+  return fmt::format("ZeRO stage {}: optimizer state{}{} sharded over {} ranks", stage_,
+                     stage_ >= 2 ? ", gradients" : "", stage_ == 3 ? ", parameters" : "",
+                     group_.size());
+}
+
+std::optional<StatePlacement> Zero::state_placement() const {
+  StatePlacement placement;
+  placement.moment_count = shard_total_;
+  for (const Unit& unit : units_) {
+    const std::size_t begin = shard_start(unit), end = begin + unit.shard_size;
+    for (const ParameterTensor& tensor : parameters_.tensors()) {
+      if (tensor.layer != unit.layer) continue;
+      const std::size_t first = std::max(begin, tensor.offset);
+      const std::size_t last = std::min(end, tensor.offset + tensor.count);
+      if (first >= last) continue;
+      const std::size_t in_shard = unit.shard_offset + (first - begin);
+      placement.updated.push_back(
+          {.tensor = &tensor,
+           .offset = static_cast<std::int64_t>(first - tensor.offset),
+           .count = static_cast<std::int64_t>(last - first),
+           .values = stage_ == 3 ? shard_values_.floats() + in_shard : parameters_.values() + first,
+           .grads = stage_ == 1 ? parameters_.grads() + first : shard_grads_.floats() + in_shard,
+           .moment_offset = in_shard});
+    }
+  }
+  if (stage_ == 3) {
+    placement.held = placement.updated;
+  } else {
+    // Every rank holds the whole of every value for computing; what it reads back on resume.
+    for (const ParameterTensor& tensor : parameters_.tensors())
+      placement.held.push_back({.tensor = &tensor,
+                                .offset = 0,
+                                .count = static_cast<std::int64_t>(tensor.count),
+                                .values = parameters_.values() + tensor.offset});
+  }
+  return placement;
+}
+
+void Zero::progress() {
+  for (Request& request : gradient_reductions_) request.test();
+  for (Request& request : parameter_gathers_) request.test();
+  for (ReducingGradients& reducing : reducing_) reducing.request.test();
+  for (auto& [unit, parameters] : gathered_) parameters.request.test();
+}
+
+void Zero::bind_values(LayerEvent& event, float* unit_values) const {
+  const Unit& unit = units_[unit_index(event.layer)];
+  event.parameters->weight = unit_values + unit.weight_at;
+  event.parameters->bias = unit_values + unit.bias_at;
+}
+
+void Zero::prefetch(std::size_t index) {
+  if (index >= units_.size() || gathered_.contains(index)) return;
+  const Unit& unit = units_[index];
+  float* buffer = parameter_pool_.floats() + next_parameter_slot_ * largest_unit_;
+  next_parameter_slot_ ^= 1;  // two slots, released in the order they were taken
+  std::copy_n(shard_values_.floats() + unit.shard_offset, unit.shard_size,
+              buffer + rank_ * unit.shard_size);
+  GatheredParameters entry{buffer, {}};
+  if (communicates()) entry.request = group_.all_gather_in_place_async(buffer, unit.shard_size);
+  gathered_.emplace(index, std::move(entry));
+}
+
+float* Zero::gathered(std::size_t index) {
+  prefetch(index);
+  GatheredParameters& entry = gathered_.at(index);
+  entry.request.wait();
+  return entry.buffer;
+}
+
+void Zero::finish_oldest_reduction() {
+  ReducingGradients& oldest = reducing_.front();
+  oldest.request.wait();
+  const Unit& unit = units_[oldest.unit];
+  const float* own_block = oldest.buffer + rank_ * unit.shard_size;
+  float* accumulator = shard_grads_.floats() + unit.shard_offset;
+  if (oldest.micro_batch == 0) {
+    kernels_.copy(accumulator, own_block, unit.shard_size);
+  } else {
+    kernels_.add(accumulator, own_block, unit.shard_size);
+  }
+  reducing_.pop_front();
+}
+
+float* Zero::take_gradient_buffer() {
+  // Buffers are handed out in turn and freed in the same order, so the next one is free once
+  // fewer reductions than buffers are in flight.
+  while (reducing_.size() >= gradient_slots_) finish_oldest_reduction();
+  float* buffer = gradient_pool_.floats() + next_gradient_slot_ * largest_unit_;
+  next_gradient_slot_ = (next_gradient_slot_ + 1) % gradient_slots_;
+  return buffer;
+}
+
+void Zero::before_layer_forward(LayerEvent& event) {
+  const std::size_t index = unit_index(event.layer);
+  if (stage_ == 3) {
+    bind_values(event, gathered(index));
+    prefetch(index + 1);
+  } else {
+    parameter_gathers_[index].wait();  // the previous step's gather of this unit
+  }
+  progress();
+}
+
+void Zero::after_layer_forward(LayerEvent& event) {
+  if (stage_ == 3) release(unit_index(event.layer));
+}
+
+void Zero::before_layer_backward(LayerEvent& event) {
+  const std::size_t index = unit_index(event.layer);
+  if (stage_ == 3) {
+    bind_values(event, gathered(index));
+    if (index > 0) prefetch(index - 1);
+  }
+  if (stage_ >= 2) {
+    // This micro-batch's gradients of the unit go to a fresh buffer, written, not accumulated.
+    float* buffer = take_gradient_buffer();
+    event.parameters->weight_grad = buffer + units_[index].weight_at;
+    event.parameters->bias_grad = buffer + units_[index].bias_at;
+    event.accumulate_grads = false;
+    reducing_.push_back({index, event.micro_batch, buffer, {}});
+  }
+  progress();
+}
+
+void Zero::after_layer_backward(LayerEvent& event) {
+  const std::size_t index = unit_index(event.layer);
+  const Unit& unit = units_[index];
+  if (stage_ == 1) {
+    if (event.last_micro_batch() && communicates())
+      gradient_reductions_[index] = group_.reduce_scatter_in_place_async(
+          parameters_.grads() + unit.full.offset, unit.shard_size);
+  } else {
+    ReducingGradients& latest = reducing_.back();
+    if (communicates()) latest.request = group_.reduce_scatter_in_place_async(latest.buffer, unit.shard_size);
+  }
+  if (stage_ == 3) release(index);
+  progress();
+}
+
+void Zero::synchronize_gradients(const StepEvent&) {
+  for (Request& request : gradient_reductions_) request.wait();
+  while (!reducing_.empty()) finish_oldest_reduction();
+}
+
+void Zero::after_optimizer_step(const StepEvent&) {
+  // Stages 1 and 2: every rank updated its shard; gather the units back, overlapping the next
+  // forward (which waits for each unit before using it).
+  if (stage_ == 3 || !communicates()) return;
+  for (std::size_t index = 0; index < units_.size(); ++index)
+    parameter_gathers_[index] = group_.all_gather_in_place_async(
+        parameters_.values() + units_[index].full.offset, units_[index].shard_size);
+}
+
+void Zero::predict(PlacementPrediction& prediction) const {
+  prediction.modes = {stage_ == 3 ? "SG" : "R", stage_ >= 2 ? "S" : "R", "S", "S"};
+  const auto bytes = [](std::size_t count) { return static_cast<std::int64_t>(count * sizeof(float)); };
+  if (stage_ >= 2) prediction.bytes[1] += bytes(shard_total_ + gradient_slots_ * largest_unit_);
+  if (stage_ == 3) prediction.bytes[0] += bytes(shard_total_ + 2 * largest_unit_);
+  if (!communicates()) return;
+  const std::int64_t everything = bytes(padded_total_);
+  const std::int64_t micro_batches = config_.micro_batches;
+  prediction.comm(CommOp::reduce_scatter) += stage_ == 1 ? everything : micro_batches * everything;
+  prediction.comm(CommOp::all_gather) += stage_ == 3 ? 2 * micro_batches * everything : everything;
+}
+
+bool wanted(const Config& config, const GridShape&) { return config.zero > 0; }
+
+void plan(const Config& config, const GridShape& shape, ParameterPlan& plan) {
+  plan.unit_multiple = std::max(plan.unit_multiple, shape.dp);
+  plan.hold_grads = plan.hold_grads && config.zero == 1;
+  plan.hold_values = plan.hold_values && config.zero <= 2;
+}
+
+std::unique_ptr<Strategy> create(const StrategyContext& context) {
+  return std::make_unique<Zero>(context);
+}
+
+}  // namespace
+
+extern const StrategyRegistration zero_registration{"zero", wanted, create, plan};
+
+}  // namespace mlptrain

@@ -1,0 +1,108 @@
+"""ZeRO stages 1-3 on the data-parallel group: every stage reproduces the one-process run; the
+memory each rank holds and the bytes each step moves are exactly the ZeRO figures (padding
+included); checkpoints move between stages and rank counts; dp = 1 runs unsharded."""
+import math
+import os
+import unittest
+
+from common import TrainingTestCase, read_checkpoint, read_metrics, run
+
+MODEL = ["--dataset", "teacher", "--input-dim", "15", "--output-dim", "3", "--layers", "4",
+         "--hidden", "21", "--global-batch", "24", "--log-every", "0", "--lr", "3e-3"]
+LAYER_SIZES = [15 * 21 + 21, 21 * 21 + 21, 21 * 21 + 21, 21 * 3 + 3]  # elements per layer (unit)
+CLIP = ["--grad-clip", "0.05"]
+
+
+def padded(ranks):
+    return [math.ceil(size / ranks) * ranks for size in LAYER_SIZES]
+
+
+def expected_memory(stage, ranks):
+    """Bytes of params, grads and optimizer state each rank holds at its peak."""
+    if stage == 0:
+        total = sum(LAYER_SIZES)
+        return {"params": 4 * total, "grads": 4 * total, "optimizer": 8 * total}
+    units = padded(ranks)
+    total, largest = sum(units), max(units)
+    shard = total // ranks
+    params = 4 * total if stage <= 2 else 4 * shard + 2 * 4 * largest  # two gathered units
+    grads = {1: 4 * total, 2: 4 * shard + 2 * 4 * largest, 3: 4 * shard + 4 * largest}[stage]
+    return {"params": params, "grads": grads, "optimizer": 8 * shard}
+
+
+def expected_comm(stage, ranks, micro_batches):
+    """Bytes per step of each collective over the data-parallel group (nccl-tests sizes)."""
+    if stage == 0:
+        return {"all_reduce": 4 * sum(LAYER_SIZES), "reduce_scatter": 0, "all_gather": 0}
+    everything = 4 * sum(padded(ranks))
+    return {"all_reduce": 0,
+            "reduce_scatter": everything * (1 if stage == 1 else micro_batches),
+            "all_gather": everything * (2 * micro_batches if stage == 3 else 1)}
+
+
+class Zero(TrainingTestCase):
+    def test_every_stage_reproduces_one_process(self):
+        references = {}
+        for clip in ([], CLIP):
+            steps, _, tensors = self.train("one" + "".join(clip), MODEL + ["--steps", "20"] + clip, 1)
+            references[tuple(clip)] = (steps, tensors)
+        self.assertTrue(any(step["grad_norm"] > 0.05 for step in references[tuple(CLIP)][0]))
+        for stage in (1, 2, 3):
+            for ranks, extra in ((2, []), (2, ["--micro-batches", "4"] + CLIP),
+                                 (4, ["--micro-batches", "2"]), (4, CLIP)):
+                with self.subTest(stage=stage, ranks=ranks, extra=extra):
+                    clip = tuple(CLIP) if CLIP[0] in extra else ()
+                    steps, _, tensors = self.train(f"z{stage}r{ranks}{len(extra)}",
+                                                   MODEL + ["--steps", "20", "--zero", stage] + extra, ranks)
+                    self.assert_losses_close(steps, references[clip][0])
+                    self.assert_tensors_close(tensors, references[clip][1])
+
+    def test_memory_and_collective_sizes_are_the_zero_figures(self):
+        for stage in (0, 1, 2, 3):
+            for ranks, micro_batches in ((2, 1), (4, 2)):
+                with self.subTest(stage=stage, ranks=ranks, micro_batches=micro_batches):
+                    metrics = self.path(f"m{stage}{ranks}.jsonl")
+                    run(MODEL + ["--steps", "3", "--zero", stage, "--micro-batches", micro_batches,
+                                 "--metrics", metrics], ranks)
+                    steps, summary = read_metrics(metrics)
+                    memory = expected_memory(stage, ranks)
+                    for rank, peaks in enumerate(summary["peak_mem_bytes_by_rank"]):
+                        for state, value in memory.items():
+                            self.assertEqual(peaks[state], value, f"rank {rank} {state}")
+                    for state, value in memory.items():
+                        self.assertEqual(summary["placement"][state]["predicted_bytes"], value, state)
+                    comm = expected_comm(stage, ranks, micro_batches)
+                    world_sum = 4 * 8  # the step's loss, correct count, norm and read-problem sum
+                    for step in steps:
+                        self.assertEqual(step["comm_bytes"]["all_reduce"], comm["all_reduce"] + world_sum)
+                        self.assertEqual(step["comm_bytes"]["reduce_scatter"], comm["reduce_scatter"])
+                        self.assertEqual(step["comm_bytes"]["all_gather"], comm["all_gather"])
+                    mode = summary["placement"]["params"]["mode"]
+                    self.assertEqual(mode, "SG" if stage == 3 else "R")
+
+    def test_checkpoints_move_between_stages_and_rank_counts(self):
+        full_steps, _, full = self.train("full", MODEL + ["--steps", "20", "--zero", "3"], 4)
+        cases = [("--zero 3 at 4 ranks", ["--zero", "3"], 4, ["--zero", "0"], 2),
+                 ("plain DP at 2 ranks", [], 2, ["--zero", "3"], 4),
+                 ("--zero 2 at 2 ranks", ["--zero", "2"], 2, [], 1),
+                 ("one process", [], 1, ["--zero", "1"], 4)]
+        for name, writer, writer_ranks, reader, reader_ranks in cases:
+            with self.subTest(written_by=name, read_by=reader, ranks=reader_ranks):
+                half = self.path("half-" + str(len(name)) + str(writer_ranks))
+                run(MODEL + ["--steps", "10", "--checkpoint-dir", half] + writer, writer_ranks)
+                metrics = self.path("resumed.jsonl")
+                resumed_dir = self.path("resumed-" + str(len(name)) + str(writer_ranks))
+                run(MODEL + ["--steps", "20", "--resume", half, "--metrics", metrics,
+                             "--checkpoint-dir", resumed_dir] + reader, reader_ranks)
+                steps, _ = read_metrics(metrics)
+                self.assert_losses_close(steps, full_steps[10:])
+                self.assert_tensors_close(read_checkpoint(os.path.join(resumed_dir, "step_00000020.h5")), full)
+
+    def test_one_rank_runs_and_says_nothing_is_sharded(self):
+        output = run(MODEL + ["--steps", "2", "--zero", "2"], 1).stdout
+        self.assertIn("nothing is sharded", output)
+        self.assertIn("summary: 2 steps", output)
+
+
+if __name__ == "__main__":
+    unittest.main()
