@@ -13,8 +13,10 @@
 //   stage 3: parameters live only as shards; a unit is gathered before its forward (and again
 //            before its backward) into one of two rotating buffers, the next unit's gather
 //            prefetched while the current one computes, and released right after use.
-// Transient buffers are fixed pools charged to the ledger for the whole run, so the memory a
-// stage holds is exact and predictable. With N = 1 nothing is sharded and nothing communicated.
+// The transient unit buffers (gathered parameters, unit gradients on their way to the
+// reduce-scatter) are fixed pools charged as comm_buffers for the whole run: they are what the
+// collectives work on, and keeping them apart leaves params, grads and optimizer state at exactly
+// the ZeRO figures (16Ψ/N for stage 3). With N = 1 nothing is sharded and nothing communicated.
 #include <algorithm>
 #include <deque>
 #include <fmt/format.h>
@@ -144,12 +146,12 @@ Zero::Zero(const StrategyContext& context)
   if (stage_ >= 2) {
     shard_grads_ = allocator.allocate_floats(MemoryState::grads, shard_total_);
     gradient_slots_ = stage_ == 2 ? 2 : 1;
-    gradient_pool_ = collective(MemoryState::grads, gradient_slots_ * largest_unit_);
+    gradient_pool_ = collective(MemoryState::comm_buffers, gradient_slots_ * largest_unit_);
   }
   if (stage_ == 3) {
     shard_values_ = allocator.allocate_floats(MemoryState::params, shard_total_);
     std::fill_n(shard_values_.floats(), shard_total_, 0.0f);  // the padding stays finite
-    parameter_pool_ = collective(MemoryState::params, 2 * largest_unit_);
+    parameter_pool_ = collective(MemoryState::comm_buffers, 2 * largest_unit_);
   }
   gradient_reductions_.resize(units_.size());
   parameter_gathers_.resize(units_.size());
@@ -316,8 +318,8 @@ void Zero::after_optimizer_step(const StepEvent&) {
 void Zero::predict(PlacementPrediction& prediction) const {
   prediction.modes = {stage_ == 3 ? "SG" : "R", stage_ >= 2 ? "S" : "R", "S", "S"};
   const auto bytes = [](std::size_t count) { return static_cast<std::int64_t>(count * sizeof(float)); };
-  if (stage_ >= 2) prediction.bytes[1] += bytes(shard_total_ + gradient_slots_ * largest_unit_);
-  if (stage_ == 3) prediction.bytes[0] += bytes(shard_total_ + 2 * largest_unit_);
+  if (stage_ >= 2) prediction.bytes[1] += bytes(shard_total_);
+  if (stage_ == 3) prediction.bytes[0] += bytes(shard_total_);
   if (!communicates()) return;
   const std::int64_t everything = bytes(padded_total_);
   const std::int64_t micro_batches = config_.micro_batches;

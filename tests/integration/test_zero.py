@@ -18,16 +18,19 @@ def padded(ranks):
 
 
 def expected_memory(stage, ranks):
-    """Bytes of params, grads and optimizer state each rank holds at its peak."""
+    """Bytes each rank holds at its peak: model state, and the unit buffers the collectives work
+    on (gathered parameters, unit gradients being reduce-scattered), charged as comm_buffers."""
     if stage == 0:
         total = sum(LAYER_SIZES)
-        return {"params": 4 * total, "grads": 4 * total, "optimizer": 8 * total}
+        return {"params": 4 * total, "grads": 4 * total, "optimizer": 8 * total, "comm_buffers": 0}
     units = padded(ranks)
     total, largest = sum(units), max(units)
     shard = total // ranks
-    params = 4 * total if stage <= 2 else 4 * shard + 2 * 4 * largest  # two gathered units
-    grads = {1: 4 * total, 2: 4 * shard + 2 * 4 * largest, 3: 4 * shard + 4 * largest}[stage]
-    return {"params": params, "grads": grads, "optimizer": 8 * shard}
+    return {"params": 4 * total if stage <= 2 else 4 * shard,
+            "grads": 4 * total if stage == 1 else 4 * shard,
+            "optimizer": 8 * shard,
+            # stage 2: two unit gradient buffers; stage 3: two gathered units and one gradient
+            "comm_buffers": {1: 0, 2: 2 * 4 * largest, 3: 3 * 4 * largest}[stage]}
 
 
 def expected_comm(stage, ranks, micro_batches):
@@ -69,8 +72,14 @@ class Zero(TrainingTestCase):
                     for rank, peaks in enumerate(summary["peak_mem_bytes_by_rank"]):
                         for state, value in memory.items():
                             self.assertEqual(peaks[state], value, f"rank {rank} {state}")
-                    for state, value in memory.items():
-                        self.assertEqual(summary["placement"][state]["predicted_bytes"], value, state)
+                    for state in ("params", "grads", "optimizer"):
+                        self.assertEqual(summary["placement"][state]["predicted_bytes"], memory[state], state)
+                    # The model-state figures of the ZeRO paper, padding included.
+                    state_bytes = memory["params"] + memory["grads"] + memory["optimizer"]
+                    psi = sum(LAYER_SIZES) if stage == 0 else sum(padded(ranks))
+                    formula = {0: 16 * psi, 1: 8 * psi + 8 * psi // ranks,
+                               2: 4 * psi + 12 * psi // ranks, 3: 16 * psi // ranks}[stage]
+                    self.assertEqual(state_bytes, formula)
                     comm = expected_comm(stage, ranks, micro_batches)
                     world_sum = 4 * 8  # the step's loss, correct count, norm and read-problem sum
                     for step in steps:
