@@ -12,11 +12,13 @@
 //            reduces while the next unit computes).
 //   stage 3: parameters live only as shards; a unit is gathered before its forward (and again
 //            before its backward) into one of two rotating buffers, the next unit's gather
-//            prefetched while the current one computes, and released right after use.
-// The transient unit buffers (gathered parameters, unit gradients on their way to the
-// reduce-scatter) are fixed pools charged as comm_buffers for the whole run: they are what the
-// collectives work on, and keeping them apart leaves params, grads and optimizer state at exactly
-// the ZeRO figures (16Ψ/N for stage 3). With N = 1 nothing is sharded and nothing communicated.
+//            prefetched while the current one computes, and released right after use. In
+//            backward the unit's gradients overwrite its gathered parameters (W's last use comes
+//            first), and that buffer is reduce-scattered before it is reused.
+// The transient unit buffers (two unit gradient buffers in stage 2, two gathered units in stage
+// 3) are fixed pools charged as comm_buffers for the whole run: they are what the collectives
+// work on, and keeping them apart leaves params, grads and optimizer state at exactly the ZeRO
+// figures (16Ψ/N for stage 3). With N = 1 nothing is sharded and nothing communicated.
 #include <algorithm>
 #include <deque>
 #include <fmt/format.h>
@@ -37,7 +39,8 @@ struct Unit {
   std::size_t bias_at = 0;
 };
 
-// A unit's full gradients of one micro-batch, being reduce-scattered (stages 2 and 3).
+// A unit's full gradients of one micro-batch, being reduce-scattered (stages 2 and 3; in stage 3
+// the buffer is the unit's gathered parameter buffer).
 struct ReducingGradients {
   std::size_t unit = 0;
   int micro_batch = 0;
@@ -81,7 +84,7 @@ class Zero final : public Strategy {
   void release(std::size_t unit) { gathered_.erase(unit); }
   void bind_values(LayerEvent& event, float* unit_values) const;
 
-  // Stages 2 and 3: a free unit gradient buffer, finishing older reductions as needed.
+  // Stage 2: a free unit gradient buffer, finishing older reductions as needed.
   float* take_gradient_buffer();
   void finish_oldest_reduction();
 
@@ -99,8 +102,8 @@ class Zero final : public Strategy {
 
   Buffer shard_values_;     // stage 3
   Buffer shard_grads_;      // stages 2 and 3: the shard accumulator
-  Buffer gradient_pool_;    // stages 2 and 3: unit gradient buffers
-  Buffer parameter_pool_;   // stage 3: gathered unit buffers
+  Buffer gradient_pool_;    // stage 2: unit gradient buffers
+  Buffer parameter_pool_;   // stage 3: gathered unit buffers (and gradients in backward)
   std::size_t gradient_slots_ = 0;
   std::size_t next_gradient_slot_ = 0;
   std::size_t next_parameter_slot_ = 0;
@@ -143,15 +146,19 @@ Zero::Zero(const StrategyContext& context)
     parameters_.reallocate_grads([&](std::size_t bytes) {
       return group_.allocate_collective_memory(allocator, MemoryState::grads, bytes);
     });
-  if (stage_ >= 2) {
-    shard_grads_ = allocator.allocate_floats(MemoryState::grads, shard_total_);
-    gradient_slots_ = stage_ == 2 ? 2 : 1;
+  // Padding is summed and gathered but never written by the layers: it starts (and stays) zero.
+  if (stage_ == 1) std::fill_n(parameters_.grads(), parameters_.size(), 0.0f);
+  if (stage_ >= 2) shard_grads_ = allocator.allocate_floats(MemoryState::grads, shard_total_);
+  if (stage_ == 2) {
+    gradient_slots_ = 2;
     gradient_pool_ = collective(MemoryState::comm_buffers, gradient_slots_ * largest_unit_);
+    std::fill_n(gradient_pool_.floats(), gradient_slots_ * largest_unit_, 0.0f);
   }
   if (stage_ == 3) {
     shard_values_ = allocator.allocate_floats(MemoryState::params, shard_total_);
-    std::fill_n(shard_values_.floats(), shard_total_, 0.0f);  // the padding stays finite
+    std::fill_n(shard_values_.floats(), shard_total_, 0.0f);
     parameter_pool_ = collective(MemoryState::comm_buffers, 2 * largest_unit_);
+    std::fill_n(parameter_pool_.floats(), 2 * largest_unit_, 0.0f);
   }
   gradient_reductions_.resize(units_.size());
   parameter_gathers_.resize(units_.size());
@@ -217,6 +224,10 @@ void Zero::prefetch(std::size_t index) {
   const Unit& unit = units_[index];
   float* buffer = parameter_pool_.floats() + next_parameter_slot_ * largest_unit_;
   next_parameter_slot_ ^= 1;  // two slots, released in the order they were taken
+  // The slot may still hold an earlier unit's gradients on their way out.
+  while (std::any_of(reducing_.begin(), reducing_.end(),
+                     [buffer](const ReducingGradients& reducing) { return reducing.buffer == buffer; }))
+    finish_oldest_reduction();
   std::copy_n(shard_values_.floats() + unit.shard_offset, unit.shard_size,
               buffer + rank_ * unit.shard_size);
   GatheredParameters entry{buffer, {}};
@@ -271,18 +282,17 @@ void Zero::after_layer_forward(LayerEvent& event) {
 
 void Zero::before_layer_backward(LayerEvent& event) {
   const std::size_t index = unit_index(event.layer);
-  if (stage_ == 3) {
-    bind_values(event, gathered(index));
-    if (index > 0) prefetch(index - 1);
-  }
   if (stage_ >= 2) {
-    // This micro-batch's gradients of the unit go to a fresh buffer, written, not accumulated.
-    float* buffer = take_gradient_buffer();
+    // This micro-batch's gradients of the unit go to a unit buffer, written, not accumulated:
+    // in stage 3 over the gathered parameters themselves.
+    float* buffer = stage_ == 3 ? gathered(index) : take_gradient_buffer();
+    if (stage_ == 3) bind_values(event, buffer);
     event.parameters->weight_grad = buffer + units_[index].weight_at;
     event.parameters->bias_grad = buffer + units_[index].bias_at;
     event.accumulate_grads = false;
     reducing_.push_back({index, event.micro_batch, buffer, {}});
   }
+  if (stage_ == 3 && index > 0) prefetch(index - 1);
   progress();
 }
 
@@ -318,7 +328,7 @@ void Zero::after_optimizer_step(const StepEvent&) {
 void Zero::predict(PlacementPrediction& prediction) const {
   prediction.modes = {stage_ == 3 ? "SG" : "R", stage_ >= 2 ? "S" : "R", "S", "S"};
   const auto bytes = [](std::size_t count) { return static_cast<std::int64_t>(count * sizeof(float)); };
-  if (stage_ >= 2) prediction.bytes[1] += bytes(shard_total_);
+  if (stage_ >= 2) prediction.bytes[1] += bytes(shard_total_);  // the unit buffers are comm_buffers
   if (stage_ == 3) prediction.bytes[0] += bytes(shard_total_);
   if (!communicates()) return;
   const std::int64_t everything = bytes(padded_total_);

@@ -37,7 +37,8 @@ template <> constexpr DataType data_type_of<char>() { return DataType::uint8; }
 // recv, the message. Variable all-to-all data is packed by destination rank, in rank order.
 // With send == receive, all_reduce, reduce_scatter and all_gather work in place: for the latter
 // two the buffer holds count x size elements, and this rank's block (at rank x count) receives
-// its reduced block, or holds its contribution.
+// its reduced block, or holds its contribution. After an in-place reduce-scatter the other blocks
+// are undefined.
 struct Operation {
   CommOp op = CommOp::all_reduce;
   const void* send = nullptr;

@@ -118,11 +118,12 @@ class WindowAllocator final : public Allocator {
 
 }  // namespace
 
-MpiCommunicator::MpiCommunicator(MPI_Comm comm, std::string group, CommLedger& ledger)
+MpiCommunicator::MpiCommunicator(MPI_Comm comm, std::string group, CommLedger& ledger,
+                                 bool shared_memory)
     : Communicator(std::move(group), ledger), comm_(comm) {
   MPI_Comm_rank(comm_, &rank_);
   MPI_Comm_size(comm_, &size_);
-  shares_node_ = size_ > 1 && group_shares_node(comm_);
+  shares_node_ = shared_memory && size_ > 1 && group_shares_node(comm_);
 }
 
 MpiCommunicator::~MpiCommunicator() {

@@ -13,8 +13,9 @@ namespace mlptrain {
 
 class MpiCommunicator final : public Communicator {
  public:
-  // Takes ownership of `comm` (freed on destruction unless it is MPI_COMM_WORLD).
-  MpiCommunicator(MPI_Comm comm, std::string group, CommLedger& ledger);
+  // Takes ownership of `comm` (freed on destruction unless it is MPI_COMM_WORLD). Collective.
+  // Without `shared_memory`, every operation goes through MPI (to compare with its collectives).
+  MpiCommunicator(MPI_Comm comm, std::string group, CommLedger& ledger, bool shared_memory = true);
   ~MpiCommunicator() override;
   MpiCommunicator(const MpiCommunicator&) = delete;
   MpiCommunicator& operator=(const MpiCommunicator&) = delete;

@@ -14,7 +14,8 @@ namespace mlptrain {
 
 class ProcessGroups {
  public:
-  ProcessGroups(MPI_Comm world, const GridShape& shape, CommLedger& ledger);
+  // `shared_memory`: let node-local groups run collectives in shared memory (MpiCommunicator).
+  ProcessGroups(MPI_Comm world, const GridShape& shape, CommLedger& ledger, bool shared_memory = true);
 
   const GridShape& shape() const { return shape_; }
   const GridCoordinates& place() const { return place_; }

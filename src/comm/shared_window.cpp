@@ -21,6 +21,10 @@ std::uint32_t chunk_count(std::size_t count, std::size_t chunk_floats) {
   return static_cast<std::uint32_t>((count + chunk_floats - 1) / chunk_floats);
 }
 
+// An operation's mark in a slot's claims word: the low 32 bits of its sequence number (slots are
+// reused every slot_count operations, so these tell operations of one slot apart).
+std::uint64_t tag(std::uint64_t sequence) { return sequence << 32; }
+
 }  // namespace
 
 class SharedWindow::Pending final : public PendingOperation {
@@ -57,6 +61,7 @@ SharedWindow::SharedWindow(MPI_Comm comm, std::size_t bytes) : bytes_(bytes) {
   MPI_Win_allocate_shared(static_cast<MPI_Aint>(padded), 1, MPI_INFO_NULL, comm, &base,
                           &data_window_);
   segments_.resize(static_cast<std::size_t>(size_));
+  posted_.resize(slot_count);
   for (int rank = 0; rank < size_; ++rank) {
     MPI_Aint size = 0;
     int unit = 0;
@@ -103,15 +108,15 @@ std::unique_ptr<PendingOperation> SharedWindow::start(Kind kind, float* data, st
                                            segments_[static_cast<std::size_t>(rank_)]),
                   count};
   Slot& slot = slot_of(sequence);
+  Task& previous = posted_[sequence % slot_count];
   // The slot's previous operation must be over before the slot is reused (only with more than
-  // slot_count operations in flight on this rank): the other ranks' tests and waits finish it.
-  while (sequence > slot_count &&
-         slot.completed.load(std::memory_order_acquire) < sequence - slot_count)
-    sched_yield();
+  // slot_count operations in flight on this rank): help finish it, as every rank waiting does.
+  while (sequence > slot_count && !help(previous)) sched_yield();
+  previous = task;
   // acq_rel: the last arrival acquires every earlier arrival's writes to its own range.
   if (slot.arrivals.fetch_add(1, std::memory_order_acq_rel) == size_ - 1) {
     slot.finished.store(0, std::memory_order_relaxed);
-    slot.claims.store(sequence << 32, std::memory_order_release);  // open the chunks
+    slot.claims.store(tag(sequence), std::memory_order_release);  // open the chunks
     help(task, (chunk_count(count, chunk_floats) + size_ - 1) / size_);  // a fair share
   }
   return std::make_unique<Pending>(*this, task);
@@ -123,7 +128,8 @@ bool SharedWindow::help(const Task& task, std::uint32_t most) {
   const std::uint32_t chunks = chunk_count(task.count, chunk_floats);
   std::uint64_t claims = slot.claims.load(std::memory_order_acquire);
   for (std::uint32_t done = 0;
-       done < most && (claims >> 32) == task.sequence && (claims & 0xffffffffu) < chunks;) {
+       done < most && (claims & ~0xffffffffull) == tag(task.sequence) &&
+       (claims & 0xffffffffu) < chunks;) {
     if (!slot.claims.compare_exchange_weak(claims, claims + 1, std::memory_order_acq_rel))
       continue;
     do_chunk(task, static_cast<std::size_t>(claims & 0xffffffffu));

@@ -7,7 +7,8 @@
 //   sum:         every rank's range becomes the element-wise sum (summed in rank order, so every
 //                replica holds the same bits): an all-reduce.
 //   sum_scatter: the range is split in `size` equal blocks; block b of rank b becomes the sum of
-//                every rank's block b (a reduce-scatter); other blocks are left as they were.
+//                every rank's block b (a reduce-scatter); other blocks are left as they were
+//                (callers may not rely on that: other backends leave them undefined).
 //   gather:      block b of rank b is copied into block b of every rank (an all-gather).
 #pragma once
 
@@ -49,7 +50,7 @@ class SharedWindow {
   // so a late look at a reused slot can never act on the wrong operation.
   struct Slot {
     std::atomic<std::int32_t> arrivals;
-    std::atomic<std::uint64_t> claims;     // sequence << 32 | chunks handed out so far
+    std::atomic<std::uint64_t> claims;     // low 32 bits of the sequence << 32 | chunks handed out
     std::atomic<std::uint32_t> finished;   // chunks done
     std::atomic<std::uint64_t> completed;  // sequence number of the last completed operation
   };
@@ -81,6 +82,7 @@ class SharedWindow {
   std::vector<char*> segments_;
   Slot* slots_ = nullptr;
   std::uint64_t sequence_ = 0;
+  std::vector<Task> posted_;  // this rank's operation of every slot, to help finish before reuse
 };
 
 // Whether every rank of `comm` runs on this node.

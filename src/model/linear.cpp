@@ -50,14 +50,15 @@ void linear_backward(Kernels& kernels, const LinearLayer& layer, const float* in
   } else {
     kernels.column_sums(grad_output, layer.bias_grad, accumulate, rows, out);
   }
-  // dW [out, in] (+)= grad_linear^T [out, rows] x input [rows, in]
-  kernels.gemm(Transpose::yes, Transpose::no, out, in, rows, 1.0f, grad_linear, out, input, in,
-               accumulate ? 1.0f : 0.0f, layer.weight_grad, in);
+  // dX before dW: the last use of W comes first, so a caller may let dW overwrite W.
   if (grad_input != nullptr) {
     // dX [rows, in] = grad_linear [rows, out] x W [out, in]
     kernels.gemm(Transpose::no, Transpose::no, rows, in, out, 1.0f, grad_linear, out, layer.weight,
                  in, 0.0f, grad_input, in);
   }
+  // dW [out, in] (+)= grad_linear^T [out, rows] x input [rows, in]
+  kernels.gemm(Transpose::yes, Transpose::no, out, in, rows, 1.0f, grad_linear, out, input, in,
+               accumulate ? 1.0f : 0.0f, layer.weight_grad, in);
 }
 
 }  // namespace mlptrain

@@ -33,7 +33,9 @@ void linear_forward_finish(Kernels& kernels, const LinearLayer& layer, std::int6
 
 // From grad_output (d loss / d output of the layer: of the GELU if it has one, else of pre):
 // grad_pre (workspace [rows, out]) = d loss / d pre, bias and weight gradients written
-// (accumulate = false) or added (accumulate = true), and grad_input [rows, in] if not null.
+// (accumulate = false) or added (accumulate = true), and grad_input [rows, in] if not null. The
+// bias and the weight are read before their gradients are written, so the gradients may share
+// their memory (sharded parameters gathered only for this layer's use do).
 void linear_backward(Kernels& kernels, const LinearLayer& layer, const float* input, const float* pre,
                      const float* grad_output, std::int64_t rows, float* grad_pre,
                      float* grad_input, bool accumulate);

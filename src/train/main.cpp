@@ -4,6 +4,7 @@
 #include <mpi.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -33,7 +34,10 @@ int main(int argc, char** argv) {
     if (options.help) {
       if (rank == 0) std::fputs(options.help_text.c_str(), stdout);
     } else {
-      run_training(options.config, MPI_COMM_WORLD);
+      // MLPTRAIN_SHARED_MEMORY=0 sends every collective through MPI, to compare the two.
+      const char* shared = std::getenv("MLPTRAIN_SHARED_MEMORY");
+      run_training(options.config, MPI_COMM_WORLD,
+                   {.shared_memory = shared == nullptr || std::string(shared) != "0"});
     }
   } catch (const AgreedError& error) {
     if (rank == 0) std::fprintf(stderr, "mlptrain: error: %s\n", error.what());

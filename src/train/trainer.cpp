@@ -33,7 +33,7 @@ struct LossTotals {
 
 class Trainer {
  public:
-  Trainer(const Config& config, MPI_Comm world);
+  Trainer(const Config& config, MPI_Comm world, const CommSettings& comm);
   void predict_only();
   void train();
 
@@ -89,12 +89,13 @@ class Trainer {
   int last_layer_ = 0;
 };
 
-Trainer::Trainer(const Config& config, MPI_Comm world_comm) : config_(config), mpi_world_(world_comm) {
+Trainer::Trainer(const Config& config, MPI_Comm world_comm, const CommSettings& comm)
+    : config_(config), mpi_world_(world_comm) {
   int world_size = 1;
   MPI_Comm_size(mpi_world_, &world_size);
   const GridShape shape{.world = world_size, .tp = config.tp, .dp = config.dp, .pp = config.pp,
                         .ep = config.ep};
-  groups_ = std::make_unique<ProcessGroups>(mpi_world_, shape, comm_ledger_);
+  groups_ = std::make_unique<ProcessGroups>(mpi_world_, shape, comm_ledger_, comm.shared_memory);
   Communicator& world = groups_->world();
   const bool rank_zero = world.rank() == 0;
 
@@ -392,8 +393,8 @@ void Trainer::train() {
 
 }  // namespace
 
-void run_training(const Config& config, MPI_Comm world) {
-  Trainer trainer(config, world);
+void run_training(const Config& config, MPI_Comm world, const CommSettings& comm) {
+  Trainer trainer(config, world, comm);
   if (config.predict) {
     trainer.predict_only();
   } else {

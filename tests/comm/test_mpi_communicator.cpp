@@ -203,6 +203,21 @@ TEST_F(MpiCommunicatorTest, InPlaceReduceScatterAndAllGatherInAndOutOfSharedMemo
   EXPECT_EQ(bytes_of(CommOp::all_gather), static_cast<std::int64_t>(2 * total * 4));
 }
 
+TEST_F(MpiCommunicatorTest, MoreSharedOperationsInFlightThanSlots) {
+  MemoryLedger memory;
+  HostAllocator allocator(memory);
+  const std::size_t operations = 1100, each = 20000;  // two chunks each
+  Buffer buffer =
+      world.allocate_collective_memory(allocator, MemoryState::grads, operations * each * sizeof(float));
+  float* data = buffer.floats();
+  std::fill_n(data, operations * each, 1.0f);
+  std::vector<Request> requests;
+  for (std::size_t operation = 0; operation < operations; ++operation)
+    requests.push_back(world.all_reduce_async(data + operation * each, each));
+  for (Request& request : requests) request.wait();
+  for (std::size_t i = 0; i < operations * each; i += 997) ASSERT_EQ(data[i], static_cast<float>(size));
+}
+
 TEST_F(MpiCommunicatorTest, EveryRankAgreesOnTheLowestRanksError) {
   const auto problem = first_problem(world, rank == size - 1 ? std::optional<std::string>("last")
                                                               : std::nullopt);
