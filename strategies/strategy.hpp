@@ -105,7 +105,8 @@ struct StrategyRegistration {
   std::string_view name;
   bool (*wanted)(const Config& config, const GridShape& shape);
   std::unique_ptr<Strategy> (*create)(const StrategyContext& context);
-  void (*plan)(const Config& config, const GridShape& shape, ParameterPlan& plan) = nullptr;
+  void (*plan)(const Config& config, const GridShape& shape, const GridCoordinates& place,
+               ParameterPlan& plan) = nullptr;
 };
 
 // Every strategy, in the order their hooks run.

@@ -95,6 +95,8 @@ class Zero final : public Strategy {
   const int stage_;
   const std::size_t rank_;
   const int first_layer_;
+  const int tensor_rank_;  // place in the tensor-parallel group (which replica counts what)
+  const int tensor_size_;
   std::vector<Unit> units_;
   std::size_t shard_total_ = 0;
   std::size_t largest_unit_ = 0;
@@ -121,7 +123,9 @@ Zero::Zero(const StrategyContext& context)
       parameters_(context.parameters),
       stage_(context.config.zero),
       rank_(static_cast<std::size_t>(group_.rank())),
-      first_layer_(context.first_layer) {
+      first_layer_(context.first_layer),
+      tensor_rank_(context.groups.place().tp),
+      tensor_size_(context.groups.shape().tp) {
   const auto ranks = static_cast<std::size_t>(group_.size());
   for (int layer = context.first_layer; layer < context.last_layer; ++layer) {
     const FlatRange full = parameters_.unit_range(layer);
@@ -184,25 +188,18 @@ std::optional<StatePlacement> Zero::state_placement() const {
       const std::size_t last = std::min(end, tensor.offset + tensor.count);
       if (first >= last) continue;
       const std::size_t in_shard = unit.shard_offset + (first - begin);
-      placement.updated.push_back(
-          {.tensor = &tensor,
-           .offset = static_cast<std::int64_t>(first - tensor.offset),
-           .count = static_cast<std::int64_t>(last - first),
-           .values = stage_ == 3 ? shard_values_.floats() + in_shard : parameters_.values() + first,
-           .grads = stage_ == 1 ? parameters_.grads() + first : shard_grads_.floats() + in_shard,
-           .moment_offset = in_shard});
+      // Every element of the shard is this rank's alone within the data-parallel group; a
+      // tensor replicated over the tensor-parallel group is counted by one of its ranks.
+      const bool owned = !tensor.replicated_over_tensor || tensor_rank_ == tensor.global_index % tensor_size_;
+      append_local_range(
+          placement.updated, tensor, first - tensor.offset, last - first,
+          stage_ == 3 ? shard_values_.floats() + in_shard : parameters_.values() + first,
+          stage_ == 1 ? parameters_.grads() + first : shard_grads_.floats() + in_shard, in_shard,
+          owned);
     }
   }
-  if (stage_ == 3) {
-    placement.held = placement.updated;
-  } else {
-    // Every rank holds the whole of every value for computing; what it reads back on resume.
-    for (const ParameterTensor& tensor : parameters_.tensors())
-      placement.held.push_back({.tensor = &tensor,
-                                .offset = 0,
-                                .count = static_cast<std::int64_t>(tensor.count),
-                                .values = parameters_.values() + tensor.offset});
-  }
+  // Stage 3 holds its shards; stages 1 and 2 hold every local value (read back on resume).
+  placement.held = stage_ == 3 ? placement.updated : store_placement(parameters_, {}, {}).held;
   return placement;
 }
 
@@ -339,7 +336,7 @@ void Zero::predict(PlacementPrediction& prediction) const {
 
 bool wanted(const Config& config, const GridShape&) { return config.zero > 0; }
 
-void plan(const Config& config, const GridShape& shape, ParameterPlan& plan) {
+void plan(const Config& config, const GridShape& shape, const GridCoordinates&, ParameterPlan& plan) {
   plan.unit_multiple = std::max(plan.unit_multiple, shape.dp);
   plan.hold_grads = plan.hold_grads && config.zero == 1;
   plan.hold_values = plan.hold_values && config.zero <= 2;

@@ -14,7 +14,15 @@ std::size_t round_up(std::size_t value, std::size_t multiple) {
 }  // namespace
 
 std::vector<ParameterTensor> dense_parameter_tensors(const std::vector<LayerSpec>& specs, int first,
-                                                     int last, int unit_multiple) {
+                                                     int last, const ParameterPlan& plan) {
+  const auto unit_multiple = static_cast<std::size_t>(plan.unit_multiple);
+  const auto place = [&](ParameterTensor& tensor, std::size_t& offset) {
+    if (plan.split) plan.split(tensor);
+    tensor.count = 1;
+    for (std::int64_t extent : tensor.local_shape) tensor.count *= static_cast<std::size_t>(extent);
+    tensor.offset = offset;
+    offset += tensor.count;
+  };
   std::vector<ParameterTensor> tensors;
   const int layer_count = static_cast<int>(specs.size());
   std::size_t offset = 0;
@@ -28,20 +36,17 @@ std::vector<ParameterTensor> dense_parameter_tensors(const std::vector<LayerSpec
                            .global_shape = {spec.out_features, spec.in_features},
                            .local_start = {0, 0},
                            .local_shape = {spec.out_features, spec.in_features},
-                           .offset = offset,
-                           .count = static_cast<std::size_t>(spec.out_features * spec.in_features),
                            .init_bound = bound};
-    offset += weight.count;
     ParameterTensor bias{.path = base + "/bias",
                          .layer = layer,
                          .global_index = 2 * layer + 1,
                          .global_shape = {spec.out_features},
                          .local_start = {0},
                          .local_shape = {spec.out_features},
-                         .offset = offset,
-                         .count = static_cast<std::size_t>(spec.out_features),
                          .init_bound = bound};
-    offset = round_up(offset + bias.count, static_cast<std::size_t>(unit_multiple));
+    place(weight, offset);
+    place(bias, offset);
+    offset = round_up(offset, unit_multiple);
     tensors.push_back(std::move(weight));
     tensors.push_back(std::move(bias));
   }

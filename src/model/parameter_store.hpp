@@ -40,12 +40,15 @@ struct ParameterPlan {
   int unit_multiple = 1;    // each layer's range is padded to a multiple of this many elements
   bool hold_values = true;  // the store holds every local parameter value...
   bool hold_grads = true;   // ...and every gradient (else a strategy holds what it needs)
+  // Narrows a whole tensor to the box this rank holds (and says whether it is still replicated
+  // over the tensor-parallel group); unset: every tensor whole.
+  std::function<void(ParameterTensor&)> split;
 };
 
-// The tensors of layers [first, last) of a dense model, whole on this rank, each layer's range
-// padded to a multiple of `unit_multiple` elements.
+// The tensors of layers [first, last) of a dense model as the plan places them on this rank,
+// each layer's range padded to a multiple of `plan.unit_multiple` elements.
 std::vector<ParameterTensor> dense_parameter_tensors(const std::vector<LayerSpec>& specs, int first,
-                                                     int last, int unit_multiple = 1);
+                                                     int last, const ParameterPlan& plan = {});
 
 class ParameterStore {
  public:

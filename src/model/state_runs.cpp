@@ -11,23 +11,35 @@ StatePlacement store_placement(const ParameterStore& store, const GridShape& sha
                                const GridCoordinates& place) {
   StatePlacement placement;
   for (const ParameterTensor& tensor : store.tensors()) {
-    const bool owned = ParameterStore::owns(tensor, shape, place);
-    for_each_run(tensor.global_shape, tensor.local_start, tensor.local_shape,
-                 [&](std::int64_t global_offset, std::int64_t local_offset, std::int64_t count) {
-                   const std::size_t at = tensor.offset + static_cast<std::size_t>(local_offset);
-                   placement.updated.push_back(
-                       {.tensor = &tensor,
-                        .offset = global_offset,
-                        .count = count,
-                        .values = store.values() ? store.values() + at : nullptr,
-                        .grads = store.grads() ? store.grads() + at : nullptr,
-                        .moment_offset = placement.moment_count,
-                        .owned = owned});
-                   placement.moment_count += static_cast<std::size_t>(count);
-                 });
+    append_local_range(placement.updated, tensor, 0, tensor.count,
+                       store.values() ? store.values() + tensor.offset : nullptr,
+                       store.grads() ? store.grads() + tensor.offset : nullptr,
+                       placement.moment_count, ParameterStore::owns(tensor, shape, place));
+    placement.moment_count += tensor.count;
   }
   placement.held = placement.updated;
   return placement;
+}
+
+void append_local_range(std::vector<StateRun>& runs, const ParameterTensor& tensor,
+                        std::size_t local_offset, std::size_t count, float* values, float* grads,
+                        std::size_t moment_offset, bool owned) {
+  const auto begin = static_cast<std::int64_t>(local_offset);
+  const auto end = begin + static_cast<std::int64_t>(count);
+  for_each_run(tensor.global_shape, tensor.local_start, tensor.local_shape,
+               [&](std::int64_t global_offset, std::int64_t run_local, std::int64_t run_count) {
+                 const std::int64_t first = std::max(begin, run_local);
+                 const std::int64_t last = std::min(end, run_local + run_count);
+                 if (first >= last) return;
+                 const auto skip = static_cast<std::size_t>(first - begin);
+                 runs.push_back({.tensor = &tensor,
+                                 .offset = global_offset + (first - run_local),
+                                 .count = last - first,
+                                 .values = values ? values + skip : nullptr,
+                                 .grads = grads ? grads + skip : nullptr,
+                                 .moment_offset = moment_offset + skip,
+                                 .owned = owned});
+               });
 }
 
 void initialize_values(const std::vector<StateRun>& held, std::uint64_t seed) {

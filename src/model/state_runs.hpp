@@ -40,6 +40,13 @@ struct StatePlacement {
 StatePlacement store_placement(const ParameterStore& store, const GridShape& shape,
                                const GridCoordinates& place);
 
+// Appends the runs of the local elements [local_offset, local_offset + count) of `tensor` (flat
+// in its local box): one per row piece of the box they cross, with global offsets. `values`,
+// `grads` and the moment offset belong to the first of those elements and advance with them.
+void append_local_range(std::vector<StateRun>& runs, const ParameterTensor& tensor,
+                        std::size_t local_offset, std::size_t count, float* values, float* grads,
+                        std::size_t moment_offset, bool owned);
+
 // Every held value from the counter RNG keyed by (seed, tensor path, global element index), so
 // any placement starts from the same model.
 void initialize_values(const std::vector<StateRun>& held, std::uint64_t seed);

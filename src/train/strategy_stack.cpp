@@ -9,10 +9,11 @@ StrategyStack::StrategyStack(const StrategyContext& context) {
       strategies_.push_back(entry.create(context));
 }
 
-ParameterPlan StrategyStack::plan(const Config& config, const GridShape& shape) {
+ParameterPlan StrategyStack::plan(const Config& config, const GridShape& shape,
+                                  const GridCoordinates& place) {
   ParameterPlan plan;
   for (const StrategyRegistration& entry : strategy_registry())
-    if (entry.plan != nullptr && entry.wanted(config, shape)) entry.plan(config, shape, plan);
+    if (entry.plan != nullptr && entry.wanted(config, shape)) entry.plan(config, shape, place, plan);
   return plan;
 }
 

@@ -44,7 +44,8 @@ class StrategyStack {
   std::vector<std::string> notes() const;
 
   // The parameter layout the wanted strategies ask for (before any exists).
-  static ParameterPlan plan(const Config& config, const GridShape& shape);
+  static ParameterPlan plan(const Config& config, const GridShape& shape,
+                            const GridCoordinates& place);
 
  private:
   template <typename Call>

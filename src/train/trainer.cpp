@@ -114,11 +114,10 @@ Trainer::Trainer(const Config& config, MPI_Comm world_comm, const CommSettings& 
   first_layer_ = 0;
   last_layer_ = config.layers;
 
-  const ParameterPlan plan = StrategyStack::plan(config, shape);
+  const ParameterPlan plan = StrategyStack::plan(config, shape, groups_->place());
   allocate_or_explain([&] {
     parameters_ = std::make_unique<ParameterStore>(
-        dense_parameter_tensors(specs_, first_layer_, last_layer_, plan.unit_multiple), allocator_,
-        plan);
+        dense_parameter_tensors(specs_, first_layer_, last_layer_, plan), allocator_, plan);
   });
   const StrategyContext context{.config = config,
                                 .groups = *groups_,

@@ -150,8 +150,8 @@ TEST(ParameterStore, UnitsArePaddedToTheAskedMultipleAndMemoryFollowsThePlan) {
   MemoryLedger ledger;
   HostAllocator allocator(ledger);
   const auto specs = dense_layer_specs(3, 6, 8, 2);  // units of 56, 72 and 18 elements
-  ParameterStore store(dense_parameter_tensors(specs, 0, 3, 4), allocator,
-                       {.unit_multiple = 4, .hold_values = true, .hold_grads = false});
+  const ParameterPlan plan{.unit_multiple = 4, .hold_values = true, .hold_grads = false};
+  ParameterStore store(dense_parameter_tensors(specs, 0, 3, plan), allocator, plan);
   EXPECT_EQ(store.unit_range(0).count, 56u);
   EXPECT_EQ(store.unit_range(1).offset, 56u);
   EXPECT_EQ(store.unit_range(2).offset, 128u);
