@@ -131,7 +131,8 @@ MpiCommunicator::~MpiCommunicator() {
   windows_.clear();
   int finalized = 0;
   MPI_Finalized(&finalized);
-  if (!finalized && comm_ != MPI_COMM_WORLD && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+  const bool predefined = comm_ == MPI_COMM_WORLD || comm_ == MPI_COMM_SELF || comm_ == MPI_COMM_NULL;
+  if (!finalized && !predefined) MPI_Comm_free(&comm_);
 }
 
 void MpiCommunicator::barrier() { MPI_Barrier(comm_); }

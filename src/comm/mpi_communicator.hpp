@@ -13,7 +13,7 @@ namespace mlptrain {
 
 class MpiCommunicator final : public Communicator {
  public:
-  // Takes ownership of `comm` (freed on destruction unless it is MPI_COMM_WORLD). Collective.
+  // Takes ownership of `comm` (freed on destruction unless it is predefined). Collective.
   // Without `shared_memory`, every operation goes through MPI (to compare with its collectives).
   MpiCommunicator(MPI_Comm comm, std::string group, CommLedger& ledger, bool shared_memory = true);
   ~MpiCommunicator() override;

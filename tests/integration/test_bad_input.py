@@ -50,7 +50,9 @@ class BadInput(TrainingTestCase):
             (["--global-batch", "30", "--micro-batches", "4"], 2, ["--global-batch 30", "--micro-batches 4"]),
             (["--global-batch", "6"], 4, ["dp 4"]),
             (["--global-batch", "8", "--global-batch", "9"], 1, ["--global-batch"]),
-            (["--tp", "2"], 2, ["--tp", "not built yet"]),
+            (["--pp", "2"], 2, ["--pp", "not built yet"]),
+            (["--tp", "3"], 3, ["--hidden 8", "--tp 3"]),
+            (["--tp", "3"], 2, ["world size 2", "tp"]),
             (["--device", "cuda"], 1, ["--device cuda", "not built yet"]),
             (["--save-every", "5"], 1, ["--checkpoint-dir"]),
         ]

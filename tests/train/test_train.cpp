@@ -111,7 +111,7 @@ TEST(Options, MalformedIniIsAUsageError) {
 
 TEST(Options, FeaturesNotBuiltAreRefusedByName) {
   for (const auto& arguments : std::vector<std::vector<std::string>>{
-           {"--tp", "2"}, {"--moe-every", "2"}, {"--device", "cuda"},
+           {"--pp", "2"}, {"--moe-every", "2"}, {"--device", "cuda"},
            {"--comm", "nccl"}, {"--recompute"}, {"--trace", "t.json"}}) {
     const std::string message = usage_error(arguments, 2);
     EXPECT_NE(message.find("not built yet"), std::string::npos) << arguments[0] << ": " << message;
