@@ -11,36 +11,17 @@ are shared and noisy, so only ratios measured together mean anything):
 Model: 10 layers, width 1024, input 1024, 10 classes, fp32, one BLAS thread per rank. The runs are
 interleaved over --rounds rounds and medians reported. Writes results/foundation_speed.json."""
 import argparse
-import datetime
-import json
 import os
-import platform
 import statistics
-import subprocess
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BUILD = os.path.join(ROOT, "build")
-ENVIRONMENT = dict(os.environ, OPENBLAS_NUM_THREADS="1")
-
-
-def run_json(command):
-    output = subprocess.run(command, capture_output=True, text=True, check=True, env=ENVIRONMENT).stdout
-    return [json.loads(line) for line in output.splitlines() if line.startswith("{")]
+from benchlib import BUILD, ROOT, run_json, train, write_result
 
 
 def mlptrain_step_ms(ranks, args):
-    metrics = os.path.join(BUILD, f"bench-{ranks}.jsonl")
-    subprocess.run(["mpiexec.mpich", "-n", str(ranks), os.path.join(BUILD, "mlptrain"),
-                    "--dataset", "mixture", "--layers", str(args.layers), "--hidden", str(args.width),
-                    "--input-dim", str(args.width), "--output-dim", "10",
-                    "--global-batch", str(256 * ranks), "--steps", str(args.steps),
-                    "--log-every", "0", "--metrics", metrics],
-                   check=True, capture_output=True, env=ENVIRONMENT)
-    with open(metrics) as handle:
-        records = [json.loads(line) for line in handle]
-    steps = [r["step_ms"] for r in records if not r.get("summary")][2:]  # skip warm-up steps
-    return statistics.median(steps)
+    return train(ranks, ["--dataset", "mixture", "--layers", args.layers, "--hidden", args.width,
+                         "--input-dim", args.width, "--output-dim", 10, "--global-batch", 256 * ranks,
+                         "--steps", args.steps], f"foundation-{ranks}")[0]
 
 
 def torch_step_ms(ranks, args):
@@ -95,9 +76,6 @@ def main():
     ours_1 = statistics.median(samples["ours_1"])
     ours_2 = statistics.median(samples["ours_2"])
     result = {
-        "date": datetime.date.today().isoformat(),
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.node()}",
-        "command": "scripts/bench_foundation.py " + " ".join(sys.argv[1:]),
         "model": {"layers": args.layers, "width": width, "input": width, "classes": 10,
                   "batch_per_rank": rows},
         "sgemm_gflops_layer_shapes": sgemm_gflops,
@@ -119,13 +97,10 @@ def main():
         result.update({"torch_step_ms_1_rank": torch_1, "torch_step_ms_2_ranks": torch_2,
                        "ours_over_torch_1_rank": ours_1 / torch_1,
                        "ours_over_torch_2_ranks": ours_2 / torch_2})
-    os.makedirs(os.path.dirname(args.output), exist_ok=True)
-    with open(args.output, "w") as handle:
-        json.dump(result, handle, indent=2)
+    write_result(args.output, result)
     for key, value in result.items():
         if isinstance(value, float):
             print(f"{key:34s} {value:10.3f}")
-    print(f"bench: wrote {args.output}")
 
 
 if __name__ == "__main__":

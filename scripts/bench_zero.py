@@ -9,30 +9,18 @@
 
 Writes results/zero.json."""
 import argparse
-import datetime
-import json
 import os
-import platform
 import statistics
-import subprocess
-import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BUILD = os.path.join(ROOT, "build")
+from benchlib import ROOT, train as train_run, write_result
+
 MODEL = ["--dataset", "mixture", "--layers", "10", "--hidden", "1024", "--input-dim", "1024",
-         "--output-dim", "10", "--log-every", "0"]
+         "--output-dim", "10"]
 
 
 def train(ranks, stage, steps):
-    metrics = os.path.join(BUILD, f"bench-zero-{ranks}-{stage}.jsonl")
-    subprocess.run(["mpiexec.mpich", "-n", str(ranks), os.path.join(BUILD, "mlptrain")] + MODEL +
-                   ["--global-batch", str(256 * ranks), "--steps", str(steps), "--zero", str(stage),
-                    "--metrics", metrics],
-                   check=True, capture_output=True, env=dict(os.environ, OPENBLAS_NUM_THREADS="1"))
-    with open(metrics) as handle:
-        records = [json.loads(line) for line in handle]
-    steps_ms = [r["step_ms"] for r in records if not r.get("summary")][2:]  # skip warm-up
-    return statistics.median(steps_ms) if steps_ms else None, records[-1]
+    return train_run(ranks, MODEL + ["--global-batch", 256 * ranks, "--steps", steps, "--zero", stage],
+                     f"zero-{ranks}-{stage}")
 
 
 def main():
@@ -57,9 +45,6 @@ def main():
     step_ms = {stage: statistics.median(values) for stage, values in times.items()}
     largest = {stage: max(rank["model_state"] for rank in memory[stage]) for stage in memory}
     result = {
-        "date": datetime.date.today().isoformat(),
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.node()}",
-        "command": "scripts/bench_zero.py " + " ".join(sys.argv[1:]),
         "step_ms_2_ranks": step_ms,
         "step_time_over_plain_dp": {stage: step_ms[stage] / step_ms[0] for stage in (1, 2, 3)},
         "model_state_bytes_4_ranks": largest,
@@ -70,14 +55,11 @@ def main():
                     "stage 3 model state over plain DP at 4 ranks": "<= 0.30"},
         "samples": times,
     }
-    os.makedirs(os.path.dirname(args.output), exist_ok=True)
-    with open(args.output, "w") as handle:
-        json.dump(result, handle, indent=2)
+    write_result(args.output, result)
     for stage in (1, 2, 3):
         print(f"stage {stage}: step time {result['step_time_over_plain_dp'][stage]:.3f} x plain DP, "
               f"model state at 4 ranks {result['model_state_over_plain_dp_4_ranks'][stage]:.3f} x plain DP "
               f"(+ {memory[stage][0]['comm_buffers'] / 2**20:.1f} MiB of unit buffers)")
-    print(f"bench: wrote {args.output}")
 
 
 if __name__ == "__main__":

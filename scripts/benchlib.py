@@ -1,0 +1,43 @@
+"""What the benchmark scripts share: where the build is, running mlptrain with a metrics file,
+and writing a result file that names its command, machine and date."""
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BUILD = os.path.join(ROOT, "build")
+ENVIRONMENT = dict(os.environ, OPENBLAS_NUM_THREADS="1")
+
+
+def train(ranks, arguments, name, warm_up_steps=2):
+    """Runs mlptrain at `ranks` ranks; returns (median step_ms after the warm-up steps, or None
+    when there are none, and the final summary record)."""
+    metrics = os.path.join(BUILD, f"bench-{name}.jsonl")
+    subprocess.run(["mpiexec.mpich", "-n", str(ranks), os.path.join(BUILD, "mlptrain")] +
+                   [str(a) for a in arguments] + ["--log-every", "0", "--metrics", metrics],
+                   check=True, capture_output=True, env=ENVIRONMENT)
+    with open(metrics) as handle:
+        records = [json.loads(line) for line in handle]
+    step_ms = [r["step_ms"] for r in records if not r.get("summary")][warm_up_steps:]
+    return (statistics.median(step_ms) if step_ms else None), records[-1]
+
+
+def run_json(command):
+    """The JSON objects a program prints, one per line."""
+    output = subprocess.run(command, capture_output=True, text=True, check=True, env=ENVIRONMENT).stdout
+    return [json.loads(line) for line in output.splitlines() if line.startswith("{")]
+
+
+def write_result(path, result):
+    """Writes `result` with the command, machine and date that made it."""
+    stamped = {"date": datetime.date.today().isoformat(),
+               "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.node()}",
+               "command": " ".join([os.path.relpath(sys.argv[0], ROOT)] + sys.argv[1:]), **result}
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as handle:
+        json.dump(stamped, handle, indent=2)
+    print(f"bench: wrote {path}")
