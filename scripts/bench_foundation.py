@@ -10,12 +10,11 @@ are shared and noisy, so only ratios measured together mean anything):
 
 Model: 10 layers, width 1024, input 1024, 10 classes, fp32, one BLAS thread per rank. The runs are
 interleaved over --rounds rounds and medians reported. Writes results/foundation_speed.json."""
-import argparse
 import os
 import statistics
 import sys
 
-from benchlib import BUILD, ROOT, run_json, train, write_result
+from benchlib import BUILD, ROOT, arguments, run_json, train, write_result
 
 
 def mlptrain_step_ms(ranks, args):
@@ -34,13 +33,10 @@ def torch_step_ms(ranks, args):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=12)
+    parser = arguments(__doc__, rounds=3, steps=12, result_file="foundation_speed.json")
     parser.add_argument("--layers", type=int, default=10)
     parser.add_argument("--width", type=int, default=1024)
     parser.add_argument("--no-torch", action="store_true", help="skip the PyTorch peer")
-    parser.add_argument("--output", default=os.path.join(ROOT, "results", "foundation_speed.json"))
     args = parser.parse_args()
     try:
         import torch  # noqa: F401

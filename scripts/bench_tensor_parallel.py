@@ -4,22 +4,16 @@ model (10 layers, width 2048, input 2048, 10 classes) with a global batch of 256
 step time of --tp 2 against plain data parallelism (--dp 2) at the same global batch, interleaved
 over --rounds rounds (medians), and the parameter memory per rank against one process.
 Writes results/tensor_parallel.json."""
-import argparse
-import os
 import statistics
 
-from benchlib import ROOT, train, write_result
+from benchlib import arguments, train, write_result
 
 MODEL = ["--dataset", "mixture", "--layers", "10", "--hidden", "2048", "--input-dim", "2048",
          "--output-dim", "10", "--global-batch", "256"]
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=8)
-    parser.add_argument("--output", default=os.path.join(ROOT, "results", "tensor_parallel.json"))
-    args = parser.parse_args()
+    args = arguments(__doc__, rounds=3, steps=8, result_file="tensor_parallel.json").parse_args()
     samples = {"dp": [], "tp": []}
     summaries = {}
     for round_index in range(args.rounds):

@@ -8,11 +8,9 @@
     memory (params + grads + optimizer) per stage, and the unit buffers in flight (comm_buffers).
 
 Writes results/zero.json."""
-import argparse
-import os
 import statistics
 
-from benchlib import ROOT, train as train_run, write_result
+from benchlib import arguments, train as train_run, write_result
 
 MODEL = ["--dataset", "mixture", "--layers", "10", "--hidden", "1024", "--input-dim", "1024",
          "--output-dim", "10"]
@@ -24,11 +22,7 @@ def train(ranks, stage, steps):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=12)
-    parser.add_argument("--output", default=os.path.join(ROOT, "results", "zero.json"))
-    args = parser.parse_args()
+    args = arguments(__doc__, rounds=3, steps=12, result_file="zero.json").parse_args()
 
     times = {stage: [] for stage in range(4)}
     for round_index in range(args.rounds):

@@ -13,6 +13,17 @@ BUILD = os.path.join(ROOT, "build")
 ENVIRONMENT = dict(os.environ, OPENBLAS_NUM_THREADS="1")
 
 
+def arguments(description, rounds, steps, result_file):
+    """The options every benchmark takes; callers may add their own before parsing."""
+    import argparse
+    parser = argparse.ArgumentParser(description=description,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=rounds)
+    parser.add_argument("--steps", type=int, default=steps)
+    parser.add_argument("--output", default=os.path.join(ROOT, "results", result_file))
+    return parser
+
+
 def train(ranks, arguments, name, warm_up_steps=2):
     """Runs mlptrain at `ranks` ranks; returns (median step_ms after the warm-up steps, or None
     when there are none, and the final summary record)."""

@@ -25,10 +25,9 @@ std::string layer_path(int layer, int layer_count) {
   return "layers/" + digits;
 }
 
-std::int64_t multiply_adds_per_sample(const std::vector<LayerSpec>& specs, int first, int last) {
+std::int64_t parameter_count(const std::vector<LayerSpec>& specs) {
   std::int64_t total = 0;
-  for (int index = first; index < last; ++index)
-    total += specs[index].in_features * specs[index].out_features;
+  for (const LayerSpec& spec : specs) total += (spec.in_features + 1) * spec.out_features;
   return total;
 }
 

@@ -21,7 +21,7 @@ std::vector<LayerSpec> dense_layer_specs(int layers, std::int64_t input_dim, std
 // "layers/03": a layer's path under /model in checkpoints, zero-padded to at least two digits.
 std::string layer_path(int layer, int layer_count);
 
-// Multiply-adds of one sample through the layers [first, last).
-std::int64_t multiply_adds_per_sample(const std::vector<LayerSpec>& specs, int first, int last);
+// Parameters of the whole model (weights and biases), however a layout splits them.
+std::int64_t parameter_count(const std::vector<LayerSpec>& specs);
 
 }  // namespace mlptrain

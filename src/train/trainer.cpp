@@ -159,8 +159,7 @@ void Trainer::allocate_or_explain(Allocate&& allocate) {
     try {
       allocate();
     } catch (const std::bad_alloc&) {
-      std::size_t count = 0;
-      for (const LayerSpec& spec : specs_) count += spec.in_features * spec.out_features + spec.out_features;
+      const std::int64_t count = parameter_count(specs_);
       throw RuntimeFailure(fmt::format(
           "out of memory: the model's {} parameters need up to {:.1f} GiB per rank for values, "
           "gradients and AdamW state (--hidden, --layers, --zero)",
@@ -175,18 +174,16 @@ std::string Trainer::describe_run() const {
   for (const LayerSpec& spec : specs_) widths += "->" + std::to_string(spec.out_features);
   std::string strategies;
   for (std::string_view name : strategies_->names()) strategies += " " + std::string(name);
-  return fmt::format(
+  std::string text = fmt::format(
       "mlptrain: {} rank(s), dp={} tp={} pp={} ep={} zero={}, strategies:{}\n"
       "model: {} layers {} ({} parameters), {} data ({} train samples), global batch {} in {} "
       "micro-batch(es), {} steps",
       shape.world, shape.dp, shape.tp, shape.pp, shape.ep, config_.zero,
-      strategies.empty() ? " none" : strategies, specs_.size(), widths, parameters_->size(),
+      strategies.empty() ? " none" : strategies, specs_.size(), widths, parameter_count(specs_),
       dataset_->info().name, dataset_->info().train_size, config_.global_batch,
-      config_.micro_batches, config_.steps) + [&] {
-        std::string notes;
-        for (const std::string& note : strategies_->notes()) notes += "\n" + note;
-        return notes;
-      }();
+      config_.micro_batches, config_.steps);
+  for (const std::string& note : strategies_->notes()) text += "\n" + note;
+  return text;
 }
 
 PlacementPrediction Trainer::predict() const {

@@ -123,7 +123,7 @@ TEST(ModelSpec, LayerShapesAndPaths) {
   EXPECT_FALSE(specs[3].gelu);
   EXPECT_EQ(layer_path(3, 4), "layers/03");
   EXPECT_EQ(layer_path(7, 120), "layers/007");
-  EXPECT_EQ(multiply_adds_per_sample(specs, 0, 4), 7 * 16 + 16 * 16 * 2 + 16 * 3);
+  EXPECT_EQ(parameter_count(specs), 7 * 16 + 16 + 2 * (16 * 16 + 16) + 16 * 3 + 3);
 }
 
 TEST(ParameterStore, FlatLayoutAndInitBounds) {
