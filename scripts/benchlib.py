@@ -24,11 +24,12 @@ def arguments(description, rounds, steps, result_file):
     return parser
 
 
-def train(ranks, arguments, name, warm_up_steps=2):
-    """Runs mlptrain at `ranks` ranks; returns (median step_ms after the warm-up steps, or None
-    when there are none, and the final summary record)."""
+def train(ranks, arguments, name, warm_up_steps=2, bind_to_cores=False):
+    """Runs mlptrain at `ranks` ranks (each pinned to a core if asked); returns (median step_ms
+    after the warm-up steps, or None when there are none, and the final summary record)."""
     metrics = os.path.join(BUILD, f"bench-{name}.jsonl")
-    subprocess.run(["mpiexec.mpich", "-n", str(ranks), os.path.join(BUILD, "mlptrain")] +
+    binding = ["-bind-to", "core"] if bind_to_cores else []
+    subprocess.run(["mpiexec.mpich"] + binding + ["-n", str(ranks), os.path.join(BUILD, "mlptrain")] +
                    [str(a) for a in arguments] + ["--log-every", "0", "--metrics", metrics],
                    check=True, capture_output=True, env=ENVIRONMENT)
     with open(metrics) as handle:

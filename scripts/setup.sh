@@ -9,7 +9,7 @@ packages=(
   mpich libmpich-dev libhdf5-mpich-dev hdf5-tools
   libboost-program-options-dev libopenblas-dev libgtest-dev
   nlohmann-json3-dev libfmt-dev zlib1g-dev
-  python3 python3-numpy python3-h5py
+  python3 python3-numpy python3-h5py python3-matplotlib
 )
 missing=()
 for package in "${packages[@]}"; do

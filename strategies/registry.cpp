@@ -7,12 +7,14 @@ namespace mlptrain {
 extern const StrategyRegistration data_parallel_registration;
 extern const StrategyRegistration zero_registration;
 extern const StrategyRegistration tensor_parallel_registration;
+extern const StrategyRegistration pipeline_registration;
 
 std::span<const StrategyRegistration> strategy_registry() {
   static const StrategyRegistration registry[] = {
       data_parallel_registration,
       zero_registration,
       tensor_parallel_registration,
+      pipeline_registration,
   };
   return registry;
 }

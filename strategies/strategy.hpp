@@ -22,6 +22,7 @@
 #include "model/model_spec.hpp"
 #include "model/parameter_store.hpp"
 #include "model/state_runs.hpp"
+#include "strategies/schedule.hpp"
 
 namespace mlptrain {
 
@@ -58,6 +59,17 @@ struct LayerEvent {
   bool last_micro_batch() const { return micro_batch == micro_batches - 1; }
 };
 
+// A pipeline boundary: one micro-batch's tensor ([rows, features], this rank's local slice)
+// leaving for or arriving from a neighbouring stage, as a send or receive action names it. The
+// loop owns the memory and keeps it alive until the transfer is done.
+struct TransferEvent {
+  ActionKind kind = ActionKind::send_activations;
+  int micro_batch = 0;
+  bool training = true;
+  float* data = nullptr;
+  std::size_t floats = 0;
+};
+
 struct StepEvent {
   std::int64_t step = 0;  // 0-based index of the optimizer step being taken
 };
@@ -92,6 +104,14 @@ class Strategy {
   virtual void synchronize_gradients(const StepEvent&) {}
   virtual void after_optimizer_step(const StepEvent&) {}
 
+  // The strategy that splits the model into stages orders a step's work (else one micro-batch's
+  // forward and backward after the other) and moves data across its boundaries: the transfer
+  // starts now, and the loop waits for the request before it touches the memory.
+  virtual std::optional<std::vector<Action>> schedule(int /*micro_batches*/, bool /*training*/) const {
+    return std::nullopt;
+  }
+  virtual std::optional<Request> start_transfer(const TransferEvent&) { return std::nullopt; }
+
   virtual void predict(PlacementPrediction&) const {}
   // Where the rank's state lives when the strategy shards it (else the store's runs are used).
   virtual std::optional<StatePlacement> state_placement() const { return std::nullopt; }
@@ -100,13 +120,16 @@ class Strategy {
 };
 
 // A strategy's entry in the registry: when it takes part, how it wants parameter memory laid out
-// (optional: called before the parameter store exists), and how to make it.
+// and which layers this rank runs (both optional, and called before the parameter store
+// exists), and how to make it.
 struct StrategyRegistration {
   std::string_view name;
   bool (*wanted)(const Config& config, const GridShape& shape);
   std::unique_ptr<Strategy> (*create)(const StrategyContext& context);
   void (*plan)(const Config& config, const GridShape& shape, const GridCoordinates& place,
                ParameterPlan& plan) = nullptr;
+  LayerRange (*layers)(const std::vector<LayerSpec>& model, const GridShape& shape,
+                       const GridCoordinates& place) = nullptr;
 };
 
 // Every strategy, in the order their hooks run.

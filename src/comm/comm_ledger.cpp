@@ -33,9 +33,19 @@ void CommLedger::record_posted(CommOp op, std::string_view group, std::int64_t b
   });
 }
 
-void CommLedger::record_completed(CommOp op, std::string_view group, double ms) {
+void CommLedger::record_completed(CommOp op, std::string_view group, std::int64_t bytes,
+                                  double start_ms, double end_ms) {
   const int index = static_cast<int>(op);
-  update(group, [&](CommTotals& totals) { totals.milliseconds[index] += ms; });
+  update(group, [&](CommTotals& totals) { totals.milliseconds[index] += end_ms - start_ms; });
+  if (trace_ != nullptr) {
+    const bool point_to_point = op == CommOp::send || op == CommOp::recv;
+    trace_->record({.name = std::string(comm_op_name(op)),
+                    .track = point_to_point ? TraceTrack::transfers : TraceTrack::collectives,
+                    .start_ms = start_ms,
+                    .end_ms = end_ms,
+                    .bytes = bytes,
+                    .group = std::string(group)});
+  }
 }
 
 }  // namespace mlptrain

@@ -9,6 +9,8 @@
 #include <string>
 #include <string_view>
 
+#include "core/trace.hpp"
+
 namespace mlptrain {
 
 enum class CommOp : int { all_reduce, reduce_scatter, all_gather, all_to_all, broadcast, send, recv };
@@ -35,7 +37,11 @@ struct CommTotals {
 class CommLedger {
  public:
   void record_posted(CommOp op, std::string_view group, std::int64_t bytes);
-  void record_completed(CommOp op, std::string_view group, double ms);
+  // An operation posted at start_ms (with `bytes` recorded then) is complete at end_ms.
+  void record_completed(CommOp op, std::string_view group, std::int64_t bytes, double start_ms,
+                        double end_ms);
+  // Completed operations also go to `trace` as spans (null: no trace).
+  void set_trace(TraceRecorder* trace) { trace_ = trace; }
 
   // The step window: totals since the last begin_step().
   void begin_step() { step_ = {}; }
@@ -48,6 +54,7 @@ class CommLedger {
   template <typename Update>
   void update(std::string_view group, Update&& change);
 
+  TraceRecorder* trace_ = nullptr;
   CommTotals step_;
   CommTotals run_;
   std::map<std::string, CommTotals, std::less<>> by_group_;

@@ -40,9 +40,9 @@ std::int64_t Operation::ledger_bytes(int group_size) const {
 }
 
 Request::Request(std::unique_ptr<PendingOperation> pending, CommLedger* ledger, std::string group,
-                 CommOp op, double start_ms)
+                 CommOp op, std::int64_t bytes, double start_ms)
     : pending_(std::move(pending)), ledger_(ledger), group_(std::move(group)), op_(op),
-      start_ms_(start_ms) {}
+      bytes_(bytes), start_ms_(start_ms) {}
 
 Request& Request::operator=(Request&& other) noexcept {
   if (this != &other) {
@@ -51,6 +51,7 @@ Request& Request::operator=(Request&& other) noexcept {
     ledger_ = other.ledger_;
     group_ = std::move(other.group_);
     op_ = other.op_;
+    bytes_ = other.bytes_;
     start_ms_ = other.start_ms_;
   }
   return *this;
@@ -76,21 +77,23 @@ void Request::wait() {
 
 void Request::finish() {
   pending_.reset();
-  if (ledger_ != nullptr) ledger_->record_completed(op_, group_, now_ms() - start_ms_);
+  if (ledger_ != nullptr) ledger_->record_completed(op_, group_, bytes_, start_ms_, now_ms());
 }
 
 void Communicator::run(const Operation& operation) {
   const double start_ms = now_ms();
-  ledger_.record_posted(operation.op, group_, operation.ledger_bytes(size()));
+  const std::int64_t bytes = operation.ledger_bytes(size());
+  ledger_.record_posted(operation.op, group_, bytes);
   run_backend(operation);
-  ledger_.record_completed(operation.op, group_, now_ms() - start_ms);
+  ledger_.record_completed(operation.op, group_, bytes, start_ms, now_ms());
 }
 
 Request Communicator::start(const Operation& operation) {
   const double start_ms = now_ms();
-  ledger_.record_posted(operation.op, group_, operation.ledger_bytes(size()));
+  const std::int64_t bytes = operation.ledger_bytes(size());
+  ledger_.record_posted(operation.op, group_, bytes);
   auto pending = start_backend(operation);
-  return Request(std::move(pending), &ledger_, group_, operation.op, start_ms);
+  return Request(std::move(pending), &ledger_, group_, operation.op, bytes, start_ms);
 }
 
 }  // namespace mlptrain

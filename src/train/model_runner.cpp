@@ -89,13 +89,19 @@ void ModelRunner::backward(MicroBatchActivations& activations, int micro_batch,
   Buffer workspace[3];
   for (Buffer& buffer : workspace)
     buffer = allocator_.allocate_floats(MemoryState::workspace, static_cast<std::size_t>(rows * widest));
-  const float* grad_output = activations.loss_grad.floats();
+  const float* grad_output =
+      computes_loss() ? activations.loss_grad.floats() : activations.output_grad.floats();
+  if (!reads_inputs())
+    activations.input_grad = allocator_.allocate_floats(MemoryState::comm_buffers,
+                                                        static_cast<std::size_t>(rows * input_width()));
   int outgoing = 0;
   for (std::size_t local = layers_.size(); local-- > 0;) {
     const LinearLayer& layer = layers_[local];
     const int global_layer = first_layer_ + static_cast<int>(local);
     const float* input = local == 0 ? activations.input.floats() : layer_output(activations, local - 1);
-    float* grad_input = global_layer == 0 ? nullptr : workspace[outgoing].floats();
+    float* grad_input = global_layer == 0 ? nullptr
+                        : local == 0        ? activations.input_grad.floats()
+                                            : workspace[outgoing].floats();
     LinearLayer view = layer;
     LayerEvent event{.layer = global_layer,
                      .micro_batch = micro_batch,
@@ -115,20 +121,23 @@ void ModelRunner::backward(MicroBatchActivations& activations, int micro_batch,
     grad_output = grad_input;
     outgoing ^= 1;
   }
+  Buffer input_grad = std::move(activations.input_grad);
   activations = MicroBatchActivations{};
+  activations.input_grad = std::move(input_grad);
+}
+
+std::int64_t ModelRunner::prepared_bytes(std::int64_t rows, LossKind loss_kind) const {
+  std::int64_t bytes = rows * input_width() * 4;
+  if (computes_loss()) bytes += loss_kind == LossKind::mse ? rows * output_width() * 4 : rows * 4;
+  return bytes;
 }
 
 std::int64_t ModelRunner::activation_bytes(std::int64_t rows, LossKind loss_kind) const {
-  std::int64_t floats = rows * layers_.front().spec.in_features;
+  std::int64_t floats = 0;
   for (const LinearLayer& layer : layers_)
     floats += rows * layer.spec.out_features * (layer.spec.gelu ? 2 : 1);
-  std::int64_t bytes = floats * 4;
-  if (computes_loss()) {
-    const std::int64_t outputs = layers_.back().spec.out_features;
-    bytes += rows * outputs * 4;  // loss gradient
-    bytes += loss_kind == LossKind::mse ? rows * outputs * 4 : rows * 4;
-  }
-  return bytes;
+  if (computes_loss()) floats += rows * output_width();  // the loss gradient
+  return prepared_bytes(rows, loss_kind) + floats * 4;
 }
 
 }  // namespace mlptrain

@@ -252,10 +252,11 @@ void validate_options(Config& c, int world_size) {
                       "not divisible by dp {}", c.global_batch / c.micro_batches, c.global_batch,
                       c.micro_batches, c.dp));
   require(c.save_every == 0 || !c.checkpoint_dir.empty(), "--save-every needs --checkpoint-dir");
+  require(c.layers >= c.pp, fmt::format("--pp {} needs at least one layer per stage (got --layers {})",
+                                        c.pp, c.layers));
   require(c.hidden % c.tp == 0,
           fmt::format("--hidden {} is not divisible by --tp {}", c.hidden, c.tp));
 
-  not_built(c.pp > 1, "pipeline parallelism (--pp > 1)");
   not_built(c.tp > 1 && c.zero == 3, "ZeRO stage 3 with tensor parallelism (--zero 3 --tp > 1)");
   not_built(c.ep > 1, "expert parallelism (--ep > 1)");
   not_built(c.moe_every > 0, "MoE layers (--moe-every > 0)");
@@ -263,7 +264,6 @@ void validate_options(Config& c, int world_size) {
   not_built(c.offload, "optimizer offload (--offload)");
   not_built(c.device == "cuda", "the CUDA device (--device cuda)");
   not_built(c.comm == "nccl", "NCCL communication (--comm nccl)");
-  not_built(!c.trace_path.empty(), "tracing (--trace)");
 }
 
 std::string to_ini(const Config& config) {

@@ -1,6 +1,10 @@
 // Builds the active strategies from the registry (see strategy_stack.hpp).
 #include "train/strategy_stack.hpp"
 
+#include <fmt/format.h>
+
+#include <stdexcept>
+
 namespace mlptrain {
 
 StrategyStack::StrategyStack(const StrategyContext& context) {
@@ -15,6 +19,26 @@ ParameterPlan StrategyStack::plan(const Config& config, const GridShape& shape,
   for (const StrategyRegistration& entry : strategy_registry())
     if (entry.plan != nullptr && entry.wanted(config, shape)) entry.plan(config, shape, place, plan);
   return plan;
+}
+
+LayerRange StrategyStack::layers(const Config& config, const std::vector<LayerSpec>& model,
+                                 const GridShape& shape, const GridCoordinates& place) {
+  for (const StrategyRegistration& entry : strategy_registry())
+    if (entry.layers != nullptr && entry.wanted(config, shape)) return entry.layers(model, shape, place);
+  return {0, static_cast<int>(model.size())};
+}
+
+std::vector<Action> StrategyStack::schedule(int micro_batches, bool training) const {
+  for (const auto& strategy : strategies_)
+    if (auto actions = strategy->schedule(micro_batches, training)) return std::move(*actions);
+  return training ? sequential_schedule(micro_batches) : forward_only_schedule(micro_batches);
+}
+
+Request StrategyStack::start_transfer(const TransferEvent& event) {
+  for (const auto& strategy : strategies_)
+    if (auto request = strategy->start_transfer(event)) return std::move(*request);
+  throw std::logic_error(fmt::format("no strategy moves {} across a stage boundary",
+                                     action_name(event.kind)));
 }
 
 std::optional<StatePlacement> StrategyStack::state_placement() const {

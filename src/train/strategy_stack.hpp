@@ -36,6 +36,10 @@ class StrategyStack {
   void after_optimizer_step(const StepEvent& event) {
     each([&](Strategy& s) { s.after_optimizer_step(event); });
   }
+  // The step's actions: the first strategy's that orders them, else the sequential ones.
+  std::vector<Action> schedule(int micro_batches, bool training) const;
+  // Starts a boundary transfer through the strategy that handles it.
+  Request start_transfer(const TransferEvent& event);
   void predict(PlacementPrediction& prediction) const {
     for (const auto& strategy : strategies_) strategy->predict(prediction);
   }
@@ -46,6 +50,9 @@ class StrategyStack {
   // The parameter layout the wanted strategies ask for (before any exists).
   static ParameterPlan plan(const Config& config, const GridShape& shape,
                             const GridCoordinates& place);
+  // The layers this rank runs: the first wanted strategy's choice, else the whole model.
+  static LayerRange layers(const Config& config, const std::vector<LayerSpec>& model,
+                           const GridShape& shape, const GridCoordinates& place);
 
  private:
   template <typename Call>

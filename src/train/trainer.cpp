@@ -20,16 +20,12 @@
 #include "train/optimizer.hpp"
 #include "train/options.hpp"
 #include "train/report.hpp"
-#include "train/schedule.hpp"
+#include "train/schedule_executor.hpp"
+#include "train/trace_file.hpp"
 
 namespace mlptrain {
 
 namespace {
-
-struct LossTotals {
-  double loss_sum = 0;
-  double correct = 0;
-};
 
 class Trainer {
  public:
@@ -53,6 +49,9 @@ class Trainer {
   void evaluate(StepRecord& record);
   void save(std::int64_t step);
   void note_peaks();
+  // Records a span of this rank's work in the trace, if there is one.
+  void trace_span(const char* name, double start_ms);
+  void write_trace_file();
   // Sums values over the world (each counted where owned), skipped in one process.
   void world_sum(double* values, std::size_t count);
   PlacementPrediction predict() const;
@@ -81,6 +80,9 @@ class Trainer {
   std::unique_ptr<AdamW> optimizer_;
   std::unique_ptr<SampleOrder> order_;
   std::unique_ptr<Reporter> reporter_;
+  std::unique_ptr<TraceRecorder> trace_;
+  double trace_origin_ms_ = 0;
+  std::unique_ptr<ScheduleExecutor> executor_;
   BatchLayout batch_;
   std::vector<Action> schedule_;
   MemoryByState run_peak_{};
@@ -111,8 +113,9 @@ Trainer::Trainer(const Config& config, MPI_Comm world_comm, const CommSettings& 
   const DatasetInfo& data = dataset_->info();
   loss_kind_ = data.kind == TargetKind::classification ? LossKind::cross_entropy : LossKind::mse;
   specs_ = dense_layer_specs(config.layers, data.input_dim, config.hidden, data.output_dim);
-  first_layer_ = 0;
-  last_layer_ = config.layers;
+  const LayerRange layers = StrategyStack::layers(config, specs_, shape, groups_->place());
+  first_layer_ = layers.first;
+  last_layer_ = layers.last;
 
   const ParameterPlan plan = StrategyStack::plan(config, shape, groups_->place());
   allocate_or_explain([&] {
@@ -143,13 +146,22 @@ Trainer::Trainer(const Config& config, MPI_Comm world_comm, const CommSettings& 
   batch_ = {.global_batch = config.global_batch,
             .micro_batches = config.micro_batches,
             .data_parallel = config.dp};
-  schedule_ = sequential_schedule(config.micro_batches);
+  schedule_ = strategies_->schedule(config.micro_batches, true);
   agree_or_throw(world, [&] {
     if (!config.checkpoint_dir.empty() && rank_zero && !config.predict)
       prepare_checkpoint_directory(config.checkpoint_dir);
+    if (!config.trace_path.empty() && rank_zero && !config.predict)
+      check_trace_path(config.trace_path);
     reporter_ = std::make_unique<Reporter>(rank_zero, config.predict ? "" : config.metrics_path,
                                            config.log_every, config.steps);
   });
+  if (!config.trace_path.empty() && !config.predict) {
+    trace_ = std::make_unique<TraceRecorder>();
+    comm_ledger_.set_trace(trace_.get());
+    world.barrier();  // the ranks' common time origin
+    trace_origin_ms_ = now_ms();
+  }
+  executor_ = std::make_unique<ScheduleExecutor>(*runner_, *strategies_, allocator_, trace_.get());
   note_peaks();
 }
 
@@ -188,13 +200,15 @@ std::string Trainer::describe_run() const {
 
 PlacementPrediction Trainer::predict() const {
   PlacementPrediction prediction;
-  // What the store holds, the moments of what this rank updates, one micro-batch's activations;
-  // strategies add what they hold themselves.
+  // What the store holds, the moments of what this rank updates, the activations of the
+  // micro-batches the schedule keeps alive at once; strategies add what they hold themselves.
   const auto store_bytes = static_cast<std::int64_t>(parameters_->size() * sizeof(float));
+  const std::int64_t rows = batch_.local_size();
   prediction.bytes = {parameters_->values() ? store_bytes : 0,
                       parameters_->grads() ? store_bytes : 0,
                       static_cast<std::int64_t>(8 * placement_.moment_count),
-                      runner_->activation_bytes(batch_.local_size(), loss_kind_)};
+                      peak_activation_bytes(schedule_, runner_->prepared_bytes(rows, loss_kind_),
+                                            runner_->activation_bytes(rows, loss_kind_))};
   // The step's world sum: loss, correct predictions, squared gradient norm, read failures.
   if (groups_->shape().world > 1) prediction.comm(CommOp::all_reduce) += 4 * sizeof(double);
   strategies_->predict(prediction);
@@ -216,8 +230,13 @@ void Trainer::world_sum(double* values, std::size_t count) {
   if (groups_->shape().world > 1) groups_->world().all_reduce(values, count);
 }
 
+void Trainer::trace_span(const char* name, double start_ms) {
+  if (trace_) trace_->record({.name = name, .start_ms = start_ms, .end_ms = now_ms()});
+}
+
 void Trainer::read_samples(Split split, const std::vector<std::int64_t>& indices,
                            MicroBatchActivations& activations) {
+  if (!runner_->reads_inputs() && !runner_->computes_loss()) return;
   try {
     dataset_->read(split, indices, first_layer_ == 0 ? activations.input.floats() : nullptr,
                    activations.targets.floats(), activations.labels.as<std::int32_t>());
@@ -240,26 +259,25 @@ StepRecord Trainer::train_step(std::int64_t step) {
   const double start_ms = now_ms();
   comm_ledger_.begin_step();
   memory_.reset_peaks();
+  if (trace_) trace_->set_step(step);
   const StepEvent event{.step = step};
   strategies_->before_step(event);
 
-  std::vector<MicroBatchActivations> in_flight(static_cast<std::size_t>(config_.micro_batches));
-  LossTotals local;
-  for (const Action& action : schedule_) {
-    MicroBatchActivations& activations = in_flight[static_cast<std::size_t>(action.micro_batch)];
-    if (action.kind == ActionKind::forward) {
-      activations = runner_->prepare(batch_.local_size(), loss_kind_);
-      const std::int64_t first = batch_.first_position(step, action.micro_batch, groups_->place().dp);
-      read_samples(Split::train, order_->samples(first, activations.rows), activations);
-      const LossSums sums = runner_->forward(activations, action.micro_batch, config_.micro_batches,
-                                             true, loss_kind_, config_.global_batch);
-      local.loss_sum += sums.loss_sum;
-      local.correct += static_cast<double>(sums.correct);
-    } else {
-      runner_->backward(activations, action.micro_batch, config_.micro_batches);
-    }
-  }
+  const LossTotals local = executor_->run(
+      schedule_,
+      {.training = true,
+       .micro_batches = config_.micro_batches,
+       .loss_kind = loss_kind_,
+       .loss_samples = config_.global_batch,
+       .rows = [&](int) { return batch_.local_size(); },
+       .read = [&](int micro_batch, MicroBatchActivations& activations) {
+         const std::int64_t first = batch_.first_position(step, micro_batch, groups_->place().dp);
+         read_samples(Split::train, order_->samples(first, activations.rows), activations);
+       }});
+  const double synchronize_start_ms = now_ms();
   strategies_->synchronize_gradients(event);
+  trace_span("synchronize_gradients", synchronize_start_ms);
+  const double optimizer_start_ms = now_ms();
 
   double totals[4] = {counts_loss() ? local.loss_sum : 0.0, counts_loss() ? local.correct : 0.0,
                       0.0, read_problem_ ? 1.0 : 0.0};
@@ -279,6 +297,7 @@ StepRecord Trainer::train_step(std::int64_t step) {
     stop_on_read_problem(totals[3]);
   }
   strategies_->after_optimizer_step(event);
+  trace_span("optimizer", optimizer_start_ms);
 
   StepRecord record;
   record.step = step + 1;
@@ -295,21 +314,29 @@ StepRecord Trainer::train_step(std::int64_t step) {
 }
 
 void Trainer::evaluate(StepRecord& record) {
+  const double start_ms = now_ms();
   const std::int64_t test_size = dataset_->info().test_size;
   const std::int64_t chunk = batch_.micro_batch_size();
   const int dp = groups_->shape().dp, dp_rank = groups_->place().dp;
-  LossTotals local;
-  for (std::int64_t first = 0; first < test_size; first += chunk) {
-    const std::int64_t count = std::min(chunk, test_size - first);
-    const std::int64_t begin = first + count * dp_rank / dp, end = first + count * (dp_rank + 1) / dp;
-    MicroBatchActivations activations = runner_->prepare(end - begin, loss_kind_);
-    std::vector<std::int64_t> indices(static_cast<std::size_t>(end - begin));
-    std::iota(indices.begin(), indices.end(), begin);
-    read_samples(Split::test, indices, activations);
-    const LossSums sums = runner_->forward(activations, 0, 1, false, loss_kind_, test_size);
-    local.loss_sum += sums.loss_sum;
-    local.correct += static_cast<double>(sums.correct);
-  }
+  // The test split in micro-batch sized chunks, each spread over the data-parallel ranks.
+  const auto slice = [&](int index) {
+    const std::int64_t first = index * chunk, count = std::min(chunk, test_size - first);
+    return std::pair{first + count * dp_rank / dp, first + count * (dp_rank + 1) / dp};
+  };
+  const auto chunks = static_cast<int>((test_size + chunk - 1) / chunk);
+  const LossTotals local = executor_->run(
+      strategies_->schedule(chunks, false),
+      {.training = false,
+       .micro_batches = chunks,
+       .loss_kind = loss_kind_,
+       .loss_samples = test_size,
+       .rows = [&](int index) { return slice(index).second - slice(index).first; },
+       .read = [&](int index, MicroBatchActivations& activations) {
+         std::vector<std::int64_t> indices(static_cast<std::size_t>(activations.rows));
+         std::iota(indices.begin(), indices.end(), slice(index).first);
+         read_samples(Split::test, indices, activations);
+       }});
+  trace_span("evaluate", start_ms);
   double totals[3] = {counts_loss() ? local.loss_sum : 0.0, counts_loss() ? local.correct : 0.0,
                       read_problem_ ? 1.0 : 0.0};
   world_sum(totals, 3);
@@ -385,6 +412,21 @@ void Trainer::train() {
     summary.peak_memory_by_rank.push_back(peaks);
   }
   if (!summary.steps.empty()) reporter_->summary(summary);
+  write_trace_file();
+}
+
+void Trainer::write_trace_file() {
+  if (!trace_) return;
+  const GridShape& shape = groups_->shape();
+  const nlohmann::json run = {{"world", shape.world}, {"dp", shape.dp}, {"tp", shape.tp},
+                              {"pp", shape.pp}, {"ep", shape.ep}, {"zero", config_.zero},
+                              {"schedule", shape.pp > 1 ? config_.schedule : "sequential"},
+                              {"micro_batches", config_.micro_batches},
+                              {"global_batch", config_.global_batch}, {"layers", config_.layers}};
+  agree_or_throw(groups_->world(), [&] {
+    write_trace(config_.trace_path, *trace_, trace_origin_ms_, mpi_world_, groups_->place(), run);
+  });
+  reporter_->line("wrote trace " + config_.trace_path);
 }
 
 }  // namespace

@@ -1,4 +1,4 @@
-// Train room: options, schedules of the learning rate, clipping, the step schedule.
+// Train room: options, schedules of the learning rate, clipping.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -8,7 +8,6 @@
 #include "core/error.hpp"
 #include "train/optimizer.hpp"
 #include "train/options.hpp"
-#include "train/schedule.hpp"
 
 using namespace mlptrain;
 
@@ -111,12 +110,22 @@ TEST(Options, MalformedIniIsAUsageError) {
 
 TEST(Options, FeaturesNotBuiltAreRefusedByName) {
   for (const auto& arguments : std::vector<std::vector<std::string>>{
-           {"--pp", "2"}, {"--moe-every", "2"}, {"--device", "cuda"},
-           {"--comm", "nccl"}, {"--recompute"}, {"--trace", "t.json"}}) {
+           {"--moe-every", "2"}, {"--device", "cuda"}, {"--comm", "nccl"}, {"--recompute"}}) {
     const std::string message = usage_error(arguments, 2);
     EXPECT_NE(message.find("not built yet"), std::string::npos) << arguments[0] << ": " << message;
   }
   EXPECT_NE(usage_error({"--zero", "4"}).find("--zero must be"), std::string::npos);
+}
+
+TEST(Options, PipelineNeedsALayerPerStageAndAKnownSchedule) {
+  EXPECT_EQ(parsed({"--pp", "2", "--layers", "2"}, 2).pp, 2);
+  EXPECT_NE(usage_error({"--pp", "4", "--layers", "3"}, 4).find("--pp 4 needs at least one layer per stage"),
+            std::string::npos);
+  EXPECT_NE(usage_error({"--pp", "2", "--schedule", "zigzag"}, 2).find("unknown value 'zigzag'"),
+            std::string::npos);
+  EXPECT_EQ(parsed({"--pp", "2", "--global-batch", "8", "--micro-batches", "4"}, 4).dp, 2);
+  EXPECT_NE(usage_error({"--pp", "2", "--global-batch", "8", "--micro-batches", "8"}, 4).find("dp 2"),
+            std::string::npos);
 }
 
 TEST(LearningRate, WarmupThenConstantOrCosine) {
@@ -166,8 +175,3 @@ TEST(AdamW, TwoStepsByHand) {
   EXPECT_NEAR(store.values()[0], 0.899 * 0.999 - 0.1 * m_hat / (std::sqrt(v_hat) + 1e-8), 1e-6);
 }
 
-TEST(Schedule, SequentialRunsEachMicroBatchForwardThenBackward) {
-  EXPECT_EQ(sequential_schedule(2),
-            (std::vector<Action>{{ActionKind::forward, 0}, {ActionKind::backward, 0},
-                                 {ActionKind::forward, 1}, {ActionKind::backward, 1}}));
-}

@@ -1,0 +1,53 @@
+// A rank's timeline for a Chrome trace (--trace): spans of computation, transfers and collectives,
+// each with the step and micro-batch it belongs to. Recording appends to a vector that stops
+// growing at its capacity (so a long run cannot exhaust memory through its trace); the trainer
+// writes the spans of every rank into one file at the end (train/trace_file.hpp).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace mlptrain {
+
+// The rows of a rank in the trace viewer: spans on one row never overlap unless nested.
+enum class TraceTrack : int { compute = 0, transfers = 1, collectives = 2 };
+
+struct TraceSpan {
+  std::string name;  // "forward", "backward", "optimizer", or an operation's name
+  TraceTrack track = TraceTrack::compute;
+  double start_ms = 0;  // on the clock of core/timer.hpp
+  double end_ms = 0;
+  std::int64_t step = -1;  // the optimizer step (0-based) it belongs to; -1: the recorder's
+  int micro_batch = -1;
+  std::int64_t bytes = 0;
+  std::string group;  // process group of a transfer or collective
+};
+
+class TraceRecorder {
+ public:
+  explicit TraceRecorder(std::size_t capacity = 1'000'000) : capacity_(capacity) {}
+
+  // Spans recorded from now on without a step of their own belong to `step`.
+  void set_step(std::int64_t step) { step_ = step; }
+  void record(TraceSpan span) {
+    if (spans_.size() >= capacity_) {
+      ++dropped_;
+      return;
+    }
+    if (span.step < 0) span.step = step_;
+    spans_.push_back(std::move(span));
+  }
+
+  const std::vector<TraceSpan>& spans() const { return spans_; }
+  std::size_t dropped() const { return dropped_; }
+
+ private:
+  std::size_t capacity_;
+  std::vector<TraceSpan> spans_;
+  std::size_t dropped_ = 0;
+  std::int64_t step_ = -1;
+};
+
+}  // namespace mlptrain

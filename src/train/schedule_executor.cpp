@@ -1,0 +1,123 @@
+// Executing a rank's actions (see schedule_executor.hpp).
+#include "train/schedule_executor.hpp"
+
+#include <algorithm>
+
+#include "core/timer.hpp"
+
+namespace mlptrain {
+
+MicroBatchActivations& ScheduleExecutor::prepared(int micro_batch, const ScheduleWork& work) {
+  const auto index = static_cast<std::size_t>(micro_batch);
+  if (!prepared_[index]) {
+    micro_batches_[index] = runner_.prepare(work.rows(micro_batch), work.loss_kind);
+    prepared_[index] = true;
+  }
+  return micro_batches_[index];
+}
+
+void ScheduleExecutor::start(ActionKind kind, int micro_batch, bool training, float* data,
+                             std::int64_t floats) {
+  pending_.push_back({kind, micro_batch,
+                      strategies_.start_transfer({.kind = kind,
+                                                  .micro_batch = micro_batch,
+                                                  .training = training,
+                                                  .data = data,
+                                                  .floats = static_cast<std::size_t>(floats)})});
+}
+
+void ScheduleExecutor::release(const Transfer& transfer) {
+  if (transfer.kind == ActionKind::send_gradients)
+    micro_batches_[static_cast<std::size_t>(transfer.micro_batch)].input_grad = Buffer{};
+}
+
+void ScheduleExecutor::finish(ActionKind kind, int micro_batch) {
+  const auto found = std::find_if(pending_.begin(), pending_.end(), [&](const Transfer& transfer) {
+    return transfer.kind == kind && transfer.micro_batch == micro_batch;
+  });
+  if (found == pending_.end()) return;
+  found->request.wait();
+  release(*found);
+  pending_.erase(found);
+}
+
+void ScheduleExecutor::progress() {
+  std::erase_if(pending_, [&](Transfer& transfer) {
+    if (!transfer.request.test()) return false;
+    release(transfer);
+    return true;
+  });
+}
+
+void ScheduleExecutor::trace_computation(const char* name, int micro_batch, double start_ms) {
+  if (trace_ != nullptr)
+    trace_->record({.name = name, .start_ms = start_ms, .end_ms = now_ms(), .micro_batch = micro_batch});
+}
+
+LossTotals ScheduleExecutor::run(const std::vector<Action>& actions, const ScheduleWork& work) {
+  micro_batches_.clear();
+  micro_batches_.resize(static_cast<std::size_t>(work.micro_batches));
+  prepared_.assign(static_cast<std::size_t>(work.micro_batches), false);
+  LossTotals totals;
+  for (const Action& action : actions) {
+    const int micro_batch = action.micro_batch;
+    MicroBatchActivations& activations = prepared(micro_batch, work);
+    const std::int64_t rows = work.rows(micro_batch);  // (a backward leaves activations empty)
+    switch (action.kind) {
+      case ActionKind::receive_activations:
+        start(action.kind, micro_batch, work.training, activations.input.floats(),
+              rows * runner_.input_width());
+        break;
+      case ActionKind::forward: {
+        progress();
+        finish(ActionKind::receive_activations, micro_batch);
+        const double start_ms = now_ms();
+        work.read(micro_batch, activations);
+        const LossSums sums = runner_.forward(activations, micro_batch, work.micro_batches,
+                                              work.training, work.loss_kind, work.loss_samples);
+        trace_computation("forward", micro_batch, start_ms);
+        totals.loss_sum += sums.loss_sum;
+        totals.correct += static_cast<double>(sums.correct);
+        // Evaluation keeps nothing for a backward: memory goes as soon as the output is used.
+        if (!work.training && runner_.computes_loss()) activations = MicroBatchActivations{};
+        break;
+      }
+      case ActionKind::send_activations:
+        start(action.kind, micro_batch, work.training, runner_.output(activations),
+              rows * runner_.output_width());
+        if (!work.training) {
+          finish(action.kind, micro_batch);
+          activations = MicroBatchActivations{};
+        }
+        break;
+      case ActionKind::receive_gradients:
+        activations.output_grad = allocator_.allocate_floats(
+            MemoryState::comm_buffers, static_cast<std::size_t>(rows * runner_.output_width()));
+        start(action.kind, micro_batch, work.training, activations.output_grad.floats(),
+              rows * runner_.output_width());
+        break;
+      case ActionKind::backward: {
+        progress();
+        finish(ActionKind::receive_gradients, micro_batch);
+        finish(ActionKind::send_activations, micro_batch);  // its data is about to be freed
+        const double start_ms = now_ms();
+        runner_.backward(activations, micro_batch, work.micro_batches);
+        trace_computation("backward", micro_batch, start_ms);
+        break;
+      }
+      case ActionKind::send_gradients:
+        start(action.kind, micro_batch, work.training, activations.input_grad.floats(),
+              rows * runner_.input_width());
+        break;
+    }
+  }
+  for (Transfer& transfer : pending_) {
+    transfer.request.wait();
+    release(transfer);
+  }
+  pending_.clear();
+  micro_batches_.clear();
+  return totals;
+}
+
+}  // namespace mlptrain
