@@ -99,3 +99,22 @@ class TrainingTestCase(unittest.TestCase):
             largest = float(np.max(np.abs(difference)))
             self.assertLessEqual(largest, 10 * tolerance * scale,
                                  f"{name}: largest difference {largest} vs scale {scale}")
+
+    def assert_resumes_across_layouts(self, base, moves, steps):
+        """Half of a run written under one layout and resumed under another to `steps` equals the
+        uninterrupted one-process run. `moves`: (writer flags, writer ranks, reader flags, reader
+        ranks) tuples."""
+        half = steps // 2
+        full_steps, _, full = self.train("uninterrupted", list(base) + ["--steps", steps], 1)
+        for index, (writer, writer_ranks, reader, reader_ranks) in enumerate(moves):
+            with self.subTest(writer=writer, reader=reader):
+                written = self.path(f"written{index}")
+                run(list(base) + ["--steps", half, "--checkpoint-dir", written] + writer, writer_ranks)
+                metrics = self.path(f"resumed{index}.jsonl")
+                resumed = self.path(f"resumed{index}")
+                run(list(base) + ["--steps", steps, "--resume", written, "--metrics", metrics,
+                                  "--checkpoint-dir", resumed] + reader, reader_ranks)
+                resumed_steps, _ = read_metrics(metrics)
+                self.assert_losses_close(resumed_steps, full_steps[half:])
+                self.assert_tensors_close(
+                    read_checkpoint(os.path.join(resumed, f"step_{steps:08d}.h5")), full)

@@ -2,10 +2,9 @@
 one-process run, alone, with data parallelism and with ZeRO 1 and 2; each rank holds its slices
 of the paired layers; each step moves exactly the two all-reduces per pair and micro-batch the
 pairing implies; checkpoints move between TP and plain DP."""
-import os
 import unittest
 
-from common import TrainingTestCase, read_checkpoint, read_metrics, run
+from common import TrainingTestCase, read_metrics, run
 
 LAYERS, HIDDEN, INPUTS, OUTPUTS, BATCH = 5, 24, 10, 6, 24
 MODEL = ["--layers", LAYERS, "--hidden", HIDDEN, "--input-dim", INPUTS, "--output-dim", OUTPUTS,
@@ -91,20 +90,9 @@ class TensorParallel(TrainingTestCase):
                 self.assertEqual(summary["comm_per_step"]["all_reduce"]["predicted_bytes"], expected)
 
     def test_checkpoints_move_between_tensor_parallel_and_plain_layouts(self):
-        full_steps, _, full = self.train("full", REGRESSION + ["--steps", "20"], 1)
-        for writer, writer_ranks, reader, reader_ranks in (
-                (["--tp", "4"], 4, [], 2), ([], 2, ["--tp", "2"], 2), (["--tp", "2", "--zero", "1"], 4, [], 1)):
-            with self.subTest(writer=writer, reader=reader):
-                name = f"{len(writer)}{writer_ranks}{len(reader)}{reader_ranks}"
-                half = self.path("half" + name)
-                run(REGRESSION + ["--steps", "10", "--checkpoint-dir", half] + writer, writer_ranks)
-                metrics = self.path(name + ".jsonl")
-                resumed = self.path("resumed" + name)
-                run(REGRESSION + ["--steps", "20", "--resume", half, "--metrics", metrics,
-                                  "--checkpoint-dir", resumed] + reader, reader_ranks)
-                steps, _ = read_metrics(metrics)
-                self.assert_losses_close(steps, full_steps[10:])
-                self.assert_tensors_close(read_checkpoint(os.path.join(resumed, "step_00000020.h5")), full)
+        self.assert_resumes_across_layouts(REGRESSION, [
+            (["--tp", "4"], 4, [], 2), ([], 2, ["--tp", "2"], 2), (["--tp", "2", "--zero", "1"], 4, [], 1),
+        ], steps=20)
 
 
 if __name__ == "__main__":
