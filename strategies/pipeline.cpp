@@ -29,9 +29,8 @@ class Pipeline final : public Strategy {
  public:
   explicit Pipeline(const StrategyContext& context)
       : config_(context.config), group_(context.groups.group(GroupKind::pipeline)),
-        parameters_(context.parameters), layers_(context.layers), kind_(pipeline_kind(context.config)),
-        stage_(group_.rank()), stages_(group_.size()), first_layer_(context.first_layer),
-        last_layer_(context.last_layer) {}
+        layers_(context.layers), kind_(pipeline_kind(context.config)), stage_(group_.rank()),
+        stages_(group_.size()) {}
 
   std::string_view name() const override { return "pipeline"; }
 
@@ -40,7 +39,7 @@ class Pipeline final : public Strategy {
     for (const LayerRange& range : stages_of(layers_, stages_))
       ranges += fmt::format("{}{}-{}", ranges.empty() ? "" : ", ", range.first, range.last - 1);
     const int micro_batches = config_.micro_batches;
-    return fmt::format("pipeline of {} stages (layers {}), {} schedule over {} micro-batches: "
+    return fmt::format("pipeline of {} stages (layers {}), {} schedule over {} micro-batch(es): "
                        "ideal bubble (P-1)/(M+P-1) = {:.3f}",
                        stages_, ranges, config_.schedule, micro_batches,
                        static_cast<double>(stages_ - 1) / (micro_batches + stages_ - 1));
@@ -55,8 +54,9 @@ class Pipeline final : public Strategy {
     const bool from_next = event.kind == ActionKind::receive_gradients;
     const bool sends = to_next || event.kind == ActionKind::send_gradients;
     const int peer = to_next || from_next ? stage_ + 1 : stage_ - 1;
-    // Activations and gradients travel in opposite directions between two stages, so a
-    // micro-batch's number tells its messages apart (and MPI keeps messages with one tag in order).
+    // The peer tells activations (from the previous stage) and gradients (from the next) apart;
+    // between two ranks, MPI keeps messages in order, and both post them in micro-batch order.
+    // The tag is a check on that (it wraps within MPI's guaranteed tag range).
     const int tag = event.micro_batch % 32768;
     Operation operation{.op = sends ? CommOp::send : CommOp::recv,
                         .count = event.floats,
@@ -71,40 +71,20 @@ class Pipeline final : public Strategy {
     return group_.start(operation);
   }
 
+  // The loop predicts the transfers and the activations from the schedule it executes.
   void predict(PlacementPrediction& prediction) const override {
-    // Per micro-batch: the output activations to the next stage and back their gradients, the
-    // input gradients to the previous stage and from it the activations.
-    const std::int64_t rows = config_.global_batch / config_.micro_batches / config_.dp;
-    const std::int64_t bytes = config_.micro_batches * rows * static_cast<std::int64_t>(sizeof(float));
-    const std::int64_t output = bytes * local_width(last_layer_ - 1, 0);
-    const std::int64_t input = bytes * local_width(first_layer_, 1);
-    if (stage_ + 1 < stages_) {
-      prediction.comm(CommOp::send) += output;
-      prediction.comm(CommOp::recv) += output;
-    }
-    if (stage_ > 0) {
-      prediction.comm(CommOp::send) += input;
-      prediction.comm(CommOp::recv) += input;
-    }
+    // Each stage holds its own layers' parameters, gradients and optimizer state.
+    for (std::size_t state = 0; state < 3; ++state)
+      if (prediction.modes[state] == "R") prediction.modes[state] = "S";
   }
 
  private:
-  // A layer's local output (dimension 0 of its weight) or input (dimension 1) width.
-  std::int64_t local_width(int layer, std::size_t dimension) const {
-    for (const ParameterTensor& tensor : parameters_.tensors())
-      if (tensor.layer == layer && tensor.global_shape.size() == 2) return tensor.local_shape[dimension];
-    return 0;
-  }
-
   const Config& config_;
   Communicator& group_;
-  const ParameterStore& parameters_;
   const std::vector<LayerSpec>& layers_;
   const PipelineKind kind_;
   const int stage_;
   const int stages_;
-  const int first_layer_;
-  const int last_layer_;
 };
 
 bool wanted(const Config&, const GridShape& shape) { return shape.pp > 1; }

@@ -1,8 +1,9 @@
 // A step's work as data: the ordered actions one rank executes. Without a pipeline each
 // micro-batch's forward is followed at once by its backward, so one micro-batch of activations is
 // alive at a time. With one, every stage gets its own list, with the transfers to and from its
-// neighbours placed among the computations; a CPU-only simulation of all stages' lists proves
-// that every transfer pairs up and that no order of theirs can deadlock (tests/strategies).
+// neighbours placed among the computations; a CPU-only simulation of all stages' lists, with sends
+// that complete only once their receive is posted, proves that every transfer pairs up and that
+// no order of theirs can deadlock (tests/strategies).
 #pragma once
 
 #include <cstdint>
@@ -35,7 +36,8 @@ std::vector<Action> forward_only_schedule(int micro_batches);
 enum class PipelineKind {
   // Narayanan et al. (PipeDream-Flush, 2021) as Megatron-LM runs it: stage s does
   // min(P - s - 1, M) warm-up forwards, then alternates one forward and one backward, then
-  // drains the remaining backwards, so it never holds more than min(P - s, M) micro-batches.
+  // drains the remaining backwards, so it never holds more than min(P - s, M) micro-batches
+  // (past stage 0, plus the next one's received input).
   one_f_one_b,
   // Huang et al. (GPipe, 2019): every forward, then every backward; all M micro-batches alive.
   gpipe,

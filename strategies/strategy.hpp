@@ -61,11 +61,10 @@ struct LayerEvent {
 
 // A pipeline boundary: one micro-batch's tensor ([rows, features], this rank's local slice)
 // leaving for or arriving from a neighbouring stage, as a send or receive action names it. The
-// loop owns the memory and keeps it alive until the transfer is done.
+// loop owns the memory and keeps it alive until the transfer is done (a failing run aborts).
 struct TransferEvent {
   ActionKind kind = ActionKind::send_activations;
   int micro_batch = 0;
-  bool training = true;
   float* data = nullptr;
   std::size_t floats = 0;
 };

@@ -34,7 +34,7 @@ class TensorParallel final : public Strategy {
  public:
   explicit TensorParallel(const StrategyContext& context)
       : config_(context.config), group_(context.groups.group(GroupKind::tensor)),
-        layers_(context.layers) {}
+        layers_(context.layers), first_layer_(context.first_layer), last_layer_(context.last_layer) {}
 
   std::string_view name() const override { return "tensor_parallel"; }
 
@@ -68,7 +68,8 @@ class TensorParallel final : public Strategy {
     // model, the backward sum of the column layer's input gradient [rows, in].
     const std::int64_t rows = config_.global_batch / config_.micro_batches / config_.dp;
     std::int64_t floats = 0;
-    for (const LayerSpec& layer : layers_) {
+    for (int index = first_layer_; index < last_layer_; ++index) {  // this rank's layers (stage)
+      const LayerSpec& layer = layers_[static_cast<std::size_t>(index)];
       const Role role = role_of(layer.index, config_.layers);
       if (role == Role::row) floats += rows * layer.out_features;
       if (role == Role::column && layer.index > 0) floats += rows * layer.in_features;
@@ -81,6 +82,8 @@ class TensorParallel final : public Strategy {
   const Config& config_;
   Communicator& group_;
   const std::vector<LayerSpec>& layers_;
+  const int first_layer_;
+  const int last_layer_;
 };
 
 bool wanted(const Config&, const GridShape& shape) { return shape.tp > 1; }

@@ -32,8 +32,14 @@ class SharedWindow::Pending final : public PendingOperation {
   Pending(SharedWindow& window, Task task) : window_(window), task_(task) {}
   bool test() override { return window_.help(task_); }
   void wait() override {
-    // Yield while waiting: ranks may share cores.
-    while (!window_.help(task_)) sched_yield();
+    // Yield while waiting: ranks may share cores. And keep MPI progressing: a rank spinning here
+    // may hold up a transfer of its own (a pipeline send that moves only inside MPI calls) that
+    // another rank of this operation waits for before it can arrive.
+    int message_waiting = 0;
+    while (!window_.help(task_)) {
+      MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, window_.comm_, &message_waiting, MPI_STATUS_IGNORE);
+      sched_yield();
+    }
   }
 
  private:
@@ -51,7 +57,7 @@ bool group_shares_node(MPI_Comm comm) {
   return node_size == size;
 }
 
-SharedWindow::SharedWindow(MPI_Comm comm, std::size_t bytes) : bytes_(bytes) {
+SharedWindow::SharedWindow(MPI_Comm comm, std::size_t bytes) : comm_(comm), bytes_(bytes) {
   MPI_Comm_rank(comm, &rank_);
   MPI_Comm_size(comm, &size_);
   // Whole pages per rank, so no two ranks' data share a cache line or a page.

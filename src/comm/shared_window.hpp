@@ -74,6 +74,7 @@ class SharedWindow {
   // Elements [first, end) of the task, all inside the block of `owner`.
   void sum_piece(const Task& task, std::size_t first, std::size_t end, int owner);
 
+  MPI_Comm comm_ = MPI_COMM_NULL;  // the group's (not owned)
   MPI_Win data_window_ = MPI_WIN_NULL;
   MPI_Win control_window_ = MPI_WIN_NULL;
   int rank_ = 0;

@@ -11,7 +11,10 @@
 
 namespace mlptrain {
 
-// The rows of a rank in the trace viewer: spans on one row never overlap unless nested.
+// The rows of a rank in the trace viewer. Computations follow one another; transfers and
+// collectives are non-blocking and overlap, so the trace shows them as asynchronous spans, from
+// posting to the moment their completion was noticed (tested or waited for): an upper bound on
+// their time in flight, not the time the network took.
 enum class TraceTrack : int { compute = 0, transfers = 1, collectives = 2 };
 
 struct TraceSpan {
@@ -27,7 +30,7 @@ struct TraceSpan {
 
 class TraceRecorder {
  public:
-  explicit TraceRecorder(std::size_t capacity = 1'000'000) : capacity_(capacity) {}
+  explicit TraceRecorder(std::size_t capacity = 250'000) : capacity_(capacity) {}
 
   // Spans recorded from now on without a step of their own belong to `step`.
   void set_step(std::int64_t step) { step_ = step; }
@@ -49,5 +52,12 @@ class TraceRecorder {
   std::size_t dropped_ = 0;
   std::int64_t step_ = -1;
 };
+
+// Records a span of computation, if there is a trace.
+inline void record_span(TraceRecorder* trace, std::string name, double start_ms, double end_ms,
+                        int micro_batch = -1) {
+  if (trace != nullptr)
+    trace->record({.name = std::move(name), .start_ms = start_ms, .end_ms = end_ms, .micro_batch = micro_batch});
+}
 
 }  // namespace mlptrain

@@ -2,6 +2,8 @@
 #include "train/schedule_executor.hpp"
 
 #include <algorithm>
+#include <fmt/format.h>
+#include <stdexcept>
 
 #include "core/timer.hpp"
 
@@ -16,14 +18,18 @@ MicroBatchActivations& ScheduleExecutor::prepared(int micro_batch, const Schedul
   return micro_batches_[index];
 }
 
-void ScheduleExecutor::start(ActionKind kind, int micro_batch, bool training, float* data,
-                             std::int64_t floats) {
+void ScheduleExecutor::start(ActionKind kind, int micro_batch, float* data, std::int64_t floats) {
   pending_.push_back({kind, micro_batch,
                       strategies_.start_transfer({.kind = kind,
                                                   .micro_batch = micro_batch,
-                                                  .training = training,
                                                   .data = data,
                                                   .floats = static_cast<std::size_t>(floats)})});
+}
+
+void ScheduleExecutor::require_posted(bool posted, ActionKind kind, int micro_batch) {
+  if (!posted)
+    throw std::logic_error(fmt::format("the schedule runs {} of micro-batch {} before receiving its data",
+                                       action_name(kind), micro_batch));
 }
 
 void ScheduleExecutor::release(const Transfer& transfer) {
@@ -49,15 +55,12 @@ void ScheduleExecutor::progress() {
   });
 }
 
-void ScheduleExecutor::trace_computation(const char* name, int micro_batch, double start_ms) {
-  if (trace_ != nullptr)
-    trace_->record({.name = name, .start_ms = start_ms, .end_ms = now_ms(), .micro_batch = micro_batch});
-}
-
 LossTotals ScheduleExecutor::run(const std::vector<Action>& actions, const ScheduleWork& work) {
   micro_batches_.clear();
   micro_batches_.resize(static_cast<std::size_t>(work.micro_batches));
   prepared_.assign(static_cast<std::size_t>(work.micro_batches), false);
+  input_posted_.assign(static_cast<std::size_t>(work.micro_batches), false);
+  gradient_posted_.assign(static_cast<std::size_t>(work.micro_batches), false);
   LossTotals totals;
   for (const Action& action : actions) {
     const int micro_batch = action.micro_batch;
@@ -65,17 +68,20 @@ LossTotals ScheduleExecutor::run(const std::vector<Action>& actions, const Sched
     const std::int64_t rows = work.rows(micro_batch);  // (a backward leaves activations empty)
     switch (action.kind) {
       case ActionKind::receive_activations:
-        start(action.kind, micro_batch, work.training, activations.input.floats(),
+        input_posted_[static_cast<std::size_t>(micro_batch)] = true;
+        start(action.kind, micro_batch, activations.input.floats(),
               rows * runner_.input_width());
         break;
       case ActionKind::forward: {
         progress();
+        if (!runner_.reads_inputs())
+          require_posted(input_posted_[static_cast<std::size_t>(micro_batch)], action.kind, micro_batch);
         finish(ActionKind::receive_activations, micro_batch);
         const double start_ms = now_ms();
         work.read(micro_batch, activations);
         const LossSums sums = runner_.forward(activations, micro_batch, work.micro_batches,
                                               work.training, work.loss_kind, work.loss_samples);
-        trace_computation("forward", micro_batch, start_ms);
+        record_span(trace_, work.training ? "forward" : "evaluate_forward", start_ms, now_ms(), micro_batch);
         totals.loss_sum += sums.loss_sum;
         totals.correct += static_cast<double>(sums.correct);
         // Evaluation keeps nothing for a backward: memory goes as soon as the output is used.
@@ -83,7 +89,7 @@ LossTotals ScheduleExecutor::run(const std::vector<Action>& actions, const Sched
         break;
       }
       case ActionKind::send_activations:
-        start(action.kind, micro_batch, work.training, runner_.output(activations),
+        start(action.kind, micro_batch, runner_.output(activations),
               rows * runner_.output_width());
         if (!work.training) {
           finish(action.kind, micro_batch);
@@ -93,20 +99,23 @@ LossTotals ScheduleExecutor::run(const std::vector<Action>& actions, const Sched
       case ActionKind::receive_gradients:
         activations.output_grad = allocator_.allocate_floats(
             MemoryState::comm_buffers, static_cast<std::size_t>(rows * runner_.output_width()));
-        start(action.kind, micro_batch, work.training, activations.output_grad.floats(),
+        gradient_posted_[static_cast<std::size_t>(micro_batch)] = true;
+        start(action.kind, micro_batch, activations.output_grad.floats(),
               rows * runner_.output_width());
         break;
       case ActionKind::backward: {
         progress();
+        if (!runner_.computes_loss())
+          require_posted(gradient_posted_[static_cast<std::size_t>(micro_batch)], action.kind, micro_batch);
         finish(ActionKind::receive_gradients, micro_batch);
         finish(ActionKind::send_activations, micro_batch);  // its data is about to be freed
         const double start_ms = now_ms();
         runner_.backward(activations, micro_batch, work.micro_batches);
-        trace_computation("backward", micro_batch, start_ms);
+        record_span(trace_, "backward", start_ms, now_ms(), micro_batch);
         break;
       }
       case ActionKind::send_gradients:
-        start(action.kind, micro_batch, work.training, activations.input_grad.floats(),
+        start(action.kind, micro_batch, activations.input_grad.floats(),
               rows * runner_.input_width());
         break;
     }

@@ -1,8 +1,9 @@
 // Executes one rank's actions for a step (or an evaluation pass): forwards and backwards through
 // the model runner, boundary transfers through the strategies. A transfer is waited for only when
 // its memory is needed (a receive before the computation that reads it, a send before its data
-// is freed), and pending transfers are tested between computations, so they move while this rank
-// computes. A micro-batch's memory lives from its first action to its last use.
+// is freed), and pending transfers are tested between computations, so they make progress
+// (MPI moves large messages only inside its calls). A micro-batch's memory lives from its first
+// action to its last use.
 #pragma once
 
 #include <functional>
@@ -44,13 +45,15 @@ class ScheduleExecutor {
     int micro_batch;
     Request request;
   };
-  void start(ActionKind kind, int micro_batch, bool training, float* data, std::int64_t floats);
+  void start(ActionKind kind, int micro_batch, float* data, std::int64_t floats);
   void finish(ActionKind kind, int micro_batch);
   // Tests every pending transfer; a finished send of gradients frees their buffer.
   void progress();
   void release(const Transfer& transfer);
   MicroBatchActivations& prepared(int micro_batch, const ScheduleWork& work);
-  void trace_computation(const char* name, int micro_batch, double start_ms);
+  // A schedule must receive what a computation needs before it: else it would compute on memory
+  // nobody wrote.
+  static void require_posted(bool posted, ActionKind kind, int micro_batch);
 
   ModelRunner& runner_;
   StrategyStack& strategies_;
@@ -58,6 +61,8 @@ class ScheduleExecutor {
   TraceRecorder* trace_;
   std::vector<MicroBatchActivations> micro_batches_;
   std::vector<bool> prepared_;
+  std::vector<bool> input_posted_;     // per micro-batch: the receive of its activations
+  std::vector<bool> gradient_posted_;  // and of its output gradients
   std::vector<Transfer> pending_;
 };
 

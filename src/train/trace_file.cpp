@@ -3,9 +3,9 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
-#include <vector>
 
 #include "core/error.hpp"
 
@@ -34,15 +34,26 @@ std::string rank_events(const TraceRecorder& recorder, double origin_ms, int ran
   for (int track = 0; track < 3; ++track)
     append({{"ph", "M"}, {"name", "thread_name"}, {"pid", rank}, {"tid", track},
             {"args", {{"name", track_names[track]}}}});
+  std::size_t index = 0;
   for (const TraceSpan& span : recorder.spans()) {
     nlohmann::json args = {{"step", span.step}};
     if (span.micro_batch >= 0) args["micro_batch"] = span.micro_batch;
     if (span.bytes > 0) args["bytes"] = span.bytes;
     if (!span.group.empty()) args["group"] = span.group;
-    append({{"ph", "X"}, {"name", span.name}, {"cat", track_names[static_cast<int>(span.track)]},
-            {"pid", rank}, {"tid", static_cast<int>(span.track)},
-            {"ts", (span.start_ms - origin_ms) * 1000.0},
-            {"dur", (span.end_ms - span.start_ms) * 1000.0}, {"args", std::move(args)}});
+    const char* category = track_names[static_cast<int>(span.track)];
+    const double start_us = (span.start_ms - origin_ms) * 1000.0;
+    const double duration_us = (span.end_ms - span.start_ms) * 1000.0;
+    if (span.track == TraceTrack::compute) {
+      append({{"ph", "X"}, {"name", span.name}, {"cat", category}, {"pid", rank}, {"tid", 0},
+              {"ts", start_us}, {"dur", duration_us}, {"args", std::move(args)}});
+      continue;
+    }
+    // Transfers and collectives overlap one another: asynchronous begin/end pairs, each its own.
+    const std::string id = fmt::format("{}.{}", rank, index++);
+    append({{"ph", "b"}, {"name", span.name}, {"cat", category}, {"id", id}, {"pid", rank},
+            {"tid", static_cast<int>(span.track)}, {"ts", start_us}, {"args", std::move(args)}});
+    append({{"ph", "e"}, {"name", span.name}, {"cat", category}, {"id", id}, {"pid", rank},
+            {"tid", static_cast<int>(span.track)}, {"ts", start_us + duration_us}});
   }
   return text;
 }
@@ -62,35 +73,34 @@ void write_trace(const std::string& path, const TraceRecorder& recorder, double 
   MPI_Comm_rank(world, &rank);
   MPI_Comm_size(world, &size);
   const std::string mine = rank_events(recorder, origin_ms, rank, place);
-  int length = static_cast<int>(mine.size());
-  std::vector<int> lengths(static_cast<std::size_t>(size)), offsets(static_cast<std::size_t>(size));
-  MPI_Gather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, 0, world);
-  std::string all;
-  if (rank == 0) {
-    std::size_t total = 0;
-    for (int index = 0; index < size; ++index) {
-      offsets[static_cast<std::size_t>(index)] = static_cast<int>(total);
-      total += static_cast<std::size_t>(lengths[static_cast<std::size_t>(index)]);
-    }
-    all.resize(total);
-  }
-  MPI_Gatherv(mine.data(), length, MPI_CHAR, all.data(), lengths.data(), offsets.data(), MPI_CHAR,
-              0, world);
-  if (rank != 0) return;
-  std::string events;
-  for (int index = 0; index < size; ++index) {
-    const auto begin = static_cast<std::size_t>(offsets[static_cast<std::size_t>(index)]);
-    const auto count = static_cast<std::size_t>(lengths[static_cast<std::size_t>(index)]);
-    if (!events.empty()) events += ",\n";
-    events.append(all, begin, count);
+  // Every rank's text goes to rank 0 in turn, in pieces MPI's int counts can carry, and straight
+  // into the file: rank 0 never holds more than one rank's events.
+  constexpr int trace_tag = 7301;
+  constexpr std::size_t piece = std::size_t{1} << 30;
+  if (rank != 0) {
+    const auto length = static_cast<std::int64_t>(mine.size());
+    MPI_Send(&length, 1, MPI_INT64_T, 0, trace_tag, world);
+    for (std::size_t sent = 0; sent < mine.size(); sent += piece)
+      MPI_Send(mine.data() + sent, static_cast<int>(std::min(piece, mine.size() - sent)), MPI_CHAR, 0,
+               trace_tag, world);
+    return;
   }
   const std::string temporary = path + ".tmp";
-  {
-    std::ofstream file(temporary, std::ios::trunc);
-    file << "{\"displayTimeUnit\":\"ms\",\"otherData\":" << run.dump() << ",\n\"traceEvents\":["
-         << events << "]}\n";
-    if (!file.flush()) throw RuntimeFailure("--trace: writing '" + temporary + "' failed");
+  std::ofstream file(temporary, std::ios::trunc);
+  file << "{\"displayTimeUnit\":\"ms\",\"otherData\":" << run.dump() << ",\n\"traceEvents\":[" << mine;
+  std::string theirs;
+  for (int other = 1; other < size; ++other) {
+    std::int64_t length = 0;
+    MPI_Recv(&length, 1, MPI_INT64_T, other, trace_tag, world, MPI_STATUS_IGNORE);
+    theirs.resize(static_cast<std::size_t>(length));
+    for (std::size_t received = 0; received < theirs.size(); received += piece)
+      MPI_Recv(theirs.data() + received, static_cast<int>(std::min(piece, theirs.size() - received)),
+               MPI_CHAR, other, trace_tag, world, MPI_STATUS_IGNORE);
+    file << ",\n" << theirs;
   }
+  file << "]}\n";
+  if (!file.flush()) throw RuntimeFailure("--trace: writing '" + temporary + "' failed");
+  file.close();
   if (std::rename(temporary.c_str(), path.c_str()) != 0)
     throw RuntimeFailure("--trace: cannot rename '" + temporary + "' to '" + path + "'");
 }

@@ -17,8 +17,9 @@ namespace mlptrain {
 // Throws UsageError unless `path` can be created (checked before training, on rank 0).
 void check_trace_path(const std::string& path);
 
-// Collective over `world`: gathers the spans to rank 0, which writes the file (to a temporary
-// name, then renamed) with `run` (the layout and schedule) as its "otherData".
+// Collective over `world`: every rank's spans go to rank 0, which writes the file (to a temporary
+// name, then renamed) with `run` (the layout and schedule) as its "otherData". Computations are
+// complete ("X") events; transfers and collectives asynchronous begin/end pairs.
 void write_trace(const std::string& path, const TraceRecorder& recorder, double origin_ms,
                  MPI_Comm world, const GridCoordinates& place, const nlohmann::json& run);
 

@@ -49,8 +49,6 @@ class Trainer {
   void evaluate(StepRecord& record);
   void save(std::int64_t step);
   void note_peaks();
-  // Records a span of this rank's work in the trace, if there is one.
-  void trace_span(const char* name, double start_ms);
   void write_trace_file();
   // Sums values over the world (each counted where owned), skipped in one process.
   void world_sum(double* values, std::size_t count);
@@ -67,6 +65,8 @@ class Trainer {
   MPI_Comm mpi_world_;
   MemoryLedger memory_;
   CommLedger comm_ledger_;
+  // Before everything that may still complete communication while being destroyed.
+  std::unique_ptr<TraceRecorder> trace_;
   HostAllocator allocator_{memory_};
   std::unique_ptr<Kernels> kernels_ = make_cpu_kernels();
   std::unique_ptr<ProcessGroups> groups_;
@@ -80,7 +80,6 @@ class Trainer {
   std::unique_ptr<AdamW> optimizer_;
   std::unique_ptr<SampleOrder> order_;
   std::unique_ptr<Reporter> reporter_;
-  std::unique_ptr<TraceRecorder> trace_;
   double trace_origin_ms_ = 0;
   std::unique_ptr<ScheduleExecutor> executor_;
   BatchLayout batch_;
@@ -211,6 +210,15 @@ PlacementPrediction Trainer::predict() const {
                                             runner_->activation_bytes(rows, loss_kind_))};
   // The step's world sum: loss, correct predictions, squared gradient norm, read failures.
   if (groups_->shape().world > 1) prediction.comm(CommOp::all_reduce) += 4 * sizeof(double);
+  // The schedule's transfers across stage boundaries.
+  const std::int64_t input_bytes = rows * runner_->input_width() * 4;
+  const std::int64_t output_bytes = rows * runner_->output_width() * 4;
+  for (const Action& action : schedule_) {
+    if (action.kind == ActionKind::send_activations) prediction.comm(CommOp::send) += output_bytes;
+    if (action.kind == ActionKind::send_gradients) prediction.comm(CommOp::send) += input_bytes;
+    if (action.kind == ActionKind::receive_activations) prediction.comm(CommOp::recv) += input_bytes;
+    if (action.kind == ActionKind::receive_gradients) prediction.comm(CommOp::recv) += output_bytes;
+  }
   strategies_->predict(prediction);
   return prediction;
 }
@@ -230,15 +238,11 @@ void Trainer::world_sum(double* values, std::size_t count) {
   if (groups_->shape().world > 1) groups_->world().all_reduce(values, count);
 }
 
-void Trainer::trace_span(const char* name, double start_ms) {
-  if (trace_) trace_->record({.name = name, .start_ms = start_ms, .end_ms = now_ms()});
-}
-
 void Trainer::read_samples(Split split, const std::vector<std::int64_t>& indices,
                            MicroBatchActivations& activations) {
   if (!runner_->reads_inputs() && !runner_->computes_loss()) return;
   try {
-    dataset_->read(split, indices, first_layer_ == 0 ? activations.input.floats() : nullptr,
+    dataset_->read(split, indices, runner_->reads_inputs() ? activations.input.floats() : nullptr,
                    activations.targets.floats(), activations.labels.as<std::int32_t>());
   } catch (const Error& error) {
     if (!read_problem_) read_problem_ = error.what();
@@ -276,7 +280,7 @@ StepRecord Trainer::train_step(std::int64_t step) {
        }});
   const double synchronize_start_ms = now_ms();
   strategies_->synchronize_gradients(event);
-  trace_span("synchronize_gradients", synchronize_start_ms);
+  record_span(trace_.get(), "synchronize_gradients", synchronize_start_ms, now_ms());
   const double optimizer_start_ms = now_ms();
 
   double totals[4] = {counts_loss() ? local.loss_sum : 0.0, counts_loss() ? local.correct : 0.0,
@@ -297,7 +301,7 @@ StepRecord Trainer::train_step(std::int64_t step) {
     stop_on_read_problem(totals[3]);
   }
   strategies_->after_optimizer_step(event);
-  trace_span("optimizer", optimizer_start_ms);
+  record_span(trace_.get(), "optimizer", optimizer_start_ms, now_ms());
 
   StepRecord record;
   record.step = step + 1;
@@ -336,7 +340,7 @@ void Trainer::evaluate(StepRecord& record) {
          std::iota(indices.begin(), indices.end(), slice(index).first);
          read_samples(Split::test, indices, activations);
        }});
-  trace_span("evaluate", start_ms);
+  record_span(trace_.get(), "evaluate", start_ms, now_ms());
   double totals[3] = {counts_loss() ? local.loss_sum : 0.0, counts_loss() ? local.correct : 0.0,
                       read_problem_ ? 1.0 : 0.0};
   world_sum(totals, 3);
@@ -420,7 +424,7 @@ void Trainer::write_trace_file() {
   const GridShape& shape = groups_->shape();
   const nlohmann::json run = {{"world", shape.world}, {"dp", shape.dp}, {"tp", shape.tp},
                               {"pp", shape.pp}, {"ep", shape.ep}, {"zero", config_.zero},
-                              {"schedule", shape.pp > 1 ? config_.schedule : "sequential"},
+                              {"strategies", strategies_->names()}, {"schedule", config_.schedule},
                               {"micro_batches", config_.micro_batches},
                               {"global_batch", config_.global_batch}, {"layers", config_.layers}};
   agree_or_throw(groups_->world(), [&] {

@@ -18,15 +18,26 @@ namespace {
 // A transfer between two neighbouring stages: (sending stage, receiving stage, what, micro-batch).
 using Message = std::tuple<int, int, bool /*activations*/, int>;
 
-// Runs every stage's list the way the executor does: sends and receives are only posted; a
-// forward waits until its input's receive is posted here and the matching send was posted by
-// the previous stage (a backward likewise, from the next stage); a stage's list ends by waiting
-// until every one of its sends has a posted receive. Every condition, once true, stays true, so
-// if one interleaving of the stages finishes, every interleaving does: running each stage as far
-// as it can in turn finds a deadlock if any order has one. Returns the first problem found.
+// Runs every stage's list the way the executor does, with MPI's strictest semantics: sends and
+// receives are only posted, and a send completes only once its receive is posted (a rendezvous).
+// A forward waits until its input's receive is posted here and the matching send was posted by
+// the previous stage (a backward likewise, from the next stage); a backward first waits for its
+// micro-batch's activation send to complete (its memory is freed), evaluation waits for each
+// send at once, and a list ends waiting for every send. Every condition, once true, stays true,
+// so if one interleaving of the stages finishes, every interleaving does: running each stage as
+// far as it can in turn finds a deadlock if any order has one. Returns the first problem found.
 std::string simulate(const std::vector<std::vector<Action>>& lists, bool training) {
   const int stages = static_cast<int>(lists.size());
-  std::map<Message, int> sent, received;  // posted so far, by message
+  std::map<Message, int> sent_posts, received_posts;  // posted so far, by message
+  // Reads never insert, so the maps hold only what was posted.
+  const auto sent = [&](const Message& message) {
+    const auto found = sent_posts.find(message);
+    return found == sent_posts.end() ? 0 : found->second;
+  };
+  const auto received = [&](const Message& message) {
+    const auto found = received_posts.find(message);
+    return found == received_posts.end() ? 0 : found->second;
+  };
   std::vector<std::size_t> next(lists.size(), 0);
   std::vector<std::vector<std::vector<int>>> computed(
       lists.size(), std::vector<std::vector<int>>(2));  // per stage: forwards, backwards done
@@ -40,14 +51,25 @@ std::string simulate(const std::vector<std::vector<Action>>& lists, bool trainin
     }
   };
   const auto ready = [&](int stage, const Action& action) {
+    const int micro_batch = action.micro_batch;
     if (action.kind == ActionKind::forward && stage > 0) {
-      const Message input{stage - 1, stage, true, action.micro_batch};
-      return received[input] > 0 && sent[input] > 0;
+      const Message input{stage - 1, stage, true, micro_batch};
+      return received(input) > 0 && sent(input) > 0;
     }
-    if (action.kind == ActionKind::backward && stage + 1 < stages) {
-      const Message input{stage + 1, stage, false, action.micro_batch};
-      return received[input] > 0 && sent[input] > 0;
+    if (action.kind == ActionKind::backward) {
+      const Message output{stage, stage + 1, true, micro_batch};
+      if (sent(output) > 0 && received(output) == 0) return false;  // its send must complete
+      if (stage + 1 == stages) return true;
+      const Message input{stage + 1, stage, false, micro_batch};
+      return received(input) > 0 && sent(input) > 0;
     }
+    return true;
+  };
+  // A stage's list is over once each of its sends has its receive posted (and, evaluating,
+  // each send is waited for as soon as it is posted).
+  const auto sends_complete = [&](int stage) {
+    for (const auto& [message, count] : sent_posts)
+      if (std::get<0>(message) == stage && received(message) == 0) return false;
     return true;
   };
   bool progressed = true;
@@ -56,15 +78,13 @@ std::string simulate(const std::vector<std::vector<Action>>& lists, bool trainin
     for (int stage = 0; stage < stages; ++stage) {
       const auto& list = lists[static_cast<std::size_t>(stage)];
       auto& at = next[static_cast<std::size_t>(stage)];
-      while (at < list.size() && ready(stage, list[at])) {
+      while (at < list.size() && ready(stage, list[at]) && (training || sends_complete(stage))) {
         const Action& action = list[at];
         auto& done = computed[static_cast<std::size_t>(stage)];
         switch (action.kind) {
           case ActionKind::forward:
           case ActionKind::backward: {
             const bool forward = action.kind == ActionKind::forward;
-            if (forward && stage > 0 && received[{stage - 1, stage, true, action.micro_batch}] == 0)
-              return fmt::format("stage {} computes forward {} before receiving it", stage, action.micro_batch);
             if (!forward && std::count(done[0].begin(), done[0].end(), action.micro_batch) == 0)
               return fmt::format("stage {} runs backward {} before its forward", stage, action.micro_batch);
             done[forward ? 0 : 1].push_back(action.micro_batch);
@@ -79,7 +99,7 @@ std::string simulate(const std::vector<std::vector<Action>>& lists, bool trainin
             if (std::count(done[activations ? 0 : 1].begin(), done[activations ? 0 : 1].end(),
                            action.micro_batch) == 0)
               return fmt::format("stage {} sends micro-batch {} before computing it", stage, action.micro_batch);
-            ++sent[message];
+            ++sent_posts[message];
             break;
           }
           case ActionKind::receive_activations:
@@ -87,7 +107,7 @@ std::string simulate(const std::vector<std::vector<Action>>& lists, bool trainin
             const Message message = message_of(stage, action);
             if (std::get<0>(message) < 0 || std::get<0>(message) >= stages)
               return fmt::format("stage {} receives from beyond the pipeline", stage);
-            ++received[message];
+            ++received_posts[message];
             break;
           }
         }
@@ -97,13 +117,14 @@ std::string simulate(const std::vector<std::vector<Action>>& lists, bool trainin
     }
   }
   for (int stage = 0; stage < stages; ++stage)
-    if (next[static_cast<std::size_t>(stage)] < lists[static_cast<std::size_t>(stage)].size())
+    if (next[static_cast<std::size_t>(stage)] < lists[static_cast<std::size_t>(stage)].size() ||
+        !sends_complete(stage))
       return fmt::format("deadlock: stage {} waits at action {}", stage, next[static_cast<std::size_t>(stage)]);
   // Every send is received exactly once and nothing is received that was not sent.
-  for (const auto& [message, count] : sent)
-    if (count != 1 || received[message] != 1) return "a send without exactly one matching receive";
-  for (const auto& [message, count] : received)
-    if (count != 1 || sent[message] != 1) return "a receive without exactly one matching send";
+  for (const auto& [message, count] : sent_posts)
+    if (count != 1 || received(message) != 1) return "a send without exactly one matching receive";
+  for (const auto& [message, count] : received_posts)
+    if (count != 1 || sent(message) != 1) return "a receive without exactly one matching send";
   // Every micro-batch once forward (and, training, once backward) on every stage.
   const auto micro_batches = static_cast<int>(computed[0][0].size());
   for (int stage = 0; stage < stages; ++stage)
