@@ -33,6 +33,7 @@ struct Config {
   double beta2 = 0.999;
   double eps = 1e-8;
   double grad_clip = 0;
+  std::string on_nan = "stop";  // a non-finite loss or gradient: stop | skip (the update)
   std::string lr_schedule = "constant";
   int warmup_steps = 0;
   std::int64_t seed = 1234;

@@ -33,10 +33,12 @@ AdamW::AdamW(const Config& config, Allocator& allocator, StatePlacement& placeme
   }
 }
 
-double AdamW::owned_square_sum(Kernels& kernels, const std::vector<StateRun>& runs) {
+double AdamW::owned_square_sum(Kernels& kernels, const std::vector<StateRun>& runs, Field field) {
   double sum = 0;
   for (const StateRun& run : runs)
-    if (run.owned) sum += kernels.sum_of_squares(run.grads, static_cast<std::size_t>(run.count));
+    if (run.owned)
+      sum += kernels.sum_of_squares(field == Field::grads ? run.grads : run.values,
+                                    static_cast<std::size_t>(run.count));
   return sum;
 }
 

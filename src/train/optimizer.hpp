@@ -24,8 +24,10 @@ class AdamW {
  public:
   AdamW(const Config& config, Allocator& allocator, StatePlacement& placement);
 
-  // Sum of squares of the owned runs' gradients.
-  static double owned_square_sum(Kernels& kernels, const std::vector<StateRun>& runs);
+  // Sum of squares of the owned runs' gradients (or values).
+  enum class Field { grads, values };
+  static double owned_square_sum(Kernels& kernels, const std::vector<StateRun>& runs,
+                                 Field field = Field::grads);
   static void scale_grads(Kernels& kernels, const std::vector<StateRun>& runs, float factor);
 
   // One update of every run as optimizer step `step` (counting from 1). Returns the sum of

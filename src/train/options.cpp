@@ -44,6 +44,7 @@ void visit_options(Config_& c, Visit&& visit) {
   visit(S::training, "beta2", c.beta2, "AdamW beta2");
   visit(S::training, "eps", c.eps, "AdamW epsilon");
   visit(S::training, "grad-clip", c.grad_clip, "clip the global gradient L2 norm (0: off)");
+  visit(S::training, "on-nan", c.on_nan, "non-finite loss or gradients: stop | skip (the step's update)");
   visit(S::training, "lr-schedule", c.lr_schedule, "constant | cosine");
   visit(S::training, "warmup-steps", c.warmup_steps, "linear warm-up steps");
   visit(S::training, "seed", c.seed, "seed of initialization and shuffling");
@@ -217,6 +218,7 @@ void validate_options(Config& c, int world_size) {
   require(c.eps > 0, fmt::format("--eps must be positive (got {})", c.eps));
   at_least("grad-clip", c.grad_clip, 0.0);
   one_of("lr-schedule", c.lr_schedule, {"constant", "cosine"});
+  one_of("on-nan", c.on_nan, {"stop", "skip"});
   at_least("warmup-steps", c.warmup_steps, 0);
   at_least("seed", c.seed, std::int64_t{0});
   for (double value : {c.lr, c.weight_decay, c.beta1, c.beta2, c.eps, c.grad_clip,

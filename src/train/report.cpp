@@ -68,6 +68,7 @@ nlohmann::json step_json(const StepRecord& record) {
                            {"peak_mem_bytes", by_state(record.peak_memory)}};
   if (record.eval_loss) object["eval_loss"] = *record.eval_loss;
   if (record.eval_accuracy) object["eval_accuracy"] = *record.eval_accuracy;
+  if (record.skipped) object["skipped"] = true;
   return object;
 }
 
@@ -181,6 +182,7 @@ void Reporter::step(const StepRecord& record) {
         record.grad_norm, record.step_ms, record.samples_per_s);
     if (record.eval_loss) text += fmt::format("  eval_loss {:.6f}", *record.eval_loss);
     if (record.eval_accuracy) text += fmt::format("  eval_accuracy {:.4f}", *record.eval_accuracy);
+    if (record.skipped) text += "  (non-finite: update skipped)";
     line(text);
   }
   // The progress line is redrawn at most ten times a second.

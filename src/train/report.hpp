@@ -30,6 +30,7 @@ struct StepRecord {
   MemoryByState peak_memory{};
   std::optional<double> eval_loss;
   std::optional<double> eval_accuracy;
+  bool skipped = false;  // non-finite loss or gradients: the update was not applied
 };
 
 nlohmann::json step_json(const StepRecord& record);

@@ -41,6 +41,8 @@ class Trainer {
   void read_samples(Split split, const std::vector<std::int64_t>& indices,
                     MicroBatchActivations& activations);
   void stop_on_read_problem(double ranks_with_problems);
+  // A non-finite loss or gradient norm (world sums): stops every rank unless --on-nan skip.
+  void stop_unless_skipping(std::int64_t step, double loss_sum, double square_sum) const;
   // Whether this rank's loss sums count in the world's totals: the loss is computed where the
   // last layer is, and the ranks of a tensor-parallel group all hold the same one.
   bool counts_loss() const { return runner_->computes_loss() && groups_->place().tp == 0; }
@@ -253,6 +255,16 @@ void Trainer::read_samples(Split split, const std::vector<std::int64_t>& indices
   }
 }
 
+void Trainer::stop_unless_skipping(std::int64_t step, double loss_sum, double square_sum) const {
+  if (config_.on_nan == "skip") return;
+  throw AgreedError(ExitCode::runtime_failure,
+                    fmt::format("step {}: the loss is {} and the gradient norm {}; stopping before "
+                                "this state reaches a checkpoint (lower --lr, clip with --grad-clip, "
+                                "or skip such steps with --on-nan skip)",
+                                step + 1, std::isfinite(loss_sum) ? "finite" : "not finite",
+                                std::isfinite(square_sum) ? "finite" : "not finite"));
+}
+
 void Trainer::stop_on_read_problem(double ranks_with_problems) {
   if (ranks_with_problems == 0) return;
   const auto message = first_problem(groups_->world(), read_problem_);
@@ -286,25 +298,36 @@ StepRecord Trainer::train_step(std::int64_t step) {
   double totals[4] = {counts_loss() ? local.loss_sum : 0.0, counts_loss() ? local.correct : 0.0,
                       0.0, read_problem_ ? 1.0 : 0.0};
   const double learning_rate = scheduled_learning_rate(config_, step);
-  if (config_.grad_clip > 0) {
+  // Every rank sees the same world sums, so every rank takes the same decision.
+  const auto finite = [&] { return std::isfinite(totals[0]) && std::isfinite(totals[2]); };
+  bool skipped = false;
+  if (config_.grad_clip > 0 || config_.on_nan == "skip") {
     totals[2] = AdamW::owned_square_sum(*kernels_, placement_.updated);
     world_sum(totals, 4);
     stop_on_read_problem(totals[3]);
-    const double coefficient = clip_coefficient(config_.grad_clip, std::sqrt(totals[2]));
-    if (coefficient < 1.0)
-      AdamW::scale_grads(*kernels_, placement_.updated, static_cast<float>(coefficient));
-    optimizer_->update(*kernels_, placement_.updated, learning_rate, step + 1);
+    skipped = !finite();
+    if (skipped) {
+      stop_unless_skipping(step, totals[0], totals[2]);
+    } else {
+      const double coefficient = clip_coefficient(config_.grad_clip, std::sqrt(totals[2]));
+      if (coefficient < 1.0)
+        AdamW::scale_grads(*kernels_, placement_.updated, static_cast<float>(coefficient));
+      optimizer_->update(*kernels_, placement_.updated, learning_rate, step + 1);
+    }
   } else {
-    // Without clipping the norm comes free from the update's own pass over the gradients.
+    // Without clipping the norm comes free from the update's own pass over the gradients. A
+    // non-finite one then stops the run after the update, which never reaches a checkpoint.
     totals[2] = optimizer_->update(*kernels_, placement_.updated, learning_rate, step + 1);
     world_sum(totals, 4);
     stop_on_read_problem(totals[3]);
+    if (!finite()) stop_unless_skipping(step, totals[0], totals[2]);
   }
   strategies_->after_optimizer_step(event);
   record_span(trace_.get(), "optimizer", optimizer_start_ms, now_ms());
 
   StepRecord record;
   record.step = step + 1;
+  record.skipped = skipped;
   record.loss = totals[0] / loss_normalizer(loss_kind_, config_.global_batch, specs_.back().out_features);
   record.lr = learning_rate;
   record.grad_norm = std::sqrt(totals[2]);
@@ -360,6 +383,12 @@ CheckpointScope Trainer::checkpoint_scope() {
 }
 
 void Trainer::save(std::int64_t step) {
+  // A checkpoint is only ever written of finite parameters.
+  double square_sum = AdamW::owned_square_sum(*kernels_, placement_.updated, AdamW::Field::values);
+  world_sum(&square_sum, 1);
+  if (!std::isfinite(square_sum))
+    throw AgreedError(ExitCode::runtime_failure,
+                      fmt::format("step {}: the parameters are not finite; no checkpoint written", step));
   const GridShape& shape = groups_->shape();
   const CheckpointDescription description{
       .config_ini = to_ini(config_),

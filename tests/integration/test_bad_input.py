@@ -46,6 +46,7 @@ class BadInput(TrainingTestCase):
             (["--zero", "7"], 2, ["--zero"]),
             (["--dataset", "imagenet"], 2, ["--dataset", "imagenet"]),
             (["--lr-schedule", "linear"], 1, ["--lr-schedule"]),
+            (["--on-nan", "ignore"], 2, ["--on-nan", "ignore"]),
             (["--dp", "3"], 2, ["world size 2"]),
             (["--global-batch", "30", "--micro-batches", "4"], 2, ["--global-batch 30", "--micro-batches 4"]),
             (["--global-batch", "6"], 4, ["dp 4"]),
