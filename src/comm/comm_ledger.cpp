@@ -25,16 +25,39 @@ void CommLedger::update(std::string_view group, Update&& change) {
   change(found->second);
 }
 
-void CommLedger::record_posted(CommOp op, std::string_view group, std::int64_t bytes) {
+std::uint64_t CommLedger::record_posted(CommOp op, std::string_view group, std::int64_t bytes) {
   const int index = static_cast<int>(op);
   update(group, [&](CommTotals& totals) {
     totals.bytes[index] += bytes;
     totals.calls[index] += 1;
   });
+  const std::lock_guard lock(recent_mutex_);
+  const std::uint64_t sequence = posted_++;
+  RecentOperation& slot = recent_[sequence % recent_count];
+  slot.sequence = sequence;
+  slot.op = op;
+  slot.group.assign(group);  // short names: no allocation once the slot has held one
+  slot.bytes = bytes;
+  slot.completed = false;
+  return sequence;
 }
 
-void CommLedger::record_completed(CommOp op, std::string_view group, std::int64_t bytes,
-                                  double start_ms, double end_ms) {
+std::vector<RecentOperation> CommLedger::recent() const {
+  const std::lock_guard lock(recent_mutex_);
+  std::vector<RecentOperation> operations;
+  const std::uint64_t first = posted_ > recent_count ? posted_ - recent_count : 0;
+  for (std::uint64_t sequence = first; sequence < posted_; ++sequence)
+    operations.push_back(recent_[sequence % recent_count]);
+  return operations;
+}
+
+void CommLedger::record_completed(std::uint64_t sequence, CommOp op, std::string_view group,
+                                  std::int64_t bytes, double start_ms, double end_ms) {
+  {
+    const std::lock_guard lock(recent_mutex_);
+    RecentOperation& slot = recent_[sequence % recent_count];
+    if (slot.sequence == sequence) slot.completed = true;
+  }
   const int index = static_cast<int>(op);
   update(group, [&](CommTotals& totals) { totals.milliseconds[index] += end_ms - start_ms; });
   if (trace_ != nullptr) {

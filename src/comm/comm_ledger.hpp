@@ -6,8 +6,10 @@
 #include <array>
 #include <cstdint>
 #include <map>
+#include <mutex>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "core/trace.hpp"
 
@@ -30,16 +32,30 @@ struct CommTotals {
   double milliseconds_of(CommOp op) const { return milliseconds[static_cast<int>(op)]; }
 };
 
+// One of the latest operations a rank posted, as the hang watchdog reports it.
+struct RecentOperation {
+  std::uint64_t sequence = 0;  // this rank's count of operations posted before it
+  CommOp op = CommOp::all_reduce;
+  std::string group;
+  std::int64_t bytes = 0;
+  bool completed = false;
+};
+
 // An operation's bytes and call count belong to the step that posted it; its time (from posting
 // to completion) to the step in which it completed. So an operation started at the end of one
 // step and finished in the next (a parameter gather overlapping the next forward) counts its
 // bytes where the work that needs it was done.
+// The ledger also keeps the latest operations in a small ring that another thread may read (the
+// watchdog that reports a hang), so that the ranks' last operations show where they diverged.
 class CommLedger {
  public:
-  void record_posted(CommOp op, std::string_view group, std::int64_t bytes);
+  // Returns the operation's sequence number, which its completion quotes.
+  std::uint64_t record_posted(CommOp op, std::string_view group, std::int64_t bytes);
   // An operation posted at start_ms (with `bytes` recorded then) is complete at end_ms.
-  void record_completed(CommOp op, std::string_view group, std::int64_t bytes, double start_ms,
-                        double end_ms);
+  void record_completed(std::uint64_t sequence, CommOp op, std::string_view group,
+                        std::int64_t bytes, double start_ms, double end_ms);
+  // The latest operations posted, oldest first (safe from any thread).
+  std::vector<RecentOperation> recent() const;
   // Completed operations also go to `trace` as spans (null: no trace).
   void set_trace(TraceRecorder* trace) { trace_ = trace; }
 
@@ -54,6 +70,10 @@ class CommLedger {
   template <typename Update>
   void update(std::string_view group, Update&& change);
 
+  static constexpr std::size_t recent_count = 16;
+  mutable std::mutex recent_mutex_;
+  std::vector<RecentOperation> recent_ = std::vector<RecentOperation>(recent_count);
+  std::uint64_t posted_ = 0;
   TraceRecorder* trace_ = nullptr;
   CommTotals step_;
   CommTotals run_;

@@ -40,9 +40,9 @@ std::int64_t Operation::ledger_bytes(int group_size) const {
 }
 
 Request::Request(std::unique_ptr<PendingOperation> pending, CommLedger* ledger, std::string group,
-                 CommOp op, std::int64_t bytes, double start_ms)
+                 CommOp op, std::int64_t bytes, std::uint64_t sequence, double start_ms)
     : pending_(std::move(pending)), ledger_(ledger), group_(std::move(group)), op_(op),
-      bytes_(bytes), start_ms_(start_ms) {}
+      bytes_(bytes), sequence_(sequence), start_ms_(start_ms) {}
 
 Request& Request::operator=(Request&& other) noexcept {
   if (this != &other) {
@@ -52,6 +52,7 @@ Request& Request::operator=(Request&& other) noexcept {
     group_ = std::move(other.group_);
     op_ = other.op_;
     bytes_ = other.bytes_;
+    sequence_ = other.sequence_;
     start_ms_ = other.start_ms_;
   }
   return *this;
@@ -77,23 +78,24 @@ void Request::wait() {
 
 void Request::finish() {
   pending_.reset();
-  if (ledger_ != nullptr) ledger_->record_completed(op_, group_, bytes_, start_ms_, now_ms());
+  if (ledger_ != nullptr)
+    ledger_->record_completed(sequence_, op_, group_, bytes_, start_ms_, now_ms());
 }
 
 void Communicator::run(const Operation& operation) {
   const double start_ms = now_ms();
   const std::int64_t bytes = operation.ledger_bytes(size());
-  ledger_.record_posted(operation.op, group_, bytes);
+  const std::uint64_t sequence = ledger_.record_posted(operation.op, group_, bytes);
   run_backend(operation);
-  ledger_.record_completed(operation.op, group_, bytes, start_ms, now_ms());
+  ledger_.record_completed(sequence, operation.op, group_, bytes, start_ms, now_ms());
 }
 
 Request Communicator::start(const Operation& operation) {
   const double start_ms = now_ms();
   const std::int64_t bytes = operation.ledger_bytes(size());
-  ledger_.record_posted(operation.op, group_, bytes);
+  const std::uint64_t sequence = ledger_.record_posted(operation.op, group_, bytes);
   auto pending = start_backend(operation);
-  return Request(std::move(pending), &ledger_, group_, operation.op, bytes, start_ms);
+  return Request(std::move(pending), &ledger_, group_, operation.op, bytes, sequence, start_ms);
 }
 
 }  // namespace mlptrain

@@ -70,7 +70,7 @@ class Request {
  public:
   Request() = default;
   Request(std::unique_ptr<PendingOperation> pending, CommLedger* ledger, std::string group,
-          CommOp op, std::int64_t bytes, double start_ms);
+          CommOp op, std::int64_t bytes, std::uint64_t sequence, double start_ms);
   Request(Request&&) noexcept = default;
   Request& operator=(Request&& other) noexcept;
   ~Request();
@@ -86,6 +86,7 @@ class Request {
   std::string group_;
   CommOp op_ = CommOp::all_reduce;
   std::int64_t bytes_ = 0;
+  std::uint64_t sequence_ = 0;
   double start_ms_ = 0;
 };
 

@@ -57,6 +57,7 @@ struct Config {
   int save_every = 0;
   std::string resume;
   bool predict = false;
+  double timeout_s = 300;  // a step running longer is a hang: report and abort (0: never)
 };
 
 }  // namespace mlptrain

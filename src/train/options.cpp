@@ -65,6 +65,8 @@ void visit_options(Config_& c, Visit&& visit) {
   visit(S::output, "save-every", c.save_every, "checkpoint every N steps (0: only at the end)");
   visit(S::output, "resume", c.resume, "checkpoint file, or directory with 'latest'");
   visit(S::output, "predict", c.predict, "print predicted memory and communication, no training");
+  visit(S::output, "timeout", c.timeout_s, "seconds a step may take before the job is reported hung "
+                                           "and aborted (0: never)");
 }
 
 const char* section_title(Section section) {
@@ -222,7 +224,7 @@ void validate_options(Config& c, int world_size) {
   at_least("warmup-steps", c.warmup_steps, 0);
   at_least("seed", c.seed, std::int64_t{0});
   for (double value : {c.lr, c.weight_decay, c.beta1, c.beta2, c.eps, c.grad_clip,
-                       c.capacity_factor, c.aux_loss_coef})
+                       c.capacity_factor, c.aux_loss_coef, c.timeout_s})
     require(std::isfinite(value), "option values must be finite numbers");
 
   at_least("dp", c.dp, 0);
@@ -235,6 +237,7 @@ void validate_options(Config& c, int world_size) {
   one_of("comm", c.comm, {"mpi", "nccl"});
   at_least("log-every", c.log_every, 0);
   at_least("save-every", c.save_every, 0);
+  at_least("timeout", c.timeout_s, 0.0);
 
   const int model_parallel = c.tp * c.pp;
   if (c.dp == 0) {

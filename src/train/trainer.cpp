@@ -4,6 +4,8 @@
 #include <mpi.h>
 
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fmt/format.h>
 #include <memory>
@@ -22,6 +24,7 @@
 #include "train/report.hpp"
 #include "train/schedule_executor.hpp"
 #include "train/trace_file.hpp"
+#include "train/watchdog.hpp"
 
 namespace mlptrain {
 
@@ -54,6 +57,10 @@ class Trainer {
   void write_trace_file();
   // Sums values over the world (each counted where owned), skipped in one process.
   void world_sum(double* values, std::size_t count);
+  // The step's world sum of its four totals. A test-only environment switch,
+  // MLPTRAIN_TEST_SKIP_STEP_SUM=RANK:STEP, makes one rank skip it at one step (1-based): the
+  // mismatch the watchdog must report.
+  void step_sum(std::int64_t step, double* totals);
   PlacementPrediction predict() const;
   std::string describe_run() const;
   TrainingState state(std::int64_t step) const {
@@ -88,6 +95,7 @@ class Trainer {
   std::vector<Action> schedule_;
   MemoryByState run_peak_{};
   std::optional<std::string> read_problem_;
+  std::int64_t skip_step_sum_at_ = -1;
   int first_layer_ = 0;
   int last_layer_ = 0;
 };
@@ -163,6 +171,12 @@ Trainer::Trainer(const Config& config, MPI_Comm world_comm, const CommSettings& 
     trace_origin_ms_ = now_ms();
   }
   executor_ = std::make_unique<ScheduleExecutor>(*runner_, *strategies_, allocator_, trace_.get());
+  if (const char* skip = std::getenv("MLPTRAIN_TEST_SKIP_STEP_SUM")) {
+    int skip_rank = -1;
+    long long skip_step = -1;
+    if (std::sscanf(skip, "%d:%lld", &skip_rank, &skip_step) == 2 && skip_rank == world.rank())
+      skip_step_sum_at_ = skip_step;
+  }
   note_peaks();
 }
 
@@ -240,6 +254,10 @@ void Trainer::world_sum(double* values, std::size_t count) {
   if (groups_->shape().world > 1) groups_->world().all_reduce(values, count);
 }
 
+void Trainer::step_sum(std::int64_t step, double* totals) {
+  if (step + 1 != skip_step_sum_at_) world_sum(totals, 4);
+}
+
 void Trainer::read_samples(Split split, const std::vector<std::int64_t>& indices,
                            MicroBatchActivations& activations) {
   if (!runner_->reads_inputs() && !runner_->computes_loss()) return;
@@ -303,7 +321,7 @@ StepRecord Trainer::train_step(std::int64_t step) {
   bool skipped = false;
   if (config_.grad_clip > 0 || config_.on_nan == "skip") {
     totals[2] = AdamW::owned_square_sum(*kernels_, placement_.updated);
-    world_sum(totals, 4);
+    step_sum(step, totals);
     stop_on_read_problem(totals[3]);
     skipped = !finite();
     if (skipped) {
@@ -318,7 +336,7 @@ StepRecord Trainer::train_step(std::int64_t step) {
     // Without clipping the norm comes free from the update's own pass over the gradients. A
     // non-finite one then stops the run after the update, which never reaches a checkpoint.
     totals[2] = optimizer_->update(*kernels_, placement_.updated, learning_rate, step + 1);
-    world_sum(totals, 4);
+    step_sum(step, totals);
     stop_on_read_problem(totals[3]);
     if (!finite()) stop_unless_skipping(step, totals[0], totals[2]);
   }
@@ -417,17 +435,21 @@ void Trainer::train() {
   }
   RunSummary summary;
   std::int64_t last_saved = -1;
+  Watchdog watchdog(config_.timeout_s, groups_->world().rank(), comm_ledger_);
   for (std::int64_t step = start; step < config_.steps; ++step) {
+    watchdog.arm(step + 1);
     StepRecord record = train_step(step);
     if (config_.eval_every > 0 && record.step % config_.eval_every == 0) evaluate(record);
     reporter_->step(record);
     summary.steps.push_back(record);
     if (!config_.checkpoint_dir.empty() && config_.save_every > 0 &&
         record.step % config_.save_every == 0) {
+      watchdog.arm(record.step);  // the save gets a timeout of its own
       save(record.step);
       last_saved = record.step;
     }
   }
+  watchdog.disarm();
   const std::int64_t final_step = std::max<std::int64_t>(start, config_.steps);
   if (!config_.checkpoint_dir.empty() && last_saved != final_step &&
       !(start >= config_.steps && !config_.resume.empty()))

@@ -1,0 +1,46 @@
+"""The hang watchdog: when one rank skips a collective (a test-only switch), every rank's step
+stalls; after --timeout seconds each rank prints its latest operations and the job ends, and the
+two reports show where the ranks diverged. Without a hang it stays silent."""
+import os
+import re
+import subprocess
+import time
+import unittest
+
+from common import MLPTRAIN, MPIEXEC, TrainingTestCase, run
+
+ARGUMENTS = ["--layers", "3", "--hidden", "16", "--global-batch", "16", "--log-every", "0"]
+
+
+class Watchdog(TrainingTestCase):
+    def test_reports_where_the_ranks_diverged(self):
+        environment = dict(os.environ, MLPTRAIN_TEST_SKIP_STEP_SUM="1:3", OPENBLAS_NUM_THREADS="1")
+        started = time.monotonic()
+        result = subprocess.run([MPIEXEC, "-n", "2", MLPTRAIN] + ARGUMENTS + ["--steps", "10", "--timeout", "2"],
+                                capture_output=True, text=True, timeout=60, env=environment)
+        elapsed = time.monotonic() - started
+        self.assertNotEqual(result.returncode, 0)
+        self.assertLess(elapsed, 30)
+        # Each rank's report: its step, then its last operations; the last one it waits for.
+        last = {}
+        for rank in (0, 1):
+            self.assertRegex(result.stderr, rf"watchdog: rank {rank}: step \d+ has not finished after \d+ s \(--timeout 2\)")
+            operations = re.findall(rf"watchdog: rank {rank}:   #(\d+) (\w+) on (\w+) \((\d+) bytes\) (done|WAITING)",
+                                    result.stderr)
+            self.assertTrue(operations, result.stderr)
+            self.assertEqual(operations[-1][4], "WAITING")
+            last[rank] = operations[-1]
+        # Rank 1 skipped step 3's world sum: at the same position in their sequences, rank 0 waits
+        # in that all-reduce on the world, rank 1 already in the next step's on the data-parallel group.
+        self.assertEqual(last[0][0], last[1][0])
+        self.assertEqual(last[0][1:3], ("all_reduce", "world"))
+        self.assertEqual(last[1][1:3], ("all_reduce", "dp"))
+        self.assertRegex(result.stderr, r"watchdog: rank 0: step 3 has not finished")
+
+    def test_silent_without_a_hang(self):
+        result = run(ARGUMENTS + ["--steps", "5", "--timeout", "1"], 2)
+        self.assertNotIn("watchdog", result.stdout + result.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()
