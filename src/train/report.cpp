@@ -38,16 +38,22 @@ std::string human_bytes(double bytes) {
 }
 
 // Mean bytes per step of each op over the recorded steps.
-std::array<double, comm_op_count> mean_comm_per_step(const std::vector<StepRecord>& steps) {
-  std::array<double, comm_op_count> mean{};
-  for (const StepRecord& record : steps)
-    for (int op = 0; op < comm_op_count; ++op) mean[op] += static_cast<double>(record.comm.bytes[op]);
-  if (!steps.empty())
-    for (double& value : mean) value /= static_cast<double>(steps.size());
-  return mean;
+}  // namespace
+
+void RunSummary::add(const StepRecord& record) {
+  ++steps;
+  step_ms.push_back(record.step_ms);
+  samples_per_s.push_back(record.samples_per_s);
+  for (int op = 0; op < comm_op_count; ++op) comm_bytes_sum[op] += static_cast<double>(record.comm.bytes[op]);
+  final_loss = record.loss;
 }
 
-}  // namespace
+std::array<double, comm_op_count> RunSummary::mean_comm_bytes() const {
+  std::array<double, comm_op_count> mean = comm_bytes_sum;
+  if (steps > 0)
+    for (double& value : mean) value /= static_cast<double>(steps);
+  return mean;
+}
 
 nlohmann::json step_json(const StepRecord& record) {
   nlohmann::json comm_bytes = nlohmann::json::object(), comm_ms = nlohmann::json::object();
@@ -73,11 +79,6 @@ nlohmann::json step_json(const StepRecord& record) {
 }
 
 nlohmann::json summary_json(const RunSummary& summary) {
-  std::vector<double> step_ms, throughput;
-  for (const StepRecord& record : summary.steps) {
-    step_ms.push_back(record.step_ms);
-    throughput.push_back(record.samples_per_s);
-  }
   nlohmann::json placement = nlohmann::json::object();
   for (std::size_t index = 0; index < placement_states.size(); ++index) {
     const MemoryState state = placement_states[index];
@@ -86,7 +87,7 @@ nlohmann::json summary_json(const RunSummary& summary) {
         {"predicted_bytes", summary.prediction.bytes[index]},
         {"measured_bytes", summary.peak_memory[static_cast<int>(state)]}};
   }
-  const auto measured = mean_comm_per_step(summary.steps);
+  const auto measured = summary.mean_comm_bytes();
   nlohmann::json comm = nlohmann::json::object();
   for (CommOp op : all_comm_ops) {
     const int index = static_cast<int>(op);
@@ -97,14 +98,14 @@ nlohmann::json summary_json(const RunSummary& summary) {
   nlohmann::json by_rank = nlohmann::json::array();
   for (const MemoryByState& peaks : summary.peak_memory_by_rank) by_rank.push_back(by_state(peaks));
   nlohmann::json object = {{"summary", true},
-                           {"steps", summary.steps.size()},
-                           {"step_ms", median(step_ms)},
-                           {"samples_per_s", median(throughput)},
+                           {"steps", summary.steps},
+                           {"step_ms", median(summary.step_ms)},
+                           {"samples_per_s", median(summary.samples_per_s)},
                            {"peak_mem_bytes", by_state(summary.peak_memory)},
                            {"peak_mem_bytes_by_rank", by_rank},
                            {"placement", placement},
                            {"comm_per_step", comm}};
-  if (!summary.steps.empty()) object["final_loss"] = summary.steps.back().loss;
+  if (summary.steps > 0) object["final_loss"] = summary.final_loss;
   return object;
 }
 
@@ -128,7 +129,7 @@ std::string placement_table(const PlacementPrediction& prediction, const RunSumm
   text += fmt::format("  {:<20}{:>16}", "comm per step", "predicted");
   if (measured) text += fmt::format("{:>16}", "measured");
   text += "\n";
-  const auto means = measured ? mean_comm_per_step(measured->steps) : std::array<double, comm_op_count>{};
+  const auto means = measured ? measured->mean_comm_bytes() : std::array<double, comm_op_count>{};
   for (CommOp op : all_comm_ops) {
     const int index = static_cast<int>(op);
     if (prediction.comm_bytes_per_step[index] == 0 && means[index] == 0) continue;
@@ -207,9 +208,8 @@ void Reporter::summary(const RunSummary& summary) {
   }
   std::string text = fmt::format(
       "summary: {} steps, median {:.2f} ms/step, median {:.0f} samples/s",
-      summary.steps.size(), object["step_ms"].get<double>(),
-      object["samples_per_s"].get<double>());
-  if (!summary.steps.empty()) text += fmt::format(", final loss {:.6f}", summary.steps.back().loss);
+      summary.steps, object["step_ms"].get<double>(), object["samples_per_s"].get<double>());
+  if (summary.steps > 0) text += fmt::format(", final loss {:.6f}", summary.final_loss);
   text += "\nrank 0 memory (peak) and communication, predicted vs measured:\n";
   text += placement_table(summary.prediction, &summary);
   text += "peak memory by rank:\n";

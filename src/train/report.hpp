@@ -35,11 +35,19 @@ struct StepRecord {
 
 nlohmann::json step_json(const StepRecord& record);
 
+// What the end-of-run summary needs of the steps, kept compact: a long run adds 16 bytes a step.
 struct RunSummary {
-  std::vector<StepRecord> steps;
+  std::int64_t steps = 0;
+  std::vector<double> step_ms;
+  std::vector<double> samples_per_s;
+  std::array<double, comm_op_count> comm_bytes_sum{};
+  double final_loss = 0;
   std::vector<MemoryByState> peak_memory_by_rank;
   MemoryByState peak_memory{};  // rank 0's, over the whole run
   PlacementPrediction prediction;
+
+  void add(const StepRecord& record);
+  std::array<double, comm_op_count> mean_comm_bytes() const;
 };
 
 nlohmann::json summary_json(const RunSummary& summary);

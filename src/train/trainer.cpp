@@ -441,7 +441,7 @@ void Trainer::train() {
     StepRecord record = train_step(step);
     if (config_.eval_every > 0 && record.step % config_.eval_every == 0) evaluate(record);
     reporter_->step(record);
-    summary.steps.push_back(record);
+    summary.add(record);
     if (!config_.checkpoint_dir.empty() && config_.save_every > 0 &&
         record.step % config_.save_every == 0) {
       watchdog.arm(record.step);  // the save gets a timeout of its own
@@ -466,7 +466,7 @@ void Trainer::train() {
     std::copy_n(all.begin() + rank * memory_state_count, memory_state_count, peaks.begin());
     summary.peak_memory_by_rank.push_back(peaks);
   }
-  if (!summary.steps.empty()) reporter_->summary(summary);
+  if (summary.steps > 0) reporter_->summary(summary);
   write_trace_file();
 }
 
