@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The whole test suite: sets up (installs and builds what is missing), runs every Meson test
 # (unit, MPI at 2 and 4 ranks, end to end), then builds again with AddressSanitizer and
-# UndefinedBehaviorSanitizer (build-sanitize/) and runs the unit and MPI tests there, and ends with
-# the line "N passed, N failed". MLPTRAIN_SANITIZERS=0 skips the sanitizer build.
+# UndefinedBehaviorSanitizer (build-sanitize/) and runs the unit and MPI tests and the bad-input
+# corpus there, and ends with the line "N passed, N failed". MLPTRAIN_SANITIZERS=0 skips the
+# sanitizer build.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh || { echo "0 passed, 1 failed"; exit 1; }
@@ -42,6 +43,8 @@ if [ "${MLPTRAIN_SANITIZERS:-1}" != 0 ]; then
     # leak at exit and are unloaded before LeakSanitizer could name (and so suppress) them.
     ASAN_OPTIONS=detect_leaks=1:halt_on_error=1 run_tests -C build-sanitize --suite unit
     ASAN_OPTIONS=detect_leaks=0:halt_on_error=1 run_tests -C build-sanitize --suite mpi
+    # The bad-input corpus through the sanitized program: one clear line and no report.
+    ASAN_OPTIONS=detect_leaks=0:halt_on_error=1 run_tests -C build-sanitize bad_input
   else
     echo "test: the sanitizer build failed"
     failed=$(( failed + 1 ))
