@@ -1,5 +1,6 @@
-"""What the benchmark scripts share: where the build is, running mlptrain with a metrics file,
-and writing a result file that names its command, machine and date."""
+"""What the benchmark scripts (and the tests) share: where the build is, running mlptrain with a
+metrics file, finding its ranks' processes, and writing a result file that names its command,
+machine and date."""
 import datetime
 import json
 import os
@@ -53,3 +54,19 @@ def write_result(path, result):
     with open(path, "w") as handle:
         json.dump(stamped, handle, indent=2)
     print(f"bench: wrote {path}")
+
+
+def rank_processes(marker):
+    """Process ids of the running mlptrain ranks whose command line contains `marker`."""
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/comm") as handle:
+                name = handle.read().strip()
+            with open(f"/proc/{entry}/cmdline", "rb") as handle:
+                command = handle.read().decode(errors="replace")
+        except OSError:
+            continue
+        if name == "mlptrain" and marker in command:
+            found.append(int(entry))
+    return sorted(found)

@@ -13,7 +13,7 @@ import sys
 import tempfile
 import time
 
-from benchlib import BUILD, ENVIRONMENT, write_result
+from benchlib import BUILD, ENVIRONMENT, rank_processes, write_result
 
 
 def resident_bytes(pid):
@@ -25,23 +25,6 @@ def resident_bytes(pid):
     except OSError:
         pass
     return None
-
-
-def rank_processes(marker):
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/comm") as handle:
-                name = handle.read().strip()
-            with open(f"/proc/{entry}/cmdline", "rb") as handle:
-                command = handle.read().decode(errors="replace")
-        except OSError:
-            continue
-        if name == "mlptrain" and marker in command:
-            found.append(int(entry))
-    return sorted(found)
 
 
 def main():

@@ -4,6 +4,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import unittest
 
@@ -13,6 +14,9 @@ import numpy as np
 MLPTRAIN = os.environ.get("MLPTRAIN", "build/mlptrain")
 SOURCE_ROOT = os.environ.get("MLPTRAIN_SOURCE", os.path.join(os.path.dirname(__file__), "..", ".."))
 MPIEXEC = shutil.which("mpiexec.mpich") or "mpiexec"
+
+sys.path.insert(0, os.path.join(SOURCE_ROOT, "scripts"))
+from benchlib import rank_processes  # noqa: E402  (shared with the soak script)
 RELATIVE_TOLERANCE = 1e-5
 
 

@@ -11,28 +11,10 @@ import unittest
 import h5py
 import numpy as np
 
-from common import MLPTRAIN, MPIEXEC, TrainingTestCase, read_checkpoint, run
+from common import MLPTRAIN, MPIEXEC, TrainingTestCase, rank_processes, read_checkpoint, run
 
 ARGUMENTS = ["--layers", "4", "--hidden", "32", "--global-batch", "32", "--log-every", "0",
              "--save-every", "20", "--shuffle"]
-
-
-def rank_processes(marker, launcher):
-    """Process ids of the mlptrain ranks whose command line contains `marker`."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == launcher:
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as handle:
-                command = handle.read().decode(errors="replace")
-            with open(f"/proc/{entry}/comm") as handle:
-                name = handle.read().strip()
-        except OSError:
-            continue
-        if name == "mlptrain" and marker in command:
-            found.append(int(entry))
-    return found
 
 
 class Faults(TrainingTestCase):
@@ -51,7 +33,7 @@ class Faults(TrainingTestCase):
                         if int(handle.read().strip()[5:13]) >= 40:
                             break
                 time.sleep(0.05)
-            ranks = rank_processes(directory, launcher.pid)
+            ranks = rank_processes(directory)
             self.assertEqual(len(ranks), 2)
             os.kill(ranks[-1], signal.SIGKILL)
             killed = time.monotonic()

@@ -11,30 +11,13 @@ import signal
 import subprocess
 import unittest
 
-from common import MLPTRAIN, MPIEXEC, TrainingTestCase, read_checkpoint, read_metrics
+from common import MLPTRAIN, MPIEXEC, TrainingTestCase, rank_processes, read_checkpoint, read_metrics
 
 NETWORK = {"MPIR_CVAR_NOLOCAL": "1", "UCX_TLS": "tcp", "MLPTRAIN_SHARED_MEMORY": "0"}
 BASE = ["--dataset", "mixture", "--shuffle", "--layers", "6", "--hidden", "16", "--input-dim", "10",
         "--output-dim", "5", "--global-batch", "24", "--micro-batches", "2", "--lr", "3e-3",
         "--grad-clip", "0.05", "--steps", "8", "--log-every", "0"]
 WORK_TIME_LIMIT_S = 30  # far beyond what these runs need (1-2 s); only the teardown may be cut short
-
-
-def end_ranks(marker):
-    """Kills the mlptrain processes whose command line contains `marker`, if any are left."""
-    for entry in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{entry}/comm") as handle:
-                name = handle.read().strip()
-            with open(f"/proc/{entry}/cmdline", "rb") as handle:
-                command = handle.read().decode(errors="replace")
-        except OSError:
-            continue
-        if name == "mlptrain" and marker in command:
-            try:
-                os.kill(int(entry), signal.SIGKILL)
-            except OSError:
-                pass
 
 
 class Network(TrainingTestCase):
@@ -55,7 +38,11 @@ class Network(TrainingTestCase):
             except subprocess.TimeoutExpired:
                 launcher.kill()
                 launcher.communicate()
-            end_ranks(checkpoints)
+            for pid in rank_processes(checkpoints):  # any rank the process manager left behind
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
             latest = os.path.join(checkpoints, "latest")
             finished = os.path.exists(latest) and read_metrics(metrics)[1] is not None
             self.assertTrue(finished, "the run hung before finishing its work")
