@@ -60,6 +60,24 @@ class Kernels {
                                            float* grad, std::int64_t rows, std::int64_t cols,
                                            float grad_scale) = 0;
 
+  // Row-wise softmax in place (max-subtracted, sums in double).
+  virtual void softmax_rows(float* data, std::int64_t rows, std::int64_t cols) = 0;
+  // grad_logits = p * (grad_p - sum(p * grad_p)) row by row: the softmax's backward (the two
+  // gradients may be one buffer).
+  virtual void softmax_backward_rows(const float* probabilities, const float* grad_probabilities,
+                                     float* grad_logits, std::int64_t rows, std::int64_t cols) = 0;
+  // The row moves of MoE dispatch and combine (scales may be null: 1).
+  // destination[i, :] = scales[i] * source[indices[i], :] for i < rows.
+  virtual void gather_rows(const float* source, const std::int32_t* indices, const float* scales,
+                           float* destination, std::int64_t rows, std::int64_t cols) = 0;
+  // destination[indices[i], :] += scales[i] * source[i, :] for i < rows, in order of i.
+  virtual void scatter_add_rows(const float* source, const std::int32_t* indices,
+                                const float* scales, float* destination, std::int64_t rows,
+                                std::int64_t cols) = 0;
+  // dots[i] = <a[indices[i], :], b[i, :]> for i < rows.
+  virtual void row_dots(const float* a, const std::int32_t* indices, const float* b, float* dots,
+                        std::int64_t rows, std::int64_t cols) = 0;
+
   // AdamW over one flat range; returns the sum of squares of grads (the step's norm comes free).
   virtual double adamw(float* params, const float* grads, float* exp_avg, float* exp_avg_sq,
                        std::size_t count, const AdamWStep& step) = 0;

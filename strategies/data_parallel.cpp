@@ -4,6 +4,9 @@
 // bucket (buckets fill from the last layer backwards), its all-reduce is started without blocking
 // and progressed at every later hook, so reduction overlaps the rest of backward. Losses are
 // scaled by the global sample count, so the sum over ranks is the gradient of the global mean.
+// Each tensor's gradients are summed over its replica group: the whole data-parallel group, or for
+// experts split over an expert-parallel group, the ranks holding the same experts; a bucket holds
+// ranges of one group only.
 #include <algorithm>
 
 #include "strategies/strategy.hpp"
@@ -18,25 +21,57 @@ constexpr std::size_t bucket_capacity_bytes = 4u << 20;
 struct Bucket {
   int first_layer = 0;  // the bucket is complete once this layer's backward is done
   FlatRange range;
+  Communicator* group = nullptr;
   Request request;
 };
 
+// A layer's unit cut where the replica group changes (the padding goes with the last piece).
+struct Segment {
+  FlatRange range;
+  GroupKind group = GroupKind::data;
+};
+
+std::vector<Segment> segments_of(const ParameterStore& parameters, int layer, const GridShape& shape) {
+  const FlatRange unit = parameters.unit_range(layer);
+  std::vector<Segment> segments;
+  for (const ParameterTensor& tensor : parameters.tensors()) {
+    if (tensor.layer != layer) continue;
+    const GroupKind group = tensor.replica_group(shape);
+    if (segments.empty() || segments.back().group != group) {
+      segments.push_back({{tensor.offset, 0}, group});
+      if (segments.size() > 1) {
+        FlatRange& previous = segments[segments.size() - 2].range;
+        previous.count = tensor.offset - previous.offset;
+      }
+    }
+  }
+  segments.back().range.count = unit.offset + unit.count - segments.back().range.offset;
+  return segments;
+}
+
 class DataParallel final : public Strategy {
  public:
-  explicit DataParallel(const StrategyContext& context)
-      : group_(context.groups.group(GroupKind::data)), parameters_(context.parameters) {
+  explicit DataParallel(const StrategyContext& context) : parameters_(context.parameters) {
     // Gradients go where the group reduces fastest (in place in shared memory on one node).
+    Communicator& data = context.groups.group(GroupKind::data);
     parameters_.reallocate_grads([&](std::size_t bytes) {
-      return group_.allocate_collective_memory(context.allocator, MemoryState::grads, bytes);
+      return data.allocate_collective_memory(context.allocator, MemoryState::grads, bytes);
     });
+    const GridShape& shape = context.groups.shape();
     for (int layer = context.last_layer - 1; layer >= context.first_layer; --layer) {
-      const FlatRange layer_range = parameters_.unit_range(layer);
-      if (buckets_.empty() || buckets_.back().range.count * sizeof(float) >= bucket_capacity_bytes)
-        buckets_.push_back({.first_layer = layer, .range = layer_range});
-      else {
-        Bucket& bucket = buckets_.back();
-        bucket.first_layer = layer;
-        bucket.range = {layer_range.offset, bucket.range.count + layer_range.count};
+      const std::vector<Segment> segments = segments_of(parameters_, layer, shape);
+      for (auto segment = segments.rbegin(); segment != segments.rend(); ++segment) {
+        Communicator& group = context.groups.group(segment->group);
+        if (group.size() == 1) continue;  // experts held by one rank: nothing to sum
+        Bucket* bucket = buckets_.empty() ? nullptr : &buckets_.back();
+        if (bucket != nullptr && bucket->group == &group &&
+            segment->range.offset + segment->range.count == bucket->range.offset &&
+            bucket->range.count * sizeof(float) < bucket_capacity_bytes) {
+          bucket->first_layer = layer;
+          bucket->range = {segment->range.offset, bucket->range.count + segment->range.count};
+        } else {
+          buckets_.push_back({.first_layer = layer, .range = segment->range, .group = &group});
+        }
       }
     }
   }
@@ -49,8 +84,8 @@ class DataParallel final : public Strategy {
     if (event.last_micro_batch()) {
       for (Bucket& bucket : buckets_) {
         if (bucket.first_layer != event.layer) continue;
-        bucket.request =
-            group_.all_reduce_async(parameters_.grads() + bucket.range.offset, bucket.range.count);
+        bucket.request = bucket.group->all_reduce_async(parameters_.grads() + bucket.range.offset,
+                                                        bucket.range.count);
       }
     }
     progress();
@@ -62,8 +97,9 @@ class DataParallel final : public Strategy {
 
   void predict(PlacementPrediction& prediction) const override {
     prediction.modes[3] = "S";  // each rank holds the activations of its own samples
-    prediction.comm(CommOp::all_reduce) +=
-        static_cast<std::int64_t>(parameters_.size() * sizeof(float));
+    for (const Bucket& bucket : buckets_)
+      prediction.comm(CommOp::all_reduce) +=
+          static_cast<std::int64_t>(bucket.range.count * sizeof(float));
   }
 
  private:
@@ -72,7 +108,6 @@ class DataParallel final : public Strategy {
     for (Bucket& bucket : buckets_) bucket.request.test();
   }
 
-  Communicator& group_;
   ParameterStore& parameters_;
   std::vector<Bucket> buckets_;
 };

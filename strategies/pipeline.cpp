@@ -21,7 +21,7 @@ PipelineKind pipeline_kind(const Config& config) {
 
 std::vector<LayerRange> stages_of(const std::vector<LayerSpec>& model, int stages) {
   std::vector<std::int64_t> costs;
-  for (const LayerSpec& layer : model) costs.push_back(layer.in_features * layer.out_features + layer.out_features);
+  for (const LayerSpec& layer : model) costs.push_back(layer_cost(layer));
   return balanced_stages(costs, stages);
 }
 

@@ -8,6 +8,7 @@ extern const StrategyRegistration data_parallel_registration;
 extern const StrategyRegistration zero_registration;
 extern const StrategyRegistration tensor_parallel_registration;
 extern const StrategyRegistration pipeline_registration;
+extern const StrategyRegistration expert_parallel_registration;
 
 std::span<const StrategyRegistration> strategy_registry() {
   static const StrategyRegistration registry[] = {
@@ -15,6 +16,7 @@ std::span<const StrategyRegistration> strategy_registry() {
       zero_registration,
       tensor_parallel_registration,
       pipeline_registration,
+      expert_parallel_registration,
   };
   return registry;
 }

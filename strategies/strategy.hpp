@@ -20,6 +20,7 @@
 #include "kernels/kernels.hpp"
 #include "model/linear.hpp"
 #include "model/model_spec.hpp"
+#include "model/moe.hpp"
 #include "model/parameter_store.hpp"
 #include "model/state_runs.hpp"
 #include "strategies/schedule.hpp"
@@ -110,6 +111,10 @@ class Strategy {
     return std::nullopt;
   }
   virtual std::optional<Request> start_transfer(const TransferEvent&) { return std::nullopt; }
+
+  // The strategy that spreads a global micro-batch or the experts over ranks connects MoE
+  // layers to them (else each rank's micro-batch is the global one and it holds every expert).
+  virtual ExpertExchange* expert_exchange() { return nullptr; }
 
   virtual void predict(PlacementPrediction&) const {}
   // Where the rank's state lives when the strategy shards it (else the store's runs are used).

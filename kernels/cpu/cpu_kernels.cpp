@@ -144,6 +144,61 @@ class CpuKernels final : public Kernels {
     return result;
   }
 
+  void softmax_rows(float* data, std::int64_t rows, std::int64_t cols) override {
+    for (std::int64_t row = 0; row < rows; ++row) {
+      float* values = data + row * cols;
+      const float largest = *std::max_element(values, values + cols);
+      double total = 0;
+      for (std::int64_t col = 0; col < cols; ++col) total += std::exp(static_cast<double>(values[col] - largest));
+      for (std::int64_t col = 0; col < cols; ++col)
+        values[col] = static_cast<float>(std::exp(static_cast<double>(values[col] - largest)) / total);
+    }
+  }
+
+  void softmax_backward_rows(const float* probabilities, const float* grad_probabilities,
+                             float* grad_logits, std::int64_t rows, std::int64_t cols) override {
+    for (std::int64_t row = 0; row < rows; ++row) {
+      const float* p = probabilities + row * cols;
+      const float* g = grad_probabilities + row * cols;
+      double inner = 0;
+      for (std::int64_t col = 0; col < cols; ++col) inner += static_cast<double>(p[col]) * g[col];
+      float* out = grad_logits + row * cols;
+      for (std::int64_t col = 0; col < cols; ++col)
+        out[col] = static_cast<float>(p[col] * (g[col] - inner));
+    }
+  }
+
+  void gather_rows(const float* source, const std::int32_t* indices, const float* scales,
+                   float* destination, std::int64_t rows, std::int64_t cols) override {
+    for (std::int64_t row = 0; row < rows; ++row) {
+      const float* __restrict in = source + static_cast<std::int64_t>(indices[row]) * cols;
+      float* __restrict out = destination + row * cols;
+      const float factor = scales != nullptr ? scales[row] : 1.0f;
+      for (std::int64_t col = 0; col < cols; ++col) out[col] = factor * in[col];
+    }
+  }
+
+  void scatter_add_rows(const float* source, const std::int32_t* indices, const float* scales,
+                        float* destination, std::int64_t rows, std::int64_t cols) override {
+    for (std::int64_t row = 0; row < rows; ++row) {
+      const float* __restrict in = source + row * cols;
+      float* __restrict out = destination + static_cast<std::int64_t>(indices[row]) * cols;
+      const float factor = scales != nullptr ? scales[row] : 1.0f;
+      for (std::int64_t col = 0; col < cols; ++col) out[col] += factor * in[col];
+    }
+  }
+
+  void row_dots(const float* a, const std::int32_t* indices, const float* b, float* dots,
+                std::int64_t rows, std::int64_t cols) override {
+    for (std::int64_t row = 0; row < rows; ++row) {
+      const float* left = a + static_cast<std::int64_t>(indices[row]) * cols;
+      const float* right = b + row * cols;
+      dots[row] = static_cast<float>(lane_sum(static_cast<std::size_t>(cols), [&](std::size_t i) {
+        return static_cast<double>(left[i]) * right[i];
+      }));
+    }
+  }
+
   double adamw(float* params, const float* grads, float* exp_avg, float* exp_avg_sq,
                std::size_t count, const AdamWStep& step) override {
     // The scalars are formed as torch.optim.AdamW forms them: in double, then used as float.

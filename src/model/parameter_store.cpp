@@ -13,42 +13,46 @@ std::size_t round_up(std::size_t value, std::size_t multiple) {
 }
 }  // namespace
 
-std::vector<ParameterTensor> dense_parameter_tensors(const std::vector<LayerSpec>& specs, int first,
+std::vector<ParameterTensor> model_parameter_tensors(const std::vector<LayerSpec>& specs, int first,
                                                      int last, const ParameterPlan& plan) {
   const auto unit_multiple = static_cast<std::size_t>(plan.unit_multiple);
-  const auto place = [&](ParameterTensor& tensor, std::size_t& offset) {
-    if (plan.split) plan.split(tensor);
-    tensor.count = 1;
-    for (std::int64_t extent : tensor.local_shape) tensor.count *= static_cast<std::size_t>(extent);
-    tensor.offset = offset;
-    offset += tensor.count;
-  };
-  std::vector<ParameterTensor> tensors;
   const int layer_count = static_cast<int>(specs.size());
+  std::vector<ParameterTensor> tensors;
   std::size_t offset = 0;
-  for (int layer = first; layer < last; ++layer) {
+  int global_index = 0;
+  for (int layer = 0; layer < last; ++layer) {
     const LayerSpec& spec = specs[layer];
     const float bound = 1.0f / std::sqrt(static_cast<float>(spec.in_features));
     const std::string base = layer_path(layer, layer_count);
-    ParameterTensor weight{.path = base + "/weight",
-                           .layer = layer,
-                           .global_index = 2 * layer,
-                           .global_shape = {spec.out_features, spec.in_features},
-                           .local_start = {0, 0},
-                           .local_shape = {spec.out_features, spec.in_features},
-                           .init_bound = bound};
-    ParameterTensor bias{.path = base + "/bias",
-                         .layer = layer,
-                         .global_index = 2 * layer + 1,
-                         .global_shape = {spec.out_features},
-                         .local_start = {0},
-                         .local_shape = {spec.out_features},
-                         .init_bound = bound};
-    place(weight, offset);
-    place(bias, offset);
+    std::vector<ParameterTensor> layer_tensors;
+    const auto add = [&](std::string name, std::vector<std::int64_t> shape, bool expert) {
+      layer_tensors.push_back({.path = base + "/" + std::move(name),
+                               .layer = layer,
+                               .global_index = global_index++,
+                               .global_shape = shape,
+                               .local_start = std::vector<std::int64_t>(shape.size(), 0),
+                               .local_shape = shape,
+                               .init_bound = bound,
+                               .expert = expert});
+    };
+    if (spec.moe()) {
+      add("router/weight", {spec.experts, spec.in_features}, false);
+      add("experts/weight", {spec.experts, spec.out_features, spec.in_features}, true);
+      add("experts/bias", {spec.experts, spec.out_features}, true);
+    } else {
+      add("weight", {spec.out_features, spec.in_features}, false);
+      add("bias", {spec.out_features}, false);
+    }
+    if (layer < first) continue;
+    for (ParameterTensor& tensor : layer_tensors) {
+      if (plan.split) plan.split(tensor);
+      tensor.count = 1;
+      for (std::int64_t extent : tensor.local_shape) tensor.count *= static_cast<std::size_t>(extent);
+      tensor.offset = offset;
+      offset += tensor.count;
+      tensors.push_back(std::move(tensor));
+    }
     offset = round_up(offset, unit_multiple);
-    tensors.push_back(std::move(weight));
-    tensors.push_back(std::move(bias));
   }
   return tensors;
 }
@@ -103,7 +107,12 @@ FlatRange ParameterStore::unit_range(int layer) const {
 
 bool ParameterStore::owns(const ParameterTensor& tensor, const GridShape& shape,
                           const GridCoordinates& place) {
-  if (tensor.replicated_over_data && place.dp != tensor.global_index % shape.dp) return false;
+  if (tensor.replicated_over_data) {
+    // Experts split over an EP group have dp/ep replicas, told apart by expert_replica.
+    const bool by_expert = tensor.replica_group(shape) == GroupKind::expert_data;
+    const int replicas = by_expert ? shape.dp / shape.ep : shape.dp;
+    if ((by_expert ? place.expert_replica : place.dp) != tensor.global_index % replicas) return false;
+  }
   if (tensor.replicated_over_tensor && place.tp != tensor.global_index % shape.tp) return false;
   return true;
 }

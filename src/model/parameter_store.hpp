@@ -27,7 +27,15 @@ struct ParameterTensor {
   std::size_t count = 0;
   float init_bound = 0;  // W and b uniform in [-bound, bound]
   bool replicated_over_tensor = true;  // same values on every rank of the TP group
-  bool replicated_over_data = true;    // same values on every rank of the DP group
+  bool replicated_over_data = true;    // same values on every rank of the DP group...
+  // ...or, for an MoE layer's experts, on the ranks of the DP group holding the same experts
+  // (the expert_data group: the DP group itself unless experts are split over an EP group).
+  bool expert = false;
+
+  // The group over whose ranks this tensor's gradients are summed.
+  GroupKind replica_group(const GridShape& shape) const {
+    return expert && shape.ep > 1 ? GroupKind::expert_data : GroupKind::data;
+  }
 };
 
 struct FlatRange {
@@ -45,9 +53,11 @@ struct ParameterPlan {
   std::function<void(ParameterTensor&)> split;
 };
 
-// The tensors of layers [first, last) of a dense model as the plan places them on this rank,
-// each layer's range padded to a multiple of `plan.unit_multiple` elements.
-std::vector<ParameterTensor> dense_parameter_tensors(const std::vector<LayerSpec>& specs, int first,
+// The tensors of layers [first, last) of the model as the plan places them on this rank, each
+// layer's range padded to a multiple of `plan.unit_multiple` elements: weight and bias of a Linear
+// layer; router/weight [E, hidden], experts/weight [E, hidden, hidden] and experts/bias
+// [E, hidden] of an MoE layer. Global indices count the model's tensors in order.
+std::vector<ParameterTensor> model_parameter_tensors(const std::vector<LayerSpec>& specs, int first,
                                                      int last, const ParameterPlan& plan = {});
 
 class ParameterStore {
@@ -96,13 +106,16 @@ void for_each_run(const std::vector<std::int64_t>& global_shape,
   // Two or three dimensions: the last dimension's runs, row by row.
   const std::int64_t columns = global_shape.back();
   const std::int64_t local_columns = shape.back();
-  const bool full_rows = local_columns == columns;
   std::int64_t outer_rows = 1, global_row_start = 0;
   for (std::size_t dim = 0; dim + 1 < global_shape.size(); ++dim) {
     outer_rows *= shape[dim];
     global_row_start = global_row_start * global_shape[dim] + start[dim];
   }
-  if (full_rows && global_shape.size() == 2) {
+  // A box whole in every dimension but the first is one contiguous run.
+  bool contiguous = true;
+  for (std::size_t dim = 1; dim < global_shape.size(); ++dim)
+    contiguous = contiguous && shape[dim] == global_shape[dim];
+  if (contiguous) {
     visit(global_row_start * columns, std::int64_t{0}, outer_rows * columns);
     return;
   }

@@ -7,11 +7,26 @@ namespace mlptrain {
 
 ModelRunner::ModelRunner(Kernels& kernels, Allocator& allocator, const ParameterStore& parameters,
                          const std::vector<LayerSpec>& specs, int first_layer, int last_layer,
-                         StrategyStack& strategies)
+                         StrategyStack& strategies, const MoeSettings& moe)
     : kernels_(kernels), allocator_(allocator), strategies_(strategies), first_layer_(first_layer),
       last_layer_(last_layer), layer_count_(static_cast<int>(specs.size())) {
-  for (int layer = first_layer; layer < last_layer; ++layer)
-    layers_.push_back(linear_layer_view(parameters, specs[layer], layer_path(layer, layer_count_)));
+  for (int layer = first_layer; layer < last_layer; ++layer) {
+    const LayerSpec& spec = specs[layer];
+    const std::string path = layer_path(layer, layer_count_);
+    if (spec.moe()) {
+      layers_.push_back({.spec = spec});
+      moe_layers_.emplace_back(MoeLayer(parameters, spec, path, moe));
+    } else {
+      layers_.push_back(linear_layer_view(parameters, spec, path));
+      moe_layers_.emplace_back(std::nullopt);
+    }
+  }
+}
+
+MoeStatistics ModelRunner::take_moe_statistics() {
+  MoeStatistics taken = std::move(moe_statistics_);
+  moe_statistics_.clear();
+  return taken;
 }
 
 MicroBatchActivations ModelRunner::prepare(std::int64_t rows, LossKind loss_kind) {
@@ -45,6 +60,8 @@ LossSums ModelRunner::forward(MicroBatchActivations& activations, int micro_batc
   const std::int64_t rows = activations.rows;
   activations.pre.resize(layers_.size());
   activations.output.resize(layers_.size());
+  activations.moe.resize(layers_.size());
+  const MoeLayer::Pass moe_pass{kernels_, allocator_, strategies_.expert_exchange()};
   const float* input = activations.input.floats();
   for (std::size_t local = 0; local < layers_.size(); ++local) {
     const LinearLayer& layer = layers_[local];
@@ -62,10 +79,16 @@ LossSums ModelRunner::forward(MicroBatchActivations& activations, int micro_batc
                      .input = input};
     strategies_.before_layer_forward(event);
     event.pre = activations.pre[local].floats();
-    linear_forward_matmul(kernels_, view, input, rows, event.pre);
-    strategies_.after_layer_matmul(event);
-    event.output = layer_output(activations, local);
-    linear_forward_finish(kernels_, view, rows, event.pre, event.output);
+    if (moe_layers_[local]) {
+      moe_layers_[local]->forward(moe_pass, input, rows, event.pre, activations.moe[local],
+                                  training ? &moe_statistics_ : nullptr);
+      event.output = event.pre;
+    } else {
+      linear_forward_matmul(kernels_, view, input, rows, event.pre);
+      strategies_.after_layer_matmul(event);
+      event.output = layer_output(activations, local);
+      linear_forward_finish(kernels_, view, rows, event.pre, event.output);
+    }
     strategies_.after_layer_forward(event);
     input = event.output;
   }
@@ -115,8 +138,14 @@ void ModelRunner::backward(MicroBatchActivations& activations, int micro_batch,
                      .grad_output = grad_output,
                      .grad_input = grad_input};
     strategies_.before_layer_backward(event);
-    linear_backward(kernels_, view, input, event.pre, grad_output, rows, workspace[2].floats(),
-                    grad_input, event.accumulate_grads);
+    if (moe_layers_[local]) {
+      moe_layers_[local]->backward({kernels_, allocator_, strategies_.expert_exchange()}, input,
+                                   grad_output, rows, grad_input, activations.moe[local],
+                                   event.accumulate_grads, micro_batches);
+    } else {
+      linear_backward(kernels_, view, input, event.pre, grad_output, rows, workspace[2].floats(),
+                      grad_input, event.accumulate_grads);
+    }
     strategies_.after_layer_backward(event);
     grad_output = grad_input;
     outgoing ^= 1;
@@ -134,10 +163,14 @@ std::int64_t ModelRunner::prepared_bytes(std::int64_t rows, LossKind loss_kind) 
 
 std::int64_t ModelRunner::activation_bytes(std::int64_t rows, LossKind loss_kind) const {
   std::int64_t floats = 0;
-  for (const LinearLayer& layer : layers_)
-    floats += rows * layer.spec.out_features * (layer.spec.gelu ? 2 : 1);
+  std::int64_t bytes = 0;
+  for (std::size_t local = 0; local < layers_.size(); ++local) {
+    const LayerSpec& spec = layers_[local].spec;
+    floats += rows * spec.out_features * (spec.gelu ? 2 : 1);
+    if (moe_layers_[local]) bytes += moe_layers_[local]->activation_bytes(rows);
+  }
   if (computes_loss()) floats += rows * output_width();  // the loss gradient
-  return prepared_bytes(rows, loss_kind) + floats * 4;
+  return prepared_bytes(rows, loss_kind) + floats * 4 + bytes;
 }
 
 }  // namespace mlptrain

@@ -2,12 +2,14 @@
 // backward needs and calling the strategies' hooks at the fixed points around each layer.
 #pragma once
 
+#include <optional>
 #include <vector>
 
 #include "core/buffer.hpp"
 #include "kernels/kernels.hpp"
 #include "model/linear.hpp"
 #include "model/loss.hpp"
+#include "model/moe.hpp"
 #include "train/strategy_stack.hpp"
 
 namespace mlptrain {
@@ -24,13 +26,14 @@ struct MicroBatchActivations {
   Buffer loss_grad;           // d loss / d model output (training only)
   Buffer output_grad;         // d loss / d local output, received from the next stage
   Buffer input_grad;          // d loss / d local input, for the previous stage
+  std::vector<MoeActivations> moe;  // per local layer (used by MoE layers)
 };
 
 class ModelRunner {
  public:
   ModelRunner(Kernels& kernels, Allocator& allocator, const ParameterStore& parameters,
               const std::vector<LayerSpec>& specs, int first_layer, int last_layer,
-              StrategyStack& strategies);
+              StrategyStack& strategies, const MoeSettings& moe = {});
 
   bool computes_loss() const { return last_layer_ == layer_count_; }
   bool reads_inputs() const { return first_layer_ == 0; }
@@ -42,6 +45,8 @@ class ModelRunner {
     return layer_output(activations, layers_.size() - 1);
   }
   const std::vector<LinearLayer>& layers() const { return layers_; }
+  // The routing statistics of the training forwards since the last call (MoE layers).
+  MoeStatistics take_moe_statistics();
 
   // Buffers for a micro-batch of `rows` samples: the input, and targets or labels when this rank
   // computes the loss.
@@ -68,7 +73,11 @@ class ModelRunner {
   Kernels& kernels_;
   Allocator& allocator_;
   StrategyStack& strategies_;
+  // Per local layer: a Linear layer's views, or an MoE layer's shape (its parameters are in
+  // moe_layers_).
   std::vector<LinearLayer> layers_;
+  std::vector<std::optional<MoeLayer>> moe_layers_;
+  MoeStatistics moe_statistics_;
   int first_layer_ = 0;
   int last_layer_ = 0;
   int layer_count_ = 0;

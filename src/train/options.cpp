@@ -263,8 +263,16 @@ void validate_options(Config& c, int world_size) {
           fmt::format("--hidden {} is not divisible by --tp {}", c.hidden, c.tp));
 
   not_built(c.tp > 1 && c.zero == 3, "ZeRO stage 3 with tensor parallelism (--zero 3 --tp > 1)");
-  not_built(c.ep > 1, "expert parallelism (--ep > 1)");
-  not_built(c.moe_every > 0, "MoE layers (--moe-every > 0)");
+  if (c.moe_every > 0) {
+    require(c.moe_every <= c.layers - 2,
+            fmt::format("--moe-every {} makes no layer MoE: only hidden layers 1..{} can be (--layers {})",
+                        c.moe_every, c.layers - 2, c.layers));
+    require(c.experts % c.ep == 0,
+            fmt::format("--experts {} is not divisible by --ep {}", c.experts, c.ep));
+  }
+  require(c.ep == 1 || c.moe_every > 0, "--ep splits the experts of MoE layers: it needs --moe-every");
+  not_built(c.moe_every > 0 && c.tp > 1, "MoE layers with tensor parallelism (--moe-every with --tp > 1)");
+  not_built(c.moe_every > 0 && c.zero > 0, "MoE layers with ZeRO (--moe-every with --zero)");
   not_built(c.recompute, "activation recomputation (--recompute)");
   not_built(c.offload, "optimizer offload (--offload)");
   not_built(c.device == "cuda", "the CUDA device (--device cuda)");

@@ -46,6 +46,7 @@ void RunSummary::add(const StepRecord& record) {
   samples_per_s.push_back(record.samples_per_s);
   for (int op = 0; op < comm_op_count; ++op) comm_bytes_sum[op] += static_cast<double>(record.comm.bytes[op]);
   final_loss = record.loss;
+  routed_all_to_all_bytes_sum += record.routed_all_to_all_bytes;
 }
 
 std::array<double, comm_op_count> RunSummary::mean_comm_bytes() const {
@@ -75,6 +76,10 @@ nlohmann::json step_json(const StepRecord& record) {
   if (record.eval_loss) object["eval_loss"] = *record.eval_loss;
   if (record.eval_accuracy) object["eval_accuracy"] = *record.eval_accuracy;
   if (record.skipped) object["skipped"] = true;
+  if (!record.expert_load.empty()) {
+    object["expert_load"] = record.expert_load;
+    object["dropped_tokens"] = record.dropped_tokens;
+  }
   return object;
 }
 
@@ -181,6 +186,8 @@ void Reporter::step(const StepRecord& record) {
         "step {:>{}}/{}  loss {:.6f}  lr {:.3e}  grad_norm {:.4f}  {:.1f} ms  {:.0f} samples/s",
         record.step, std::to_string(total_steps_).size(), total_steps_, record.loss, record.lr,
         record.grad_norm, record.step_ms, record.samples_per_s);
+    if (!record.expert_load.empty())
+      text += fmt::format("  aux_loss {:.6f}  dropped {}", record.aux_loss, record.dropped_tokens);
     if (record.eval_loss) text += fmt::format("  eval_loss {:.6f}", *record.eval_loss);
     if (record.eval_accuracy) text += fmt::format("  eval_accuracy {:.4f}", *record.eval_accuracy);
     if (record.skipped) text += "  (non-finite: update skipped)";

@@ -31,6 +31,11 @@ struct StepRecord {
   std::optional<double> eval_loss;
   std::optional<double> eval_accuracy;
   bool skipped = false;  // non-finite loss or gradients: the update was not applied
+  // MoE layers (empty without): global assignments per expert of each MoE layer over the step,
+  // assignments dropped at capacity, and the all-to-all bytes this rank's routing counts give.
+  std::vector<std::vector<std::int64_t>> expert_load;
+  std::int64_t dropped_tokens = 0;
+  double routed_all_to_all_bytes = 0;
 };
 
 nlohmann::json step_json(const StepRecord& record);
@@ -42,6 +47,7 @@ struct RunSummary {
   std::vector<double> samples_per_s;
   std::array<double, comm_op_count> comm_bytes_sum{};
   double final_loss = 0;
+  double routed_all_to_all_bytes_sum = 0;
   std::vector<MemoryByState> peak_memory_by_rank;
   MemoryByState peak_memory{};  // rank 0's, over the whole run
   PlacementPrediction prediction;

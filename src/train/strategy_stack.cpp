@@ -41,6 +41,12 @@ Request StrategyStack::start_transfer(const TransferEvent& event) {
                                      action_name(event.kind)));
 }
 
+ExpertExchange& StrategyStack::expert_exchange() {
+  for (const auto& strategy : strategies_)
+    if (ExpertExchange* exchange = strategy->expert_exchange()) return *exchange;
+  return single_process_;
+}
+
 std::optional<StatePlacement> StrategyStack::state_placement() const {
   for (const auto& strategy : strategies_)
     if (auto placement = strategy->state_placement()) return placement;

@@ -40,6 +40,8 @@ class StrategyStack {
   std::vector<Action> schedule(int micro_batches, bool training) const;
   // Starts a boundary transfer through the strategy that handles it.
   Request start_transfer(const TransferEvent& event);
+  // Where MoE layers meet the rest of their micro-batch and their experts.
+  ExpertExchange& expert_exchange();
   void predict(PlacementPrediction& prediction) const {
     for (const auto& strategy : strategies_) strategy->predict(prediction);
   }
@@ -60,6 +62,7 @@ class StrategyStack {
     for (auto& strategy : strategies_) call(*strategy);
   }
   std::vector<std::unique_ptr<Strategy>> strategies_;
+  SingleProcessExchange single_process_;
 };
 
 }  // namespace mlptrain

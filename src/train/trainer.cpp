@@ -60,7 +60,11 @@ class Trainer {
   // The step's world sum of its four totals. A test-only environment switch,
   // MLPTRAIN_TEST_SKIP_STEP_SUM=RANK:STEP, makes one rank skip it at one step (1-based): the
   // mismatch the watchdog must report.
-  void step_sum(std::int64_t step, double* totals);
+  void step_sum(std::int64_t step, std::vector<double>& totals);
+  // Appends the step's MoE routing figures to its world sums: the aux loss, dropped assignments
+  // and each MoE layer's expert loads, counted once per stage (they are global already).
+  void append_moe_totals(std::vector<double>& totals, const MoeStatistics& statistics) const;
+  void read_moe_totals(const std::vector<double>& totals, StepRecord& record) const;
   PlacementPrediction predict() const;
   std::string describe_run() const;
   TrainingState state(std::int64_t step) const {
@@ -82,6 +86,7 @@ class Trainer {
   std::unique_ptr<Dataset> dataset_;
   LossKind loss_kind_ = LossKind::mse;
   std::vector<LayerSpec> specs_;
+  std::vector<int> moe_layers_;  // the model's MoE layers, in order
   std::unique_ptr<ParameterStore> parameters_;
   std::unique_ptr<StrategyStack> strategies_;
   StatePlacement placement_;
@@ -121,7 +126,10 @@ Trainer::Trainer(const Config& config, MPI_Comm world_comm, const CommSettings& 
   });
   const DatasetInfo& data = dataset_->info();
   loss_kind_ = data.kind == TargetKind::classification ? LossKind::cross_entropy : LossKind::mse;
-  specs_ = dense_layer_specs(config.layers, data.input_dim, config.hidden, data.output_dim);
+  specs_ = model_layer_specs(config.layers, data.input_dim, config.hidden, data.output_dim,
+                             config.moe_every, config.experts, config.top_k);
+  for (const LayerSpec& spec : specs_)
+    if (spec.moe()) moe_layers_.push_back(spec.index);
   const LayerRange layers = StrategyStack::layers(config, specs_, shape, groups_->place());
   first_layer_ = layers.first;
   last_layer_ = layers.last;
@@ -129,7 +137,7 @@ Trainer::Trainer(const Config& config, MPI_Comm world_comm, const CommSettings& 
   const ParameterPlan plan = StrategyStack::plan(config, shape, groups_->place());
   allocate_or_explain([&] {
     parameters_ = std::make_unique<ParameterStore>(
-        dense_parameter_tensors(specs_, first_layer_, last_layer_, plan), allocator_, plan);
+        model_parameter_tensors(specs_, first_layer_, last_layer_, plan), allocator_, plan);
   });
   const StrategyContext context{.config = config,
                                 .groups = *groups_,
@@ -148,8 +156,9 @@ Trainer::Trainer(const Config& config, MPI_Comm world_comm, const CommSettings& 
       [&] { optimizer_ = std::make_unique<AdamW>(config, allocator_, placement_); });
   // The runner's layer views point into the parameter store: taken only now, since strategies
   // may move parameter memory (data parallel places gradients where its group reduces them).
-  runner_ = std::make_unique<ModelRunner>(*kernels_, allocator_, *parameters_, specs_, first_layer_,
-                                          last_layer_, *strategies_);
+  runner_ = std::make_unique<ModelRunner>(
+      *kernels_, allocator_, *parameters_, specs_, first_layer_, last_layer_, *strategies_,
+      MoeSettings{.capacity_factor = config.capacity_factor, .aux_loss_coef = config.aux_loss_coef});
   order_ = std::make_unique<SampleOrder>(data.train_size, config.shuffle,
                                          static_cast<std::uint64_t>(config.seed));
   batch_ = {.global_batch = config.global_batch,
@@ -209,6 +218,16 @@ std::string Trainer::describe_run() const {
       strategies.empty() ? " none" : strategies, specs_.size(), widths, parameter_count(specs_),
       dataset_->info().name, dataset_->info().train_size, config_.global_batch,
       config_.micro_batches, config_.steps);
+  if (!moe_layers_.empty()) {
+    std::string layers;
+    for (int layer : moe_layers_) layers += (layers.empty() ? "" : ", ") + std::to_string(layer);
+    text += fmt::format("\nMoE layer(s) {}: {} experts, top-{}, {}, aux loss coefficient {}", layers,
+                        config_.experts, config_.top_k,
+                        config_.capacity_factor > 0
+                            ? fmt::format("capacity factor {}", config_.capacity_factor)
+                            : std::string("dropless"),
+                        config_.aux_loss_coef);
+  }
   for (const std::string& note : strategies_->notes()) text += "\n" + note;
   return text;
 }
@@ -254,8 +273,31 @@ void Trainer::world_sum(double* values, std::size_t count) {
   if (groups_->shape().world > 1) groups_->world().all_reduce(values, count);
 }
 
-void Trainer::step_sum(std::int64_t step, double* totals) {
-  if (step + 1 != skip_step_sum_at_) world_sum(totals, 4);
+void Trainer::step_sum(std::int64_t step, std::vector<double>& totals) {
+  if (step + 1 != skip_step_sum_at_) world_sum(totals.data(), totals.size());
+}
+
+void Trainer::append_moe_totals(std::vector<double>& totals, const MoeStatistics& statistics) const {
+  if (moe_layers_.empty()) return;
+  const bool counts = groups_->place().dp == 0 && groups_->place().tp == 0;
+  totals.push_back(counts ? statistics.aux_loss : 0.0);
+  totals.push_back(counts ? statistics.dropped : 0.0);
+  for (int layer : moe_layers_) {
+    const auto found = statistics.expert_load.find(layer);
+    for (int expert = 0; expert < config_.experts; ++expert)
+      totals.push_back(counts && found != statistics.expert_load.end() ? found->second[expert] : 0.0);
+  }
+}
+
+void Trainer::read_moe_totals(const std::vector<double>& totals, StepRecord& record) const {
+  if (moe_layers_.empty()) return;
+  record.aux_loss = totals[4] / config_.micro_batches;
+  record.dropped_tokens = std::llround(totals[5]);
+  auto load = totals.begin() + 6;
+  for (std::size_t layer = 0; layer < moe_layers_.size(); ++layer) {
+    std::vector<std::int64_t>& experts = record.expert_load.emplace_back();
+    for (int expert = 0; expert < config_.experts; ++expert) experts.push_back(std::llround(*load++));
+  }
 }
 
 void Trainer::read_samples(Split split, const std::vector<std::int64_t>& indices,
@@ -313,8 +355,12 @@ StepRecord Trainer::train_step(std::int64_t step) {
   record_span(trace_.get(), "synchronize_gradients", synchronize_start_ms, now_ms());
   const double optimizer_start_ms = now_ms();
 
-  double totals[4] = {counts_loss() ? local.loss_sum : 0.0, counts_loss() ? local.correct : 0.0,
-                      0.0, read_problem_ ? 1.0 : 0.0};
+  // The step's world sums: loss, correct predictions, squared gradient norm, read failures, and
+  // what MoE layers report.
+  std::vector<double> totals = {counts_loss() ? local.loss_sum : 0.0,
+                                counts_loss() ? local.correct : 0.0, 0.0, read_problem_ ? 1.0 : 0.0};
+  const MoeStatistics moe = runner_->take_moe_statistics();
+  append_moe_totals(totals, moe);
   const double learning_rate = scheduled_learning_rate(config_, step);
   // Every rank sees the same world sums, so every rank takes the same decision.
   const auto finite = [&] { return std::isfinite(totals[0]) && std::isfinite(totals[2]); };
@@ -349,6 +395,8 @@ StepRecord Trainer::train_step(std::int64_t step) {
   record.loss = totals[0] / loss_normalizer(loss_kind_, config_.global_batch, specs_.back().out_features);
   record.lr = learning_rate;
   record.grad_norm = std::sqrt(totals[2]);
+  read_moe_totals(totals, record);
+  record.routed_all_to_all_bytes = moe.all_to_all_bytes;
   record.step_ms = now_ms() - start_ms;
   record.samples_per_s = static_cast<double>(config_.global_batch) / (record.step_ms / 1000.0);
   record.comm = comm_ledger_.step();
@@ -396,7 +444,7 @@ CheckpointScope Trainer::checkpoint_scope() {
   return {.world = groups_->world(),
           .mpi_comm = mpi_world_,
           .allocator = allocator_,
-          .global_tensors = dense_parameter_tensors(specs_, 0, config_.layers),
+          .global_tensors = model_parameter_tensors(specs_, 0, config_.layers),
           .layer_count = config_.layers};
 }
 
@@ -458,6 +506,10 @@ void Trainer::train() {
   note_peaks();
   summary.peak_memory = run_peak_;
   summary.prediction = predict();
+  // Exchanged experts' rows follow the routing: the counts measured give the prediction.
+  if (groups_->shape().ep > 1 && summary.steps > 0)
+    summary.prediction.comm(CommOp::all_to_all) =
+        std::llround(summary.routed_all_to_all_bytes_sum / static_cast<double>(summary.steps));
   Communicator& world = groups_->world();
   std::vector<std::int64_t> all(static_cast<std::size_t>(memory_state_count * world.size()));
   world.all_gather(run_peak_.data(), all.data(), memory_state_count);

@@ -59,6 +59,14 @@ class BadInput(TrainingTestCase):
             (["--tp", "3"], 2, ["world size 2", "tp"]),
             (["--device", "cuda"], 1, ["--device cuda", "not built yet"]),
             (["--save-every", "5"], 1, ["--checkpoint-dir"]),
+            (["--moe-every", "1", "--experts", "6", "--ep", "4"], 4, ["--experts 6", "--ep 4"]),
+            (["--moe-every", "1", "--experts", "4", "--ep", "4"], 2, ["--ep 4", "dp 2"]),
+            (["--moe-every", "1", "--experts", "4", "--ep", "2", "--pp", "2"], 2, ["--ep 2", "dp 1"]),
+            (["--moe-every", "1", "--experts", "2", "--top-k", "3"], 1, ["--top-k 3", "--experts 2"]),
+            (["--moe-every", "1", "--capacity-factor", "-0.5"], 1, ["--capacity-factor"]),
+            (["--moe-every", "5"], 1, ["--moe-every 5", "--layers 3"]),
+            (["--ep", "2"], 2, ["--ep", "--moe-every"]),
+            (["--moe-every", "1", "--tp", "2"], 2, ["--tp", "not built yet"]),
         ]
         for arguments, ranks, names in cases:
             with self.subTest(arguments=arguments):

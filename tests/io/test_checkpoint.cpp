@@ -50,7 +50,7 @@ class CheckpointTest : public ::testing::Test {
   MpiCommunicator world{MPI_COMM_WORLD, "world", ledger};
   MemoryLedger memory;
   HostAllocator allocator{memory};
-  std::vector<ParameterTensor> whole = dense_parameter_tensors(dense_layer_specs(3, 5, 8, 3), 0, 3);
+  std::vector<ParameterTensor> whole = model_parameter_tensors(model_layer_specs(3, 5, 8, 3), 0, 3);
 
   std::string directory() {
     // One directory for all ranks: rank 0's process id names it.

@@ -44,7 +44,7 @@ struct LayerFixture {
   explicit LayerFixture(bool gelu) {
     specs = {{.index = 0, .in_features = 5, .out_features = 4, .gelu = gelu},
              {.index = 1, .in_features = 4, .out_features = 3, .gelu = false}};
-    store = std::make_unique<ParameterStore>(dense_parameter_tensors(specs, 0, 1), allocator);
+    store = std::make_unique<ParameterStore>(model_parameter_tensors(specs, 0, 1), allocator);
     initialize_values(store_placement(*store, {}, {}).held, 11);
     layer = linear_layer_view(*store, specs[0], "layers/00");
   }
@@ -113,7 +113,7 @@ TEST(Loss, GradientsMatchFiniteDifferencesOfTheGlobalMean) {
 }
 
 TEST(ModelSpec, LayerShapesAndPaths) {
-  const auto specs = dense_layer_specs(4, 7, 16, 3);
+  const auto specs = model_layer_specs(4, 7, 16, 3);
   ASSERT_EQ(specs.size(), 4u);
   EXPECT_EQ(specs[0].in_features, 7);
   EXPECT_EQ(specs[0].out_features, 16);
@@ -129,8 +129,8 @@ TEST(ModelSpec, LayerShapesAndPaths) {
 TEST(ParameterStore, FlatLayoutAndInitBounds) {
   MemoryLedger ledger;
   HostAllocator allocator(ledger);
-  const auto specs = dense_layer_specs(3, 6, 8, 2);
-  ParameterStore store(dense_parameter_tensors(specs, 0, 3), allocator);
+  const auto specs = model_layer_specs(3, 6, 8, 2);
+  ParameterStore store(model_parameter_tensors(specs, 0, 3), allocator);
   initialize_values(store_placement(store, {}, {}).held, 5);
   const std::size_t expected = 8 * 6 + 8 + 8 * 8 + 8 + 2 * 8 + 2;
   EXPECT_EQ(store.size(), expected);
@@ -149,9 +149,9 @@ TEST(ParameterStore, FlatLayoutAndInitBounds) {
 TEST(ParameterStore, UnitsArePaddedToTheAskedMultipleAndMemoryFollowsThePlan) {
   MemoryLedger ledger;
   HostAllocator allocator(ledger);
-  const auto specs = dense_layer_specs(3, 6, 8, 2);  // units of 56, 72 and 18 elements
+  const auto specs = model_layer_specs(3, 6, 8, 2);  // units of 56, 72 and 18 elements
   const ParameterPlan plan{.unit_multiple = 4, .hold_values = true, .hold_grads = false};
-  ParameterStore store(dense_parameter_tensors(specs, 0, 3, plan), allocator, plan);
+  ParameterStore store(model_parameter_tensors(specs, 0, 3, plan), allocator, plan);
   EXPECT_EQ(store.unit_range(0).count, 56u);
   EXPECT_EQ(store.unit_range(1).offset, 56u);
   EXPECT_EQ(store.unit_range(2).offset, 128u);
@@ -165,8 +165,8 @@ TEST(ParameterStore, UnitsArePaddedToTheAskedMultipleAndMemoryFollowsThePlan) {
 TEST(ParameterStore, AShardGeneratedAloneEqualsTheSliceOfTheWhole) {
   MemoryLedger ledger;
   HostAllocator allocator(ledger);
-  const auto specs = dense_layer_specs(2, 9, 7, 3);
-  ParameterStore whole(dense_parameter_tensors(specs, 0, 2), allocator);
+  const auto specs = model_layer_specs(2, 9, 7, 3);
+  ParameterStore whole(model_parameter_tensors(specs, 0, 2), allocator);
   initialize_values(store_placement(whole, {}, {}).held, 42);
   // A box of rows [2, 6) and columns [3, 8) of layer 0's weight, as a tensor-parallel rank holds.
   ParameterTensor shard = whole.tensor("layers/00/weight");
@@ -206,8 +206,8 @@ TEST(ParameterStore, RunsOfBoxesInRowMajorOrder) {
 }
 
 TEST(ParameterStore, ReplicatedTensorsHaveExactlyOneOwner) {
-  const auto specs = dense_layer_specs(3, 4, 4, 2);
-  const auto tensors = dense_parameter_tensors(specs, 0, 3);
+  const auto specs = model_layer_specs(3, 4, 4, 2);
+  const auto tensors = model_parameter_tensors(specs, 0, 3);
   const GridShape shape{.world = 6, .tp = 2, .dp = 3, .pp = 1, .ep = 1};
   for (const ParameterTensor& tensor : tensors) {
     int owners = 0;

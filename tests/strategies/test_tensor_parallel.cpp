@@ -37,11 +37,11 @@ struct Replica {
     config.hidden = 12;
     config.tp = size;
     config.dp = 1;
-    specs = dense_layer_specs(layers, 6, config.hidden, 5);
+    specs = model_layer_specs(layers, 6, config.hidden, 5);
     const GridShape shape{.world = size, .tp = size, .dp = 1, .pp = 1, .ep = 1};
     groups = std::make_unique<ProcessGroups>(comm, shape, ledger);
     const ParameterPlan plan = StrategyStack::plan(config, shape, groups->place());
-    store = std::make_unique<ParameterStore>(dense_parameter_tensors(specs, 0, layers, plan), allocator, plan);
+    store = std::make_unique<ParameterStore>(model_parameter_tensors(specs, 0, layers, plan), allocator, plan);
     strategies = std::make_unique<StrategyStack>(StrategyContext{
         config, *groups, *kernels, allocator, *store, specs, 0, layers});
     initialize_values(store_placement(*store, shape, groups->place()).held, 99);

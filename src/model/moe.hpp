@@ -1,0 +1,146 @@
+// A mixture-of-experts layer (DESIGN.md §2.1) as explicit forward and backward passes: a router
+// W_r [E, hidden] whose softmax picks each token's top-k experts (ties to the lower index); the
+// tokens' rows grouped by expert; each expert a Linear hidden -> hidden with GELU; the outputs
+// combined, weighted by the router probabilities. Routing is defined on the global micro-batch
+// (every data-parallel rank's tokens): capacity keeps the first ceil(f k T / E) assignments of
+// each expert in global sample order, and the auxiliary load-balancing loss uses global fractions,
+// so every layout routes alike. The layer reaches other ranks only through an ExpertExchange:
+// per-expert statistics gathered over the data-parallel group, and rows sent to and from the
+// ranks that hold the experts (the expert-parallel group). Routing decisions are made on the
+// host from the router probabilities (a [tokens, E] matrix).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "core/buffer.hpp"
+#include "kernels/kernels.hpp"
+#include "model/model_spec.hpp"
+#include "model/parameter_store.hpp"
+
+namespace mlptrain {
+
+struct MoeSettings {
+  double capacity_factor = 0;  // 0: dropless
+  double aux_loss_coef = 0;
+};
+
+// How an MoE layer meets the rest of its global micro-batch and its experts.
+class ExpertExchange {
+ public:
+  virtual ~ExpertExchange() = default;
+  // The data-parallel group (one global micro-batch) and the expert-parallel group inside it:
+  // expert rank j of this rank's EP group is data rank (data_rank() - expert_rank() + j), and
+  // holds experts [j E / X, (j + 1) E / X).
+  virtual int data_ranks() const = 0;
+  virtual int data_rank() const = 0;
+  virtual int expert_ranks() const = 0;
+  virtual int expert_rank() const = 0;
+  // Every data rank's `count` values, in rank order: `all` holds data_ranks() x count.
+  virtual void gather_statistics(const double* local, double* all, std::size_t count) = 0;
+  // Rows to the EP group: `send` packed by destination rank, `receive` by source rank (floats
+  // per rank given). Only called when there is more than one expert rank.
+  virtual void exchange_rows(const float* send, const std::vector<std::size_t>& send_floats,
+                             float* receive, const std::vector<std::size_t>& receive_floats) = 0;
+};
+
+// One process: its micro-batch is the global one, and it holds every expert.
+class SingleProcessExchange final : public ExpertExchange {
+ public:
+  int data_ranks() const override { return 1; }
+  int data_rank() const override { return 0; }
+  int expert_ranks() const override { return 1; }
+  int expert_rank() const override { return 0; }
+  void gather_statistics(const double* local, double* all, std::size_t count) override;
+  void exchange_rows(const float* send, const std::vector<std::size_t>& send_floats, float* receive,
+                     const std::vector<std::size_t>& receive_floats) override;
+};
+
+// The routing of one micro-batch, as backward needs it. "Packed" order is this rank's kept
+// assignments sorted by expert, then token: the order rows leave for the experts.
+struct MoeRouting {
+  std::vector<std::int32_t> token;   // per packed assignment: the local token
+  std::vector<std::int32_t> expert;  // ...its expert
+  std::vector<float> weight;         // ...its router probability
+  std::vector<std::size_t> send_rows;     // per expert rank: rows this rank sends
+  std::vector<std::size_t> receive_rows;  // per expert rank: rows this rank's experts receive
+  std::vector<std::int64_t> rows_per_local_expert;
+  // Received rows come grouped by source rank; the experts need them grouped by expert.
+  // grouping[i] is the received row at expert-grouped position i, ungrouping its inverse (both
+  // empty with one expert rank, where the two orders coincide).
+  std::vector<std::int32_t> grouping;
+  std::vector<std::int32_t> ungrouping;
+  std::vector<double> fraction;  // f_e over the global micro-batch (no gradient)
+  double tokens = 0;             // T: tokens of the global micro-batch
+
+  std::int64_t kept() const { return static_cast<std::int64_t>(token.size()); }
+  std::int64_t received() const;
+};
+
+// What one micro-batch's forward keeps for backward (charged as activations).
+struct MoeActivations {
+  Buffer probabilities;  // [rows, E]
+  Buffer expert_input;   // [received, hidden], grouped by local expert
+  Buffer expert_pre;     // [received, hidden]: x W_e^T + b_e
+  Buffer returned;       // [kept, hidden]: the experts' outputs, packed order
+  MoeRouting routing;
+};
+
+// Routing statistics of training forwards, summed over a step's micro-batches. Loads, the
+// auxiliary loss and dropped assignments are global (equal on every data-parallel rank); the
+// all-to-all bytes are this rank's, as the routing counts predict them (forward and backward).
+struct MoeStatistics {
+  std::map<int, std::vector<double>> expert_load;  // per layer: assignments per expert
+  double aux_loss = 0;                             // summed over micro-batches and layers
+  double dropped = 0;
+  double all_to_all_bytes = 0;
+
+  void clear() { *this = MoeStatistics{}; }
+};
+
+// Views of an MoE layer's parameters in the store (this rank's experts) and its passes.
+class MoeLayer {
+ public:
+  MoeLayer(const ParameterStore& store, const LayerSpec& spec, const std::string& base_path,
+           const MoeSettings& settings);
+
+  const LayerSpec& spec() const { return spec_; }
+  int local_experts() const { return local_experts_; }
+
+  struct Pass {
+    Kernels& kernels;
+    Allocator& allocator;
+    ExpertExchange& exchange;
+  };
+  // output [rows, hidden] from input [rows, hidden]; `statistics` (training) gathers routing
+  // figures. Collective over the exchange's groups.
+  void forward(const Pass& pass, const float* input, std::int64_t rows, float* output,
+               MoeActivations& saved, MoeStatistics* statistics) const;
+  // grad_input [rows, hidden] from grad_output, parameter gradients written (or added, when
+  // `accumulate`); the auxiliary loss's gradient is that of its mean over `micro_batches`.
+  void backward(const Pass& pass, const float* input, const float* grad_output, std::int64_t rows,
+                float* grad_input, MoeActivations& saved, bool accumulate, int micro_batches) const;
+
+  // Bytes one micro-batch of `rows` tokens keeps for backward when its routing is balanced
+  // (k rows per token reach the experts; the actual figure follows the routing).
+  std::int64_t activation_bytes(std::int64_t rows) const;
+
+ private:
+  MoeRouting route(const Pass& pass, const float* probabilities, std::int64_t rows,
+                   MoeStatistics* statistics) const;
+
+  LayerSpec spec_;
+  MoeSettings settings_;
+  int first_expert_ = 0;
+  int local_experts_ = 0;
+  float* router_ = nullptr;  // [E, hidden]
+  float* router_grad_ = nullptr;
+  float* weight_ = nullptr;  // [local experts, hidden, hidden]
+  float* weight_grad_ = nullptr;
+  float* bias_ = nullptr;  // [local experts, hidden]
+  float* bias_grad_ = nullptr;
+};
+
+}  // namespace mlptrain

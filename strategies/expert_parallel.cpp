@@ -1,0 +1,102 @@
+// Expert parallelism for MoE layers (GShard, Lepikhin et al. 2020; Switch Transformer, Fedus et
+// al. 2021). The experts of each MoE layer are split over an expert-parallel group of X ranks
+// carved out of the data-parallel group (E / X experts each); dense layers and routers stay
+// replicated. An MoE layer (src/model/moe.cpp) routes its tokens, then through this strategy:
+//   - gathers every data-parallel rank's per-expert assignment counts and probability sums, so
+//     capacity, dropping and the auxiliary loss are those of the global micro-batch (and each
+//     rank knows how many rows it will send to and receive from every peer: no second count
+//     exchange is needed);
+//   - sends each kept assignment's row to the rank of its expert with a variable all-to-all on the
+//     EP group, and the experts' outputs back with a second one; backward sends the output
+//     gradients out and the input gradients back the same ways, counts swapped.
+// Gradients of an expert are summed only over the ranks holding the same experts (the
+// expert_data group, dp / X ranks), which the data-parallel strategy does by each tensor's
+// replica group. With X = 1 and dp > 1 the strategy still takes part: the micro-batch is global.
+#include <fmt/format.h>
+
+#include "strategies/strategy.hpp"
+
+namespace mlptrain {
+
+namespace {
+
+class ExpertParallel final : public Strategy, public ExpertExchange {
+ public:
+  explicit ExpertParallel(const StrategyContext& context)
+      : config_(context.config), data_(context.groups.group(GroupKind::data)),
+        expert_(context.groups.group(GroupKind::expert)) {
+    for (int layer = context.first_layer; layer < context.last_layer; ++layer)
+      if (context.layers[static_cast<std::size_t>(layer)].moe()) ++local_moe_layers_;
+  }
+
+  std::string_view name() const override { return "expert_parallel"; }
+
+  std::string note() const override {
+    const int experts = config_.experts, ranks = expert_.size();
+    return fmt::format("experts: routing over the global micro-batch of {} data-parallel ranks; "
+                       "{} of the {} experts of each MoE layer on each of the {} rank(s) of an "
+                       "expert-parallel group, expert gradients summed over {} rank(s)",
+                       data_.size(), experts / ranks, experts, ranks, data_.size() / ranks);
+  }
+
+  ExpertExchange* expert_exchange() override { return this; }
+  int data_ranks() const override { return data_.size(); }
+  int data_rank() const override { return data_.rank(); }
+  int expert_ranks() const override { return expert_.size(); }
+  int expert_rank() const override { return expert_.rank(); }
+
+  void gather_statistics(const double* local, double* all, std::size_t count) override {
+    data_.all_gather(local, all, count);
+  }
+
+  void exchange_rows(const float* send, const std::vector<std::size_t>& send_floats, float* receive,
+                     const std::vector<std::size_t>& receive_floats) override {
+    expert_.all_to_all_variable(send, send_floats, receive, receive_floats);
+  }
+
+  void predict(PlacementPrediction& prediction) const override {
+    // Per MoE layer and micro-batch: one gather of 2E + 1 statistics per rank; with the experts
+    // split, four exchanges of about k rows per token when routing is balanced (the summary
+    // replaces this by what the routing counts give).
+    const std::int64_t passes = static_cast<std::int64_t>(local_moe_layers_) * config_.micro_batches;
+    prediction.comm(CommOp::all_gather) += passes * (2 * config_.experts + 1) * 8 * data_.size();
+    if (expert_.size() > 1) {
+      const std::int64_t rows = config_.global_batch / config_.micro_batches / config_.dp;
+      prediction.comm(CommOp::all_to_all) +=
+          passes * 4 * config_.top_k * rows * config_.hidden * static_cast<std::int64_t>(sizeof(float));
+    }
+  }
+
+ private:
+  const Config& config_;
+  Communicator& data_;
+  Communicator& expert_;
+  int local_moe_layers_ = 0;
+};
+
+bool wanted(const Config& config, const GridShape& shape) {
+  return config.moe_every > 0 && shape.dp > 1;
+}
+
+// Experts split on their first dimension over the EP group: rank j holds [j E/X, (j+1) E/X).
+void plan(const Config&, const GridShape& shape, const GridCoordinates& place, ParameterPlan& plan) {
+  if (shape.ep == 1) return;
+  plan.split = [previous = plan.split, rank = place.ep, size = shape.ep](ParameterTensor& tensor) {
+    if (previous) previous(tensor);
+    if (!tensor.expert) return;
+    const std::int64_t experts = tensor.global_shape[0];
+    tensor.local_start[0] = experts * rank / size;
+    tensor.local_shape[0] = experts / size;
+  };
+}
+
+std::unique_ptr<Strategy> create(const StrategyContext& context) {
+  return std::make_unique<ExpertParallel>(context);
+}
+
+}  // namespace
+
+extern const StrategyRegistration expert_parallel_registration{"expert_parallel", wanted, create,
+                                                               plan};
+
+}  // namespace mlptrain
