@@ -25,30 +25,6 @@ struct Bucket {
   Request request;
 };
 
-// A layer's unit cut where the replica group changes (the padding goes with the last piece).
-struct Segment {
-  FlatRange range;
-  GroupKind group = GroupKind::data;
-};
-
-std::vector<Segment> segments_of(const ParameterStore& parameters, int layer, const GridShape& shape) {
-  const FlatRange unit = parameters.unit_range(layer);
-  std::vector<Segment> segments;
-  for (const ParameterTensor& tensor : parameters.tensors()) {
-    if (tensor.layer != layer) continue;
-    const GroupKind group = tensor.replica_group(shape);
-    if (segments.empty() || segments.back().group != group) {
-      segments.push_back({{tensor.offset, 0}, group});
-      if (segments.size() > 1) {
-        FlatRange& previous = segments[segments.size() - 2].range;
-        previous.count = tensor.offset - previous.offset;
-      }
-    }
-  }
-  segments.back().range.count = unit.offset + unit.count - segments.back().range.offset;
-  return segments;
-}
-
 class DataParallel final : public Strategy {
  public:
   explicit DataParallel(const StrategyContext& context) : parameters_(context.parameters) {
@@ -59,7 +35,7 @@ class DataParallel final : public Strategy {
     });
     const GridShape& shape = context.groups.shape();
     for (int layer = context.last_layer - 1; layer >= context.first_layer; --layer) {
-      const std::vector<Segment> segments = segments_of(parameters_, layer, shape);
+      const std::vector<ReplicaSegment> segments = replica_segments(parameters_, layer, shape);
       for (auto segment = segments.rbegin(); segment != segments.rend(); ++segment) {
         Communicator& group = context.groups.group(segment->group);
         if (group.size() == 1) continue;  // experts held by one rank: nothing to sum

@@ -19,6 +19,9 @@
 // 3) are fixed pools charged as comm_buffers for the whole run: they are what the collectives
 // work on, and keeping them apart leaves params, grads and optimizer state at exactly the ZeRO
 // figures (16Ψ/N for stage 3). With N = 1 nothing is sharded and nothing communicated.
+// MoE layers (stage 1 only) stay whole, as under plain data parallelism: their gradients are
+// all-reduced, the router's over the data-parallel group and the experts' over the ranks holding
+// the same experts, and each rank keeps their optimizer state; ZeRO shards the dense layers.
 #include <algorithm>
 #include <deque>
 #include <fmt/format.h>
@@ -32,6 +35,7 @@ namespace {
 
 struct Unit {
   int layer = 0;
+  bool moe = false;              // kept whole (see above): nothing below applies
   FlatRange full;                // padded range in the store's layout
   std::size_t shard_size = 0;    // full.count / N
   std::size_t shard_offset = 0;  // where this unit's shard sits in the shard buffers
@@ -112,6 +116,12 @@ class Zero final : public Strategy {
 
   std::vector<Request> gradient_reductions_;  // stage 1, per unit
   std::vector<Request> parameter_gathers_;    // stages 1 and 2, per unit
+  const GridShape& shape_;
+  const GridCoordinates& place_;
+  // MoE units: what each all-reduce covers and over which group, and the requests in flight.
+  std::vector<std::pair<ReplicaSegment, Communicator*>> whole_segments_;
+  std::vector<Request> whole_reductions_;
+  std::size_t whole_total_ = 0;
   std::deque<ReducingGradients> reducing_;     // stages 2 and 3, oldest first
   std::map<std::size_t, GatheredParameters> gathered_;  // stage 3
 };
@@ -125,12 +135,23 @@ Zero::Zero(const StrategyContext& context)
       rank_(static_cast<std::size_t>(group_.rank())),
       first_layer_(context.first_layer),
       tensor_rank_(context.groups.place().tp),
-      tensor_size_(context.groups.shape().tp) {
+      tensor_size_(context.groups.shape().tp),
+      shape_(context.groups.shape()),
+      place_(context.groups.place()) {
   const auto ranks = static_cast<std::size_t>(group_.size());
   for (int layer = context.first_layer; layer < context.last_layer; ++layer) {
     const FlatRange full = parameters_.unit_range(layer);
+    if (context.layers[static_cast<std::size_t>(layer)].moe()) {
+      units_.push_back({.layer = layer, .moe = true, .full = full});
+      for (const ReplicaSegment& segment : replica_segments(parameters_, layer, shape_)) {
+        Communicator& replicas = context.groups.group(segment.group);
+        if (replicas.size() > 1) whole_segments_.push_back({segment, &replicas});
+      }
+      whole_total_ += full.count;
+      continue;
+    }
     const std::string base = layer_path(layer, context.config.layers);
-    units_.push_back({layer, full, full.count / ranks, shard_total_,
+    units_.push_back({layer, false, full, full.count / ranks, shard_total_,
                       parameters_.tensor(base + "/weight").offset - full.offset,
                       parameters_.tensor(base + "/bias").offset - full.offset});
     shard_total_ += full.count / ranks;
@@ -166,6 +187,7 @@ Zero::Zero(const StrategyContext& context)
   }
   gradient_reductions_.resize(units_.size());
   parameter_gathers_.resize(units_.size());
+  whole_reductions_.resize(whole_segments_.size());
 }
 
 std::string Zero::note() const {
@@ -181,6 +203,16 @@ std::optional<StatePlacement> Zero::state_placement() const {
   StatePlacement placement;
   placement.moment_count = shard_total_;
   for (const Unit& unit : units_) {
+    if (unit.moe) {  // whole, moments after the shards
+      for (const ParameterTensor& tensor : parameters_.tensors()) {
+        if (tensor.layer != unit.layer) continue;
+        append_local_range(placement.updated, tensor, 0, tensor.count,
+                           parameters_.values() + tensor.offset, parameters_.grads() + tensor.offset,
+                           placement.moment_count, ParameterStore::owns(tensor, shape_, place_));
+        placement.moment_count += tensor.count;
+      }
+      continue;
+    }
     const std::size_t begin = shard_start(unit), end = begin + unit.shard_size;
     for (const ParameterTensor& tensor : parameters_.tensors()) {
       if (tensor.layer != unit.layer) continue;
@@ -204,6 +236,7 @@ std::optional<StatePlacement> Zero::state_placement() const {
 }
 
 void Zero::progress() {
+  for (Request& request : whole_reductions_) request.test();
   for (Request& request : gradient_reductions_) request.test();
   for (Request& request : parameter_gathers_) request.test();
   for (ReducingGradients& reducing : reducing_) reducing.request.test();
@@ -296,7 +329,15 @@ void Zero::before_layer_backward(LayerEvent& event) {
 void Zero::after_layer_backward(LayerEvent& event) {
   const std::size_t index = unit_index(event.layer);
   const Unit& unit = units_[index];
-  if (stage_ == 1) {
+  if (unit.moe) {
+    if (event.last_micro_batch())
+      for (std::size_t segment = 0; segment < whole_segments_.size(); ++segment) {
+        const FlatRange& range = whole_segments_[segment].first.range;
+        if (range.offset < unit.full.offset || range.offset >= unit.full.offset + unit.full.count) continue;
+        whole_reductions_[segment] = whole_segments_[segment].second->all_reduce_async(
+            parameters_.grads() + range.offset, range.count);
+      }
+  } else if (stage_ == 1) {
     if (event.last_micro_batch() && communicates())
       gradient_reductions_[index] = group_.reduce_scatter_in_place_async(
           parameters_.grads() + unit.full.offset, unit.shard_size);
@@ -309,6 +350,7 @@ void Zero::after_layer_backward(LayerEvent& event) {
 }
 
 void Zero::synchronize_gradients(const StepEvent&) {
+  for (Request& request : whole_reductions_) request.wait();
   for (Request& request : gradient_reductions_) request.wait();
   while (!reducing_.empty()) finish_oldest_reduction();
 }
@@ -318,7 +360,8 @@ void Zero::after_optimizer_step(const StepEvent&) {
   // forward (which waits for each unit before using it).
   if (stage_ == 3 || !communicates()) return;
   for (std::size_t index = 0; index < units_.size(); ++index)
-    parameter_gathers_[index] = group_.all_gather_in_place_async(
+    if (!units_[index].moe)
+      parameter_gathers_[index] = group_.all_gather_in_place_async(
         parameters_.values() + units_[index].full.offset, units_[index].shard_size);
 }
 
@@ -327,6 +370,8 @@ void Zero::predict(PlacementPrediction& prediction) const {
   const auto bytes = [](std::size_t count) { return static_cast<std::int64_t>(count * sizeof(float)); };
   if (stage_ >= 2) prediction.bytes[1] += bytes(shard_total_);  // the unit buffers are comm_buffers
   if (stage_ == 3) prediction.bytes[0] += bytes(shard_total_);
+  for (const auto& [segment, replicas] : whole_segments_)
+    prediction.comm(CommOp::all_reduce) += bytes(segment.range.count);
   if (!communicates()) return;
   const std::int64_t everything = bytes(padded_total_);
   const std::int64_t micro_batches = config_.micro_batches;

@@ -105,6 +105,21 @@ FlatRange ParameterStore::unit_range(int layer) const {
   return {begin, round_up(end, static_cast<std::size_t>(unit_multiple_)) - begin};
 }
 
+std::vector<ReplicaSegment> replica_segments(const ParameterStore& store, int layer,
+                                             const GridShape& shape) {
+  const FlatRange unit = store.unit_range(layer);
+  std::vector<ReplicaSegment> segments;
+  for (const ParameterTensor& tensor : store.tensors()) {
+    if (tensor.layer != layer) continue;
+    const GroupKind group = tensor.replica_group(shape);
+    if (!segments.empty() && segments.back().group == group) continue;
+    if (!segments.empty()) segments.back().range.count = tensor.offset - segments.back().range.offset;
+    segments.push_back({{tensor.offset, 0}, group});
+  }
+  segments.back().range.count = unit.offset + unit.count - segments.back().range.offset;
+  return segments;
+}
+
 bool ParameterStore::owns(const ParameterTensor& tensor, const GridShape& shape,
                           const GridCoordinates& place) {
   if (tensor.replicated_over_data) {

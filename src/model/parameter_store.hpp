@@ -91,6 +91,15 @@ class ParameterStore {
   Buffer grads_;
 };
 
+// A layer's unit cut where the replica group of its tensors changes (the padding goes with the
+// last piece): what one collective over one group can sum.
+struct ReplicaSegment {
+  FlatRange range;
+  GroupKind group = GroupKind::data;
+};
+std::vector<ReplicaSegment> replica_segments(const ParameterStore& store, int layer,
+                                             const GridShape& shape);
+
 // Calls visit(global_flat_offset, local_offset, count) for each row-major run of a box, in order
 // (none for an empty box).
 template <typename Visit>

@@ -272,7 +272,7 @@ void validate_options(Config& c, int world_size) {
   }
   require(c.ep == 1 || c.moe_every > 0, "--ep splits the experts of MoE layers: it needs --moe-every");
   not_built(c.moe_every > 0 && c.tp > 1, "MoE layers with tensor parallelism (--moe-every with --tp > 1)");
-  not_built(c.moe_every > 0 && c.zero > 0, "MoE layers with ZeRO (--moe-every with --zero)");
+  not_built(c.moe_every > 0 && c.zero > 1, "MoE layers with ZeRO stage 2 or 3 (--moe-every with --zero > 1)");
   not_built(c.recompute, "activation recomputation (--recompute)");
   not_built(c.offload, "optimizer offload (--offload)");
   not_built(c.device == "cuda", "the CUDA device (--device cuda)");

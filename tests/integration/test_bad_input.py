@@ -67,6 +67,7 @@ class BadInput(TrainingTestCase):
             (["--moe-every", "5"], 1, ["--moe-every 5", "--layers 3"]),
             (["--ep", "2"], 2, ["--ep", "--moe-every"]),
             (["--moe-every", "1", "--tp", "2"], 2, ["--tp", "not built yet"]),
+            (["--moe-every", "1", "--zero", "2"], 2, ["--zero", "not built yet"]),
         ]
         for arguments, ranks, names in cases:
             with self.subTest(arguments=arguments):

@@ -1,5 +1,5 @@
 """MoE layers and expert parallelism: every layout (data parallel, expert parallel at 2 and 4
-ranks, expert x pipeline parallel) reproduces the one-process MoE run, top-1 and top-2, dropless
+ranks, expert x pipeline parallel, ZeRO-1 on the dense layers) reproduces the one-process MoE run, top-1 and top-2, dropless
 and at capacity; the loss, auxiliary loss, expert loads and dropped assignments of a step equal an
 independent computation of DESIGN.md's formulas from the initial checkpoint; all-to-all bytes
 predicted from the routing counts equal the ledger's; experts are checkpointed whole and resume
@@ -89,6 +89,20 @@ class Moe(TrainingTestCase):
                         self.assertEqual(mine["expert_load"], theirs["expert_load"])
                         self.assertEqual(mine["dropped_tokens"], theirs["dropped_tokens"])
                     self.assert_tensors_close(tensors, reference)
+
+    def test_zero_one_shards_the_dense_part(self):
+        # Five layers: dense 0, MoE 1-3 (every one), dense 4; clipping checks the global norm.
+        model = BASE[:BASE.index("--layers")] + ["--layers", "5"] + BASE[BASE.index("--layers") + 2:]
+        model += ROUTINGS["top-1 at capacity 1.0"] + ["--steps", "3", "--grad-clip", "0.05"]
+        reference_steps, _, reference = self.train("reference", model, 1)
+        for flags, ranks in ((["--zero", "1"], 2), (["--zero", "1", "--ep", "2"], 4),
+                             (["--zero", "1", "--ep", "2", "--pp", "2"], 4)):
+            with self.subTest(layout=flags, ranks=ranks):
+                steps, summary, tensors = self.train("zero", model + flags, ranks)
+                self.assert_losses_close(steps, reference_steps)
+                self.assert_tensors_close(tensors, reference)
+                optimizer = summary["placement"]["optimizer"]
+                self.assertEqual(optimizer["predicted_bytes"], optimizer["measured_bytes"])
 
     def test_step_matches_independent_formulas(self):
         rng = np.random.default_rng(7)
