@@ -18,7 +18,9 @@ BASE = ["--dataset", "teacher", "--input-dim", "6", "--output-dim", "3", "--laye
         "--hidden", HIDDEN, "--moe-every", "1", "--experts", EXPERTS, "--global-batch", "32",
         "--micro-batches", "2", "--log-every", "0", "--lr", "1e-2", "--aux-loss-coef", "0.05"]
 ROUTINGS = {"top-1 at capacity 1.0": ["--top-k", "1", "--capacity-factor", "1.0"],
-            "top-2 dropless": ["--top-k", "2"]}
+            "top-2 dropless": ["--top-k", "2"],
+            "top-1 dropless": ["--top-k", "1"],
+            "top-2 at capacity 0.75": ["--top-k", "2", "--capacity-factor", "0.75"]}
 # (flags, ranks): DP 2, EP 2, EP 4 with DP 4, EP 2 with DP 4, EP 2 x PP 2.
 LAYOUTS = [(["--dp", "2"], 2), (["--ep", "2"], 2), (["--ep", "4"], 4), (["--ep", "2"], 4),
            (["--ep", "2", "--pp", "2"], 4)]
