@@ -507,7 +507,7 @@ void Trainer::train() {
   summary.peak_memory = run_peak_;
   summary.prediction = predict();
   // Exchanged experts' rows follow the routing: the counts measured give the prediction.
-  if (groups_->shape().ep > 1 && summary.steps > 0)
+  if (!moe_layers_.empty() && summary.steps > 0)
     summary.prediction.comm(CommOp::all_to_all) =
         std::llround(summary.routed_all_to_all_bytes_sum / static_cast<double>(summary.steps));
   Communicator& world = groups_->world();
