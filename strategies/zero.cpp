@@ -119,7 +119,12 @@ class Zero final : public Strategy {
   const GridShape& shape_;
   const GridCoordinates& place_;
   // MoE units: what each all-reduce covers and over which group, and the requests in flight.
-  std::vector<std::pair<ReplicaSegment, Communicator*>> whole_segments_;
+  struct WholeSegment {
+    int layer = 0;
+    FlatRange range;
+    Communicator* replicas = nullptr;
+  };
+  std::vector<WholeSegment> whole_segments_;
   std::vector<Request> whole_reductions_;
   std::size_t whole_total_ = 0;
   std::deque<ReducingGradients> reducing_;     // stages 2 and 3, oldest first
@@ -145,7 +150,7 @@ Zero::Zero(const StrategyContext& context)
       units_.push_back({.layer = layer, .moe = true, .full = full});
       for (const ReplicaSegment& segment : replica_segments(parameters_, layer, shape_)) {
         Communicator& replicas = context.groups.group(segment.group);
-        if (replicas.size() > 1) whole_segments_.push_back({segment, &replicas});
+        if (replicas.size() > 1) whole_segments_.push_back({layer, segment.range, &replicas});
       }
       whole_total_ += full.count;
       continue;
@@ -331,11 +336,11 @@ void Zero::after_layer_backward(LayerEvent& event) {
   const Unit& unit = units_[index];
   if (unit.moe) {
     if (event.last_micro_batch())
-      for (std::size_t segment = 0; segment < whole_segments_.size(); ++segment) {
-        const FlatRange& range = whole_segments_[segment].first.range;
-        if (range.offset < unit.full.offset || range.offset >= unit.full.offset + unit.full.count) continue;
-        whole_reductions_[segment] = whole_segments_[segment].second->all_reduce_async(
-            parameters_.grads() + range.offset, range.count);
+      for (std::size_t index = 0; index < whole_segments_.size(); ++index) {
+        const WholeSegment& segment = whole_segments_[index];
+        if (segment.layer != unit.layer) continue;
+        whole_reductions_[index] = segment.replicas->all_reduce_async(
+            parameters_.grads() + segment.range.offset, segment.range.count);
       }
   } else if (stage_ == 1) {
     if (event.last_micro_batch() && communicates())
@@ -370,7 +375,7 @@ void Zero::predict(PlacementPrediction& prediction) const {
   const auto bytes = [](std::size_t count) { return static_cast<std::int64_t>(count * sizeof(float)); };
   if (stage_ >= 2) prediction.bytes[1] += bytes(shard_total_);  // the unit buffers are comm_buffers
   if (stage_ == 3) prediction.bytes[0] += bytes(shard_total_);
-  for (const auto& [segment, replicas] : whole_segments_)
+  for (const WholeSegment& segment : whole_segments_)
     prediction.comm(CommOp::all_reduce) += bytes(segment.range.count);
   if (!communicates()) return;
   const std::int64_t everything = bytes(padded_total_);

@@ -117,6 +117,7 @@ void ModelRunner::backward(MicroBatchActivations& activations, int micro_batch,
   if (!reads_inputs())
     activations.input_grad = allocator_.allocate_floats(MemoryState::comm_buffers,
                                                         static_cast<std::size_t>(rows * input_width()));
+  const MoeLayer::Pass moe_pass{kernels_, allocator_, strategies_.expert_exchange()};
   int outgoing = 0;
   for (std::size_t local = layers_.size(); local-- > 0;) {
     const LinearLayer& layer = layers_[local];
@@ -139,7 +140,7 @@ void ModelRunner::backward(MicroBatchActivations& activations, int micro_batch,
                      .grad_input = grad_input};
     strategies_.before_layer_backward(event);
     if (moe_layers_[local]) {
-      moe_layers_[local]->backward({kernels_, allocator_, strategies_.expert_exchange()}, input,
+      moe_layers_[local]->backward(moe_pass, input,
                                    grad_output, rows, grad_input, activations.moe[local],
                                    event.accumulate_grads, micro_batches);
     } else {
