@@ -11,6 +11,7 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BUILD = os.path.join(ROOT, "build")
+PROGRAM = os.environ.get("MLPTRAIN", os.path.join(BUILD, "mlptrain"))
 ENVIRONMENT = dict(os.environ, OPENBLAS_NUM_THREADS="1")
 
 
@@ -30,7 +31,7 @@ def train(ranks, arguments, name, warm_up_steps=2, bind_to_cores=False):
     after the warm-up steps, or None when there are none, and the final summary record)."""
     metrics = os.path.join(BUILD, f"bench-{name}.jsonl")
     binding = ["-bind-to", "core"] if bind_to_cores else []
-    subprocess.run(["mpiexec.mpich"] + binding + ["-n", str(ranks), os.path.join(BUILD, "mlptrain")] +
+    subprocess.run(["mpiexec.mpich"] + binding + ["-n", str(ranks), PROGRAM] +
                    [str(a) for a in arguments] + ["--log-every", "0", "--metrics", metrics],
                    check=True, capture_output=True, env=ENVIRONMENT)
     with open(metrics) as handle:
@@ -45,11 +46,16 @@ def run_json(command):
     return [json.loads(line) for line in output.splitlines() if line.startswith("{")]
 
 
+def stamp():
+    """The date, machine and command of this run."""
+    return {"date": datetime.date.today().isoformat(),
+            "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.node()}",
+            "command": " ".join([os.path.relpath(sys.argv[0], ROOT)] + sys.argv[1:])}
+
+
 def write_result(path, result):
     """Writes `result` with the command, machine and date that made it."""
-    stamped = {"date": datetime.date.today().isoformat(),
-               "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.node()}",
-               "command": " ".join([os.path.relpath(sys.argv[0], ROOT)] + sys.argv[1:]), **result}
+    stamped = {**stamp(), **result}
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w") as handle:
         json.dump(stamped, handle, indent=2)

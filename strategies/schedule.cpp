@@ -99,19 +99,22 @@ int peak_micro_batches_in_flight(const std::vector<Action>& actions) {
   return peak;
 }
 
-std::int64_t peak_activation_bytes(const std::vector<Action>& actions, std::int64_t received_bytes,
-                                   std::int64_t micro_batch_bytes) {
+std::int64_t peak_activation_bytes(const std::vector<Action>& actions, const ActivationProfile& profile) {
   std::int64_t alive = 0, peak = 0;
   std::vector<int> received;
   for (const Action& action : actions) {
     const bool was_received = std::find(received.begin(), received.end(), action.micro_batch) != received.end();
     if (action.kind == ActionKind::receive_activations) {
-      alive += received_bytes;
+      alive += profile.received;
       received.push_back(action.micro_batch);
     } else if (action.kind == ActionKind::forward) {
-      alive += micro_batch_bytes - (was_received ? received_bytes : 0);
+      const std::int64_t others = alive - (was_received ? profile.received : 0);
+      peak = std::max(peak, others + profile.forward_peak);
+      alive = others + profile.kept;
     } else if (action.kind == ActionKind::backward) {
-      alive -= micro_batch_bytes;
+      const std::int64_t others = alive - profile.kept;
+      peak = std::max(peak, others + profile.backward_peak);
+      alive = others;
     }
     peak = std::max(peak, alive);
   }

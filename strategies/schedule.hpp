@@ -58,11 +58,19 @@ int one_f_one_b_warmup(int stages, int stage, int micro_batches);
 // not yet).
 int peak_micro_batches_in_flight(const std::vector<Action>& actions);
 
-// The most activation memory a list holds at once, for micro-batches of `micro_batch_bytes`
-// whose first `received_bytes` (the input, and the targets where the loss is computed) are
-// allocated before the forward when the input is received from the previous stage.
-std::int64_t peak_activation_bytes(const std::vector<Action>& actions, std::int64_t received_bytes,
-                                   std::int64_t micro_batch_bytes);
+// Activation bytes over one training micro-batch: what arrives with it (the input, and the
+// targets where the loss is computed), the most alive during its forward, what it keeps from the
+// end of its forward until its backward, and the most alive during its backward.
+struct ActivationProfile {
+  std::int64_t received = 0;
+  std::int64_t forward_peak = 0;
+  std::int64_t kept = 0;
+  std::int64_t backward_peak = 0;
+};
+
+// The most activation memory a list holds at once for micro-batches of that profile, whose
+// received bytes are allocated before the forward when the input comes from the previous stage.
+std::int64_t peak_activation_bytes(const std::vector<Action>& actions, const ActivationProfile& profile);
 
 // The layers [first, last) a rank runs.
 struct LayerRange {

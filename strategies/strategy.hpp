@@ -49,12 +49,15 @@ struct LayerEvent {
   int micro_batch = 0;
   int micro_batches = 1;
   bool training = true;  // false while evaluating
+  // A forward run again in backward (--recompute) for activations the first forward dropped:
+  // the same computation, so the same hooks, but the layer's backward follows right after.
+  bool recomputing = false;
   std::int64_t rows = 0;
   LinearLayer* parameters = nullptr;
   bool accumulate_grads = false;  // add into the gradients (later micro-batches) or overwrite
   const float* input = nullptr;
   float* pre = nullptr;           // x W^T, then + b
-  float* output = nullptr;        // the layer's output (GELU(pre) or pre)
+  float* output = nullptr;        // the layer's output (GELU(pre) or pre); forward only
   const float* grad_output = nullptr;
   float* grad_input = nullptr;    // null for the model's first layer
   bool last_micro_batch() const { return micro_batch == micro_batches - 1; }

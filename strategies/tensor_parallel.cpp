@@ -65,13 +65,14 @@ class TensorParallel final : public Strategy {
     prediction.modes[0] = prediction.modes[1] = "S";
     if (prediction.modes[2] == "R") prediction.modes[2] = "S";
     // Per micro-batch: each pair's forward sum of [rows, out] and, unless the pair starts the
-    // model, the backward sum of the column layer's input gradient [rows, in].
+    // model, the backward sum of the column layer's input gradient [rows, in]. Recomputation
+    // runs the forward sum again for each row layer whose pre-activation it drops (GELU's).
     const std::int64_t rows = config_.global_batch / config_.micro_batches / config_.dp;
     std::int64_t floats = 0;
     for (int index = first_layer_; index < last_layer_; ++index) {  // this rank's layers (stage)
       const LayerSpec& layer = layers_[static_cast<std::size_t>(index)];
       const Role role = role_of(layer.index, config_.layers);
-      if (role == Role::row) floats += rows * layer.out_features;
+      if (role == Role::row) floats += rows * layer.out_features * (config_.recompute && layer.gelu ? 2 : 1);
       if (role == Role::column && layer.index > 0) floats += rows * layer.in_features;
     }
     prediction.comm(CommOp::all_reduce) +=

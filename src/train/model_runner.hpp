@@ -1,5 +1,8 @@
 // Runs this rank's layers forward and backward for one micro-batch, keeping the activations that
-// backward needs and calling the strategies' hooks at the fixed points around each layer.
+// backward needs and calling the strategies' hooks at the fixed points around each layer. With
+// recomputation, the local layers form segments of about sqrt(n / 2) layers: forward keeps only
+// each segment's input (and the stage's output), and backward recomputes a segment's activations
+// before going through it, so a micro-batch holds about 2 sqrt(2n) layer outputs instead of 2n.
 #pragma once
 
 #include <optional>
@@ -33,7 +36,7 @@ class ModelRunner {
  public:
   ModelRunner(Kernels& kernels, Allocator& allocator, const ParameterStore& parameters,
               const std::vector<LayerSpec>& specs, int first_layer, int last_layer,
-              StrategyStack& strategies, const MoeSettings& moe = {});
+              StrategyStack& strategies, const MoeSettings& moe = {}, bool recompute = false);
 
   bool computes_loss() const { return last_layer_ == layer_count_; }
   bool reads_inputs() const { return first_layer_ == 0; }
@@ -62,13 +65,36 @@ class ModelRunner {
   // afterwards unless the local layers start the model.
   void backward(MicroBatchActivations& activations, int micro_batch, int micro_batches);
 
-  // Bytes one micro-batch of `rows` samples keeps for backward (the prediction of what prepare
-  // and forward allocate), and the part of them that prepare allocates.
-  std::int64_t activation_bytes(std::int64_t rows, LossKind loss_kind) const;
-  std::int64_t prepared_bytes(std::int64_t rows, LossKind loss_kind) const;
+  // The activation bytes a training micro-batch of `rows` samples allocates and frees (the
+  // prediction of what prepare, forward and backward do, followed step by step).
+  ActivationProfile activation_profile(std::int64_t rows, LossKind loss_kind) const;
+  // Local layers per recomputed segment (0 without recomputation).
+  std::size_t segment_length() const { return recompute_ ? segment_length_ : 0; }
 
  private:
+  std::int64_t prepared_bytes(std::int64_t rows, LossKind loss_kind) const;
   float* layer_output(MicroBatchActivations& activations, std::size_t local) const;
+  // Forward keeps layer `local`'s pre-activation / input for backward (else backward
+  // recomputes it); evaluation keeps neither.
+  bool keeps_pre(std::size_t local, bool training) const {
+    return training && (!recompute_ || !layers_[local].spec.gelu);
+  }
+  bool keeps_input(std::size_t local, bool training) const {
+    return local == 0 || (training && (!recompute_ || local % segment_length_ == 0));
+  }
+  bool ends_segment(std::size_t local) const {
+    return local + 1 == layers_.size() || (local + 1) % segment_length_ == 0;
+  }
+  // Runs layer `local` forward from `input` into its pre-activation and `output`, with the
+  // strategies' forward hooks (recomputing: in backward, for a layer whose activations forward
+  // did not keep).
+  void layer_forward(MicroBatchActivations& activations, std::size_t local, const float* input,
+                     float* output, int micro_batch, int micro_batches, bool training,
+                     bool recomputing);
+  // Recomputes the activations of the local layers [first, last] that forward dropped; the last
+  // layer's output is not needed again and goes to `scratch`.
+  void recompute_segment(MicroBatchActivations& activations, std::size_t first, std::size_t last,
+                         float* scratch, int micro_batch, int micro_batches);
 
   Kernels& kernels_;
   Allocator& allocator_;
@@ -81,6 +107,8 @@ class ModelRunner {
   int first_layer_ = 0;
   int last_layer_ = 0;
   int layer_count_ = 0;
+  bool recompute_ = false;
+  std::size_t segment_length_ = 1;
 };
 
 }  // namespace mlptrain

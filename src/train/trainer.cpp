@@ -158,7 +158,8 @@ Trainer::Trainer(const Config& config, MPI_Comm world_comm, const CommSettings& 
   // may move parameter memory (data parallel places gradients where its group reduces them).
   runner_ = std::make_unique<ModelRunner>(
       *kernels_, allocator_, *parameters_, specs_, first_layer_, last_layer_, *strategies_,
-      MoeSettings{.capacity_factor = config.capacity_factor, .aux_loss_coef = config.aux_loss_coef});
+      MoeSettings{.capacity_factor = config.capacity_factor, .aux_loss_coef = config.aux_loss_coef},
+      config.recompute);
   order_ = std::make_unique<SampleOrder>(data.train_size, config.shuffle,
                                          static_cast<std::uint64_t>(config.seed));
   batch_ = {.global_batch = config.global_batch,
@@ -228,6 +229,10 @@ std::string Trainer::describe_run() const {
                             : std::string("dropless"),
                         config_.aux_loss_coef);
   }
+  if (config_.recompute)
+    text += fmt::format("\nrecompute: the local layers form segments of {}; forward keeps each "
+                        "segment's input and backward recomputes the rest",
+                        runner_->segment_length());
   for (const std::string& note : strategies_->notes()) text += "\n" + note;
   return text;
 }
@@ -241,8 +246,7 @@ PlacementPrediction Trainer::predict() const {
   prediction.bytes = {parameters_->values() ? store_bytes : 0,
                       parameters_->grads() ? store_bytes : 0,
                       static_cast<std::int64_t>(8 * placement_.moment_count),
-                      peak_activation_bytes(schedule_, runner_->prepared_bytes(rows, loss_kind_),
-                                            runner_->activation_bytes(rows, loss_kind_))};
+                      peak_activation_bytes(schedule_, runner_->activation_profile(rows, loss_kind_))};
   // The step's world sum: loss, correct predictions, squared gradient norm, read failures.
   if (groups_->shape().world > 1) prediction.comm(CommOp::all_reduce) += 4 * sizeof(double);
   // The schedule's transfers across stage boundaries.
@@ -255,6 +259,7 @@ PlacementPrediction Trainer::predict() const {
     if (action.kind == ActionKind::receive_gradients) prediction.comm(CommOp::recv) += output_bytes;
   }
   strategies_->predict(prediction);
+  if (config_.recompute) prediction.modes[3] = "M";
   return prediction;
 }
 

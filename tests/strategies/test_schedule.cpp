@@ -223,10 +223,19 @@ TEST(Schedule, ReceivesArePostedOneComputationAhead) {
 
 TEST(Schedule, PeakActivationBytesFollowsAllocationsAndFrees) {
   // Received inputs (3 bytes each) are allocated when posted, the rest (10 in all) in forward.
+  const ActivationProfile stored{.received = 3, .forward_peak = 10, .kept = 10, .backward_peak = 10};
   const auto actions = pipeline_schedule(PipelineKind::one_f_one_b, 2, 1, 4);
-  EXPECT_EQ(peak_activation_bytes(actions, 3, 10), 13);  // one micro-batch and the next input
-  EXPECT_EQ(peak_activation_bytes(sequential_schedule(4), 0, 10), 10);
-  EXPECT_EQ(peak_activation_bytes(pipeline_schedule(PipelineKind::gpipe, 2, 0, 4), 3, 10), 40);
+  EXPECT_EQ(peak_activation_bytes(actions, stored), 13);  // one micro-batch and the next input
+  EXPECT_EQ(peak_activation_bytes(sequential_schedule(4), stored), 10);
+  EXPECT_EQ(peak_activation_bytes(pipeline_schedule(PipelineKind::gpipe, 2, 0, 4), stored), 40);
+  // Recomputation: 4 bytes kept between forward and backward, 7 at most during either.
+  const ActivationProfile recomputed{.received = 3, .forward_peak = 6, .kept = 4, .backward_peak = 7};
+  EXPECT_EQ(peak_activation_bytes(sequential_schedule(4), recomputed), 7);
+  EXPECT_EQ(peak_activation_bytes(pipeline_schedule(PipelineKind::gpipe, 2, 0, 4), recomputed),
+            3 * 4 + 7);  // three micro-batches kept while the last one's backward runs
+  // Stage 0 of two under 1F1B keeps two micro-batches: the second's forward peaks over the first.
+  EXPECT_EQ(peak_activation_bytes(pipeline_schedule(PipelineKind::one_f_one_b, 2, 0, 4), recomputed),
+            4 + 7);
 }
 
 TEST(Schedule, StagesAreContiguousNonEmptyAndMinimizeTheLargestCost) {
