@@ -49,13 +49,13 @@ class Settings:
         self.warm_up = 1 if args.tiny else 2
         self.scratch = tempfile.mkdtemp(prefix="mlptrain-experiments-")
 
-    def model(self, layers=None, batch=None):
+    def model(self, layers=None, batch=None, steps=None):
         return ["--dataset", "mixture", "--layers", layers or self.layers, "--hidden", self.width,
                 "--input-dim", self.width, "--output-dim", 10, "--global-batch", batch or self.batch,
-                "--steps", self.steps, "--log-every", 0]
+                "--steps", steps or self.steps, "--log-every", 0]
 
-    def moe_model(self, batch=None):
-        return self.model(batch=batch) + ["--moe-every", 2, "--experts", 8, "--top-k", 2]
+    def moe_model(self, batch=None, steps=None):
+        return self.model(batch=batch, steps=steps) + ["--moe-every", 2, "--experts", 8, "--top-k", 2]
 
     def world_sizes(self, limit=None):
         top = min(self.max_ranks, limit or self.max_ranks)
@@ -177,7 +177,7 @@ def scaling(settings):
 # ------------------------------------------------------------------------------------------ memory
 def memory(settings):
     sizes = [1, 2] if settings.tiny else [1, 2, 4]  # bytes do not need a core per rank
-    runs = [(f"ZeRO {stage} at {ranks} ranks", ranks, settings.model() + ["--steps", 2, "--zero", stage],
+    runs = [(f"ZeRO {stage} at {ranks} rank(s)", ranks, settings.model(steps=2) + ["--zero", stage],
              {"zero": stage}) for stage in (0, 1, 2, 3) for ranks in sizes if stage == 0 or ranks > 1]
     rows = run_all(settings, "memory", runs,
                    lambda ranks, arguments, fields: placement_row(train(settings, ranks, arguments)[2]))
@@ -210,7 +210,7 @@ def comm(settings):
                     ("dp 2 x tp 2", 4, ["--tp", 2]), ("dp 2 x pp 2", 4, ["--pp", 2, "--micro-batches", 4]),
                     ("tp 2 x pp 2", 4, ["--tp", 2, "--pp", 2, "--micro-batches", 4]),
                     ("ep 2 x dp 4 (MoE)", 4, ["--ep", 2])]
-    runs = [(label, ranks, (settings.moe_model() if "MoE" in label else settings.model()) + ["--steps", 3] + flags,
+    runs = [(label, ranks, (settings.moe_model(steps=3) if "MoE" in label else settings.model(steps=3)) + flags,
              {"layout": label}) for label, ranks, flags in layouts]
     rows = run_all(settings, "comm", runs,
                    lambda ranks, arguments, fields: placement_row(train(settings, ranks, arguments)[2]))

@@ -86,6 +86,10 @@ struct MoeActivations {
   Buffer expert_pre;     // [received, hidden]: x W_e^T + b_e
   Buffer returned;       // [kept, hidden]: the experts' outputs, packed order
   MoeRouting routing;
+  std::int64_t bytes() const {
+    return static_cast<std::int64_t>(probabilities.bytes() + expert_input.bytes() + expert_pre.bytes() +
+                                     returned.bytes());
+  }
 };
 
 // Routing statistics of training forwards, summed over a step's micro-batches. Loads, the

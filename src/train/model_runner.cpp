@@ -114,6 +114,11 @@ LossSums ModelRunner::forward(MicroBatchActivations& activations, int micro_batc
       activations.pre[local - 1] = Buffer{};
     }
   }
+  if (training) {
+    std::int64_t moe_bytes = 0;
+    for (const MoeActivations& moe : activations.moe) moe_bytes += moe.bytes();
+    largest_moe_bytes_ = std::max(largest_moe_bytes_, moe_bytes);
+  }
   if (!computes_loss()) return {};
   const std::int64_t outputs = layers_.back().spec.out_features;
   if (training)
@@ -219,13 +224,14 @@ ActivationProfile ModelRunner::activation_profile(std::int64_t rows, LossKind lo
   for (std::size_t local = 0; local < count; ++local) {
     allocate(pre[local] = layer_bytes(local));
     if (layers_[local].spec.gelu) allocate(output[local] = layer_bytes(local));
-    if (moe_layers_[local]) allocate(moe_layers_[local]->activation_bytes(rows));
+    if (moe_layers_[local] && largest_moe_bytes_ == 0) allocate(moe_layers_[local]->activation_bytes(rows));
     if (layers_[local].spec.gelu && !keeps_pre(local, true)) free(pre[local]);
     if (!keeps_input(local, true)) {
       free(output[local - 1]);
       free(pre[local - 1]);
     }
   }
+  allocate(largest_moe_bytes_);
   if (computes_loss()) allocate(rows * output_width() * 4);
   profile.forward_peak = peak;
   profile.kept = peak = alive;

@@ -66,7 +66,9 @@ class ModelRunner {
   void backward(MicroBatchActivations& activations, int micro_batch, int micro_batches);
 
   // The activation bytes a training micro-batch of `rows` samples allocates and frees (the
-  // prediction of what prepare, forward and backward do, followed step by step).
+  // prediction of what prepare, forward and backward do, followed step by step). MoE layers keep
+  // what their routing sends them: balanced routing before any training forward, afterwards the
+  // most a training micro-batch kept.
   ActivationProfile activation_profile(std::int64_t rows, LossKind loss_kind) const;
   // Local layers per recomputed segment (0 without recomputation).
   std::size_t segment_length() const { return recompute_ ? segment_length_ : 0; }
@@ -104,6 +106,7 @@ class ModelRunner {
   std::vector<LinearLayer> layers_;
   std::vector<std::optional<MoeLayer>> moe_layers_;
   MoeStatistics moe_statistics_;
+  std::int64_t largest_moe_bytes_ = 0;  // the most a training micro-batch's MoE layers kept
   int first_layer_ = 0;
   int last_layer_ = 0;
   int layer_count_ = 0;

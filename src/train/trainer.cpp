@@ -247,8 +247,11 @@ PlacementPrediction Trainer::predict() const {
                       parameters_->grads() ? store_bytes : 0,
                       static_cast<std::int64_t>(8 * placement_.moment_count),
                       peak_activation_bytes(schedule_, runner_->activation_profile(rows, loss_kind_))};
-  // The step's world sum: loss, correct predictions, squared gradient norm, read failures.
-  if (groups_->shape().world > 1) prediction.comm(CommOp::all_reduce) += 4 * sizeof(double);
+  // The step's world sum: loss, correct predictions, squared gradient norm, read failures, and
+  // with MoE layers the aux loss, the dropped count and every expert's load.
+  const std::size_t moe_totals = moe_layers_.empty() ? 0 : 2 + moe_layers_.size() * config_.experts;
+  if (groups_->shape().world > 1)
+    prediction.comm(CommOp::all_reduce) += static_cast<std::int64_t>((4 + moe_totals) * sizeof(double));
   // The schedule's transfers across stage boundaries.
   const std::int64_t input_bytes = rows * runner_->input_width() * 4;
   const std::int64_t output_bytes = rows * runner_->output_width() * 4;

@@ -6,8 +6,8 @@ import unittest
 
 from common import TrainingTestCase
 
-DENSE = ["--layers", 6, "--hidden", 24, "--input-dim", 12, "--output-dim", 6, "--global-batch", 16,
-         "--steps", 2, "--log-every", 0]
+DENSE = ["--layers", 6, "--hidden", 24, "--input-dim", 12, "--global-batch", 16, "--steps", 2,
+         "--log-every", 0]
 MOE = DENSE + ["--moe-every", 2, "--experts", 4, "--top-k", 2]
 CLASSIFICATION = ["--dataset", "mixture", "--output-dim", 5, "--eval-every", 1]
 
@@ -29,9 +29,9 @@ LAYOUTS = [
 class Placement(TrainingTestCase):
     def test_predictions_match_the_ledger(self):
         for index, (ranks, model, layout) in enumerate(LAYOUTS):
-            for task in ([], CLASSIFICATION) if index < 4 else ([],):
+            for task in (["--output-dim", 6], CLASSIFICATION) if index < 4 else (["--output-dim", 6],):
                 with self.subTest(ranks=ranks, layout=layout, moe=model is MOE, task=task):
-                    _, summary, _ = self.train(f"layout{index}{len(task)}", model + layout + task, ranks)
+                    _, summary, _ = self.train(f"layout{index}{task[-1]}", model + layout + task, ranks)
                     placement = summary["placement"]
                     for state in ("params", "grads", "optimizer"):
                         self.assertEqual(placement[state]["predicted_bytes"], placement[state]["measured_bytes"],
