@@ -44,7 +44,7 @@ class Settings:
     def __init__(self, args):
         self.tiny = args.tiny
         self.max_ranks = args.max_ranks
-        self.layers, self.width, self.batch = (4, 16, 16) if args.tiny else (8, 512, 256)
+        self.layers, self.width, self.batch = (4, 16, 16) if args.tiny else (8, 1024, 256)
         self.steps = args.steps or (3 if args.tiny else 8)
         self.warm_up = 1 if args.tiny else 2
         self.scratch = tempfile.mkdtemp(prefix="mlptrain-experiments-")
@@ -201,12 +201,12 @@ def memory(settings):
 
 # -------------------------------------------------------------------------------------------- comm
 def comm(settings):
-    layouts = [("dp 2", 2, ["--dp", 2]), ("zero1 2", 2, ["--zero", 1]), ("zero2 2", 2, ["--zero", 2]),
-               ("zero3 2", 2, ["--zero", 3]), ("tp 2", 2, ["--tp", 2]),
+    layouts = [("dp 2", 2, ["--dp", 2]), ("ZeRO-1 dp 2", 2, ["--zero", 1]), ("ZeRO-2 dp 2", 2, ["--zero", 2]),
+               ("ZeRO-3 dp 2", 2, ["--zero", 3]), ("tp 2", 2, ["--tp", 2]),
                ("pp 2", 2, ["--pp", 2, "--micro-batches", 4]), ("ep 2 (MoE)", 2, ["--ep", 2]),
                ("dp 2 (MoE)", 2, ["--dp", 2])]
     if not settings.tiny:
-        layouts += [("dp 4", 4, ["--dp", 4]), ("zero3 4", 4, ["--zero", 3]),
+        layouts += [("dp 4", 4, ["--dp", 4]), ("ZeRO-3 dp 4", 4, ["--zero", 3]),
                     ("dp 2 x tp 2", 4, ["--tp", 2]), ("dp 2 x pp 2", 4, ["--pp", 2, "--micro-batches", 4]),
                     ("tp 2 x pp 2", 4, ["--tp", 2, "--pp", 2, "--micro-batches", 4]),
                     ("ep 2 x dp 4 (MoE)", 4, ["--ep", 2])]
@@ -221,14 +221,14 @@ def comm(settings):
     for index, op in enumerate(ops):
         positions = [i + index * width for i in range(len(rows))]
         axis.bar(positions, [r["comm_measured_bytes"].get(op, 0) / MIB for r in rows], width, label=f"{op} measured")
-        axis.plot(positions, [r["comm_predicted_bytes"].get(op, 0) / MIB for r in rows], "kx", ms=7,
-                  label="predicted" if index == 0 else None)
+        predicted = [r["comm_predicted_bytes"].get(op, 0) / MIB or float("nan") for r in rows]  # none: no mark
+        axis.plot(positions, predicted, "kx", ms=7, label="predicted" if index == 0 else None)
     axis.set_xticks([i + 0.4 - width / 2 for i in range(len(rows))], [r["layout"] for r in rows],
                     rotation=30, ha="right", fontsize=8)
     axis.set_ylabel("rank 0 bytes per step (MiB)")
     axis.set_yscale("symlog", linthresh=0.01)
     axis.set_title("communication per step by layout")
-    axis.legend(fontsize=7, ncol=2)
+    axis.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     figure.tight_layout()
     return rows, figure
 
