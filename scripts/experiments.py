@@ -36,6 +36,7 @@ from benchlib import ENVIRONMENT, PROGRAM, ROOT, stamp  # noqa: E402
 
 MIB = 2.0 ** 20
 STATES = ("params", "grads", "optimizer", "activations")
+EXPERTS = 8  # per MoE layer
 
 
 class Settings:
@@ -55,7 +56,7 @@ class Settings:
                 "--steps", steps or self.steps, "--log-every", 0]
 
     def moe_model(self, batch=None, steps=None):
-        return self.model(batch=batch, steps=steps) + ["--moe-every", 2, "--experts", 8, "--top-k", 2]
+        return self.model(batch=batch, steps=steps) + ["--moe-every", 2, "--experts", EXPERTS, "--top-k", 2]
 
     def world_sizes(self, limit=None):
         top = min(self.max_ranks, limit or self.max_ranks)
@@ -128,6 +129,16 @@ def scaling_layouts(settings):
             ("tp x pp", 4, lambda n: ["--tp", n // 2, "--pp", 2, "--micro-batches", 4], False)]
 
 
+def fits(settings, ranks, batch, layout):
+    """Whether mlptrain accepts the layout at `ranks` ranks: a layer per stage, whole experts and
+    width slices, and whole micro-batches on every data-parallel rank."""
+    flags = dict(zip(layout[::2], layout[1::2]))
+    tp, pp, ep = flags.get("--tp", 1), flags.get("--pp", 1), flags.get("--ep", 1)
+    micro_batches = flags.get("--micro-batches", 1)
+    return (pp <= settings.layers and EXPERTS % ep == 0 and settings.width % tp == 0 and
+            ranks % (tp * pp) == 0 and batch % (micro_batches * ranks // (tp * pp)) == 0)
+
+
 def scaling(settings):
     runs = []
     for kind in ("strong", "weak"):
@@ -137,16 +148,16 @@ def scaling(settings):
                          {"kind": kind, "strategy": "one process", "moe": moe}))
         for strategy, minimum, layout, moe in scaling_layouts(settings):
             for ranks in settings.world_sizes():
-                if ranks < minimum:
-                    continue
                 batch = settings.batch * (ranks if kind == "weak" else 1)
+                if ranks < minimum or not fits(settings, ranks, batch, layout(ranks)):
+                    continue
                 model = settings.moe_model(batch) if moe else settings.model(batch=batch)
                 runs.append((f"{kind}: {strategy} at {ranks} ranks", ranks, model + layout(ranks),
                              {"kind": kind, "strategy": strategy, "moe": moe, "global_batch": batch}))
-    skipped = [s for s, minimum, _, _ in scaling_layouts(settings) if minimum > settings.max_ranks]
-    if skipped:
-        print(f"scaling: {', '.join(skipped)} need 4 ranks; {settings.max_ranks} allowed "
-              "(--max-ranks 4 runs them oversubscribed)")
+    for strategy, minimum, _, _ in scaling_layouts(settings):
+        if minimum > settings.max_ranks:
+            print(f"scaling: {strategy} needs {minimum} ranks, {settings.max_ranks} allowed "
+                  f"(--max-ranks {minimum} runs it, oversubscribed if the cores are fewer)")
 
     def measure(ranks, arguments, fields):
         step_ms, _, summary = train(settings, ranks, arguments)
@@ -246,7 +257,8 @@ def pipeline(settings):
         trace = os.path.join(settings.scratch, "trace.json")
         step_ms, _, summary = train(settings, ranks, arguments, trace=trace)
         report = json.loads(subprocess.run(
-            [sys.executable, os.path.join(ROOT, "scripts", "trace_timeline.py"), trace, "--json"],
+            [sys.executable, os.path.join(ROOT, "scripts", "trace_timeline.py"), trace, "--json",
+             "--output", os.path.join(settings.scratch, "timeline.png")],
             capture_output=True, text=True, check=True).stdout)
         count = fields["micro_batches"]
         return {"step_ms": step_ms, "bubble": report["bubble"],

@@ -25,7 +25,9 @@ def torch_available():
 
 class Experiments(TrainingTestCase):
     def experiments(self, *arguments):
-        return subprocess.run([sys.executable, SCRIPT, *arguments, "--tiny", "--output-dir", self.directory],
+        # Two ranks at most: the machine running the tests may have no more cores.
+        return subprocess.run([sys.executable, SCRIPT, *arguments, "--tiny", "--max-ranks", "2",
+                               "--output-dir", self.directory],
                               capture_output=True, text=True, timeout=600)
 
     def rows(self, name):
