@@ -81,8 +81,11 @@ class ModelRunner {
   bool keeps_pre(std::size_t local, bool training) const {
     return training && (!recompute_ || !layers_[local].spec.gelu);
   }
+  // An MoE layer is never recomputed (its routing would exchange and count again): its output
+  // stays as the next layer's input, and its own activations as they are.
   bool keeps_input(std::size_t local, bool training) const {
-    return local == 0 || (training && (!recompute_ || local % segment_length_ == 0));
+    return local == 0 ||
+           (training && (!recompute_ || local % segment_length_ == 0 || moe_layers_[local - 1]));
   }
   bool ends_segment(std::size_t local) const {
     return local + 1 == layers_.size() || (local + 1) % segment_length_ == 0;

@@ -1,6 +1,7 @@
 """Activation recomputation (--recompute): the same numbers as storing every activation (bit for
 bit in the same layout, within 1e-5 of one process in the others), at most half the peak
-activation memory of a 16-layer model with and without the pipeline, and the activation peaks
+activation memory of a 16-layer model with and without the pipeline, MoE layers kept as they
+are (routed once, counted once), and the activation peaks
 and the communication (tensor parallelism all-reduces again in the recomputed forward) predicted
 exactly."""
 import unittest
@@ -60,6 +61,21 @@ class Recompute(TrainingTestCase):
                 self.assert_losses_close(steps, reference_steps)
                 self.assert_tensors_close(tensors, reference)
                 self.assert_predicted(summary)
+
+    def test_moe_layers_are_kept(self):
+        moe = REGRESSION + ["--moe-every", 3, "--experts", 4, "--top-k", 2, "--capacity-factor", "1.0"]
+        reference_steps, reference_summary, reference = self.train("one", moe, 1)
+        steps, summary, tensors = self.train("one_recomputed", moe + ["--recompute"], 1)
+        self.assert_identical(steps, tensors, reference_steps, reference)
+        self.assertEqual([s["expert_load"] for s in steps], [s["expert_load"] for s in reference_steps])
+        self.assert_predicted(summary)
+        # The dense layers' share goes; the MoE layers keep theirs (k rows per token, three times).
+        self.assertLess(activation_peaks(summary)[0], 0.7 * activation_peaks(reference_summary)[0])
+        steps, summary, tensors = self.train("ep2", moe + ["--recompute", "--ep", 2], 2)
+        self.assert_losses_close(steps, reference_steps)
+        self.assert_tensors_close(tensors, reference)
+        self.assertEqual([s["dropped_tokens"] for s in steps], [s["dropped_tokens"] for s in reference_steps])
+        self.assert_predicted(summary)
 
     def test_evaluation_and_classification(self):
         reference_steps, _, reference = self.train("one", CLASSIFICATION, 1)
