@@ -17,7 +17,7 @@ LAYOUTS = [
     (2, DENSE, ["--zero", 3, "--micro-batches", 2]), (2, DENSE, ["--tp", 2]),
     (2, DENSE, ["--pp", 2, "--micro-batches", 4]),
     (2, DENSE, ["--pp", 2, "--micro-batches", 4, "--schedule", "gpipe", "--recompute"]),
-    (2, MOE, ["--ep", 2]), (2, MOE, ["--dp", 2]),
+    (2, MOE, ["--ep", 2]), (2, MOE, ["--dp", 2]), (2, MOE, ["--ep", 2, "--recompute"]),
     (4, DENSE, ["--zero", 3]), (4, DENSE, ["--dp", 2, "--tp", 2, "--zero", 1]),
     (4, DENSE, ["--pp", 2, "--micro-batches", 2, "--zero", 2]),
     (4, DENSE, ["--tp", 2, "--pp", 2, "--micro-batches", 4, "--recompute"]),
