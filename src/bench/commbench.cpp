@@ -1,0 +1,282 @@
+// commbench: the collectives the strategies use, timed over message sizes in the spirit of
+// nccl-tests (DESIGN.md §2.6). For each collective and size it runs warm-up iterations, times the
+// timed ones (the slowest rank's mean), checks one more run's result exactly against values every
+// rank can compute, and prints time, algorithm bandwidth (size / time) and bus bandwidth (algbw
+// times nccl-tests' bus factor) as a table, or one JSON object per measurement with --json.
+// Sizes follow nccl-tests' size column: the buffer for all-reduce and broadcast, the whole output
+// for all-gather, the whole input for reduce-scatter, what a rank sends for all-to-all and
+// send/recv. The path `mpi-host` is MPI on host buffers; `mpi-staged` and `nccl` need the CUDA
+// device.
+#include <mpi.h>
+
+#include <algorithm>
+#include <boost/program_options.hpp>
+#include <cstdio>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "comm/consensus.hpp"
+#include "comm/mpi_communicator.hpp"
+#include "core/error.hpp"
+#include "core/timer.hpp"
+
+namespace {
+
+using namespace mlptrain;
+
+struct Settings {
+  std::vector<std::string> collectives;
+  std::string path = "mpi-host";
+  std::int64_t min_bytes = 8;
+  std::int64_t max_bytes = std::int64_t{256} << 20;
+  int step_factor = 2;
+  int iterations = 20;
+  int warmup = 5;
+  bool json = false;
+  bool help = false;
+  std::string help_text;
+};
+
+const std::vector<std::string> all_collectives = {"all_reduce", "reduce_scatter", "all_gather",
+                                                  "all_to_all", "broadcast", "send_recv"};
+
+// "256M", "64K", "8" -> bytes.
+std::int64_t parse_bytes(const std::string& text) {
+  std::size_t used = 0;
+  long long value = 0;
+  try {
+    value = std::stoll(text, &used);
+  } catch (const std::exception&) {
+    throw UsageError(fmt::format("'{}' is not a size in bytes (e.g. 8, 64K, 256M)", text));
+  }
+  const std::string suffix = text.substr(used);
+  const std::int64_t scale = suffix.empty() ? 1 : suffix == "K" ? 1 << 10 : suffix == "M" ? 1 << 20
+                                              : suffix == "G" ? std::int64_t{1} << 30 : 0;
+  if (scale == 0 || value < 0)
+    throw UsageError(fmt::format("'{}' is not a size in bytes (e.g. 8, 64K, 256M)", text));
+  return value * scale;
+}
+
+Settings parse(int argc, char** argv) {
+  namespace po = boost::program_options;
+  Settings settings;
+  std::string collectives = "all", min_bytes = "8", max_bytes = "256M";
+  po::options_description options("commbench options");
+  options.add_options()
+      ("help", "print this help")
+      ("collectives", po::value(&collectives)->default_value(collectives),
+       "comma-separated: all_reduce, reduce_scatter, all_gather, all_to_all, broadcast, send_recv, or all")
+      ("path", po::value(&settings.path)->default_value(settings.path), "mpi-host | mpi-staged | nccl")
+      ("min-bytes", po::value(&min_bytes)->default_value(min_bytes), "smallest size (K, M, G suffixes)")
+      ("max-bytes", po::value(&max_bytes)->default_value(max_bytes), "largest size")
+      ("step-factor", po::value(&settings.step_factor)->default_value(settings.step_factor),
+       "each size is the previous one times this")
+      ("iterations", po::value(&settings.iterations)->default_value(settings.iterations), "timed iterations per size")
+      ("warmup", po::value(&settings.warmup)->default_value(settings.warmup), "untimed iterations first")
+      ("json", po::bool_switch(&settings.json), "one JSON object per measurement");
+  po::variables_map values;
+  try {
+    po::store(po::parse_command_line(argc, argv, options), values);
+    po::notify(values);
+  } catch (const po::error& error) {
+    throw UsageError(error.what());
+  }
+  settings.help = values.count("help") > 0;
+  std::ostringstream help;
+  help << "usage: mpiexec -n N commbench [options]\n" << options;
+  settings.help_text = help.str();
+  settings.min_bytes = parse_bytes(min_bytes);
+  settings.max_bytes = parse_bytes(max_bytes);
+  if (settings.min_bytes < 1 || settings.min_bytes > settings.max_bytes)
+    throw UsageError(fmt::format("--min-bytes {} must be at least 1 and at most --max-bytes {}", min_bytes, max_bytes));
+  if (settings.step_factor < 2) throw UsageError("--step-factor must be at least 2");
+  if (settings.iterations < 1 || settings.warmup < 0)
+    throw UsageError("--iterations must be at least 1 and --warmup at least 0");
+  if (collectives == "all") {
+    settings.collectives = all_collectives;
+  } else {
+    std::stringstream list(collectives);
+    for (std::string name; std::getline(list, name, ',');) {
+      if (std::find(all_collectives.begin(), all_collectives.end(), name) == all_collectives.end())
+        throw UsageError(fmt::format("unknown collective '{}' in --collectives", name));
+      settings.collectives.push_back(name);
+    }
+  }
+  if (settings.path != "mpi-host" && settings.path != "mpi-staged" && settings.path != "nccl")
+    throw UsageError(fmt::format("unknown --path '{}' (mpi-host, mpi-staged or nccl)", settings.path));
+  if (settings.path != "mpi-host")
+    throw UsageError(fmt::format("--path {} works on device buffers: the CUDA device is not built yet",
+                                 settings.path));
+  return settings;
+}
+
+// A value every rank can compute for (rank, element): small integers, so sums are exact in fp32.
+float value(int rank, std::size_t element) {
+  return static_cast<float>((rank * 7 + static_cast<int>(element % 61) * 3) % 64);
+}
+
+// One collective at one size: buffers, the operation, and what this rank must hold afterwards.
+class Case {
+ public:
+  Case(const std::string& collective, std::int64_t bytes, Communicator& group)
+      : collective_(collective), group_(group) {
+    const int ranks = group.size(), rank = group.rank();
+    const bool per_rank = collective == "reduce_scatter" || collective == "all_gather" ||
+                          collective == "all_to_all";
+    count_ = static_cast<std::size_t>(bytes / 4 / (per_rank ? ranks : 1));  // floats per block
+    const std::size_t whole = count_ * (per_rank ? ranks : 1);
+    bytes_ = static_cast<std::int64_t>(whole * 4);
+    send_.resize(collective == "all_gather" ? count_ : whole);
+    receive_.resize(collective == "reduce_scatter" ? count_ : whole);
+    expected_.resize(receive_.size());
+    const auto n = static_cast<std::size_t>(ranks);
+    const auto r = static_cast<std::size_t>(rank);
+    for (std::size_t index = 0; index < expected_.size(); ++index) {
+      float sum = 0;
+      if (collective == "all_reduce") {
+        for (int source = 0; source < ranks; ++source) sum += value(source, index);
+      } else if (collective == "reduce_scatter") {
+        for (int source = 0; source < ranks; ++source) sum += value(source, r * count_ + index);
+      } else if (collective == "all_gather") {
+        sum = value(static_cast<int>(index / count_), index % count_);
+      } else if (collective == "all_to_all") {  // block s came from rank s: its block for me
+        sum = value(static_cast<int>(index / count_), r * count_ + index % count_);
+      } else if (collective == "broadcast") {
+        sum = value(0, index);
+      } else {  // send_recv around the ring: from the previous rank
+        sum = value(static_cast<int>((r + n - 1) % n), index);
+      }
+      expected_[index] = sum;
+    }
+  }
+
+  std::int64_t bytes() const { return bytes_; }
+  bool empty() const { return count_ == 0; }
+
+  void fill() {
+    const int rank = group_.rank();
+    for (std::size_t index = 0; index < send_.size(); ++index) send_[index] = value(rank, index);
+    std::fill(receive_.begin(), receive_.end(), -1.0f);
+    if (collective_ == "broadcast" && rank != 0) std::fill(send_.begin(), send_.end(), -1.0f);
+  }
+
+  void run() {
+    const int ranks = group_.size(), rank = group_.rank();
+    if (collective_ == "all_reduce") {
+      group_.run({.op = CommOp::all_reduce, .send = send_.data(), .receive = receive_.data(), .count = count_});
+    } else if (collective_ == "reduce_scatter") {
+      group_.reduce_scatter(send_.data(), receive_.data(), count_);
+    } else if (collective_ == "all_gather") {
+      group_.all_gather(send_.data(), receive_.data(), count_);
+    } else if (collective_ == "all_to_all") {
+      group_.all_to_all(send_.data(), receive_.data(), count_);
+    } else if (collective_ == "broadcast") {
+      group_.broadcast(send_.data(), send_.size(), 0);
+      std::copy(send_.begin(), send_.end(), receive_.begin());
+    } else {
+      Request receive = group_.start({.op = CommOp::recv, .receive = receive_.data(), .count = count_,
+                                      .peer = (rank + ranks - 1) % ranks});
+      Request send = group_.start({.op = CommOp::send, .send = send_.data(), .count = count_,
+                                   .peer = (rank + 1) % ranks});
+      send.wait();
+      receive.wait();
+    }
+  }
+
+  bool correct() const { return receive_ == expected_; }
+
+  // nccl-tests' bus factor: what each rank's link carries relative to the size.
+  double bus_factor() const {
+    const double n = group_.size();
+    if (collective_ == "all_reduce") return 2 * (n - 1) / n;
+    if (collective_ == "broadcast" || collective_ == "send_recv") return 1;
+    return (n - 1) / n;
+  }
+
+ private:
+  std::string collective_;
+  Communicator& group_;
+  std::size_t count_ = 0;
+  std::int64_t bytes_ = 0;
+  std::vector<float> send_, receive_, expected_;
+};
+
+void measure(const Settings& settings, Communicator& world) {
+  const int rank = world.rank();
+  if (rank == 0 && !settings.json) {
+    std::printf("# commbench: path %s, %d rank(s), %d iterations after %d warm-up\n",
+                settings.path.c_str(), world.size(), settings.iterations, settings.warmup);
+    std::printf("# %-15s %12s %12s %12s %12s %8s\n", "collective", "bytes", "time_us", "algbw_GB/s",
+                "busbw_GB/s", "correct");
+  }
+  int failures = 0;
+  for (const std::string& collective : settings.collectives) {
+    for (std::int64_t size = settings.min_bytes; size <= settings.max_bytes; size *= settings.step_factor) {
+      Case current(collective, size, world);
+      if (current.empty()) continue;  // smaller than one float per rank
+      current.fill();
+      for (int iteration = 0; iteration < settings.warmup; ++iteration) current.run();
+      world.barrier();
+      const double start_ms = now_ms();
+      for (int iteration = 0; iteration < settings.iterations; ++iteration) current.run();
+      double time_us = (now_ms() - start_ms) * 1000.0 / settings.iterations;
+      current.fill();
+      current.run();
+      int correct = current.correct() ? 1 : 0;
+      world.all_reduce(&time_us, 1, ReduceOp::max);
+      world.all_reduce(&correct, 1, ReduceOp::min);
+      failures += correct == 0;
+      const double algbw = static_cast<double>(current.bytes()) / (time_us * 1e3);  // GB/s
+      const double busbw = algbw * current.bus_factor();
+      if (rank != 0) continue;
+      if (settings.json) {
+        const nlohmann::json row = {{"collective", collective}, {"path", settings.path},
+                                    {"bytes", current.bytes()}, {"ranks", world.size()},
+                                    {"time_us", time_us}, {"algbw_gbps", algbw},
+                                    {"busbw_gbps", busbw}, {"correct", correct == 1}};
+        std::printf("%s\n", row.dump().c_str());
+      } else {
+        std::printf("  %-15s %12lld %12.2f %12.3f %12.3f %8s\n", collective.c_str(),
+                    static_cast<long long>(current.bytes()), time_us, algbw, busbw,
+                    correct == 1 ? "yes" : "NO");
+      }
+      std::fflush(stdout);
+    }
+  }
+  if (failures > 0)
+    throw AgreedError(ExitCode::runtime_failure,
+                      fmt::format("{} measurement(s) gave wrong results", failures));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  int exit_code = 0;
+  try {
+    CommLedger ledger;
+    // Plain host buffers: MPI's own collectives, not the shared-memory window of collective memory.
+    MpiCommunicator world(MPI_COMM_WORLD, "world", ledger);
+    Settings settings;
+    agree_or_throw(world, [&] { settings = parse(argc, argv); });
+    if (settings.help) {
+      if (rank == 0) std::fputs(settings.help_text.c_str(), stdout);
+    } else {
+      measure(settings, world);
+    }
+  } catch (const AgreedError& error) {
+    if (rank == 0) std::fprintf(stderr, "commbench: error: %s\n", error.what());
+    exit_code = static_cast<int>(error.code());
+  } catch (const std::exception& error) {
+    std::fprintf(stderr, "commbench: error on rank %d: %s\n", rank, error.what());
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+  MPI_Finalize();
+  return exit_code;
+}

@@ -1,0 +1,82 @@
+"""commbench on the MPI host path: every collective at 2 and 4 ranks gives exactly the expected
+result at every size, with sizes in nccl-tests' convention and bus bandwidth the algorithm
+bandwidth times nccl-tests' bus factor; the plot script draws its output; bad flags and the paths
+that need a GPU get one line and exit 2 on every rank."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import unittest
+
+from common import SOURCE_ROOT, MPIEXEC, TrainingTestCase
+
+COMMBENCH = os.path.join(os.path.dirname(os.environ.get("MLPTRAIN", "build/mlptrain")), "commbench")
+COLLECTIVES = ["all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast", "send_recv"]
+
+
+def commbench(arguments, ranks):
+    return subprocess.run([MPIEXEC, "-n", str(ranks), COMMBENCH] + arguments, capture_output=True,
+                          text=True, timeout=120, env=dict(os.environ, OPENBLAS_NUM_THREADS="1"))
+
+
+def bus_factor(collective, ranks):
+    if collective == "all_reduce":
+        return 2 * (ranks - 1) / ranks
+    return 1 if collective in ("broadcast", "send_recv") else (ranks - 1) / ranks
+
+
+class Commbench(TrainingTestCase):
+    def test_every_collective_is_exact_at_2_and_4_ranks(self):
+        for ranks in (2, 4):
+            with self.subTest(ranks=ranks):
+                result = commbench(["--min-bytes", "8", "--max-bytes", "128K", "--step-factor", "4",
+                                    "--iterations", "2", "--warmup", "1", "--json"], ranks)
+                self.assertEqual(result.returncode, 0, result.stderr)
+                rows = [json.loads(line) for line in result.stdout.splitlines()]
+                self.assertEqual(sorted({row["collective"] for row in rows}), sorted(COLLECTIVES))
+                for row in rows:
+                    self.assertTrue(row["correct"], row)
+                    self.assertEqual((row["path"], row["ranks"]), ("mpi-host", ranks))
+                    # A whole float per rank for the per-rank collectives.
+                    per_rank = row["collective"] in ("reduce_scatter", "all_gather", "all_to_all")
+                    self.assertEqual(row["bytes"] % (4 * ranks if per_rank else 4), 0, row)
+                    self.assertAlmostEqual(row["busbw_gbps"], row["algbw_gbps"] * bus_factor(row["collective"], ranks))
+                    self.assertAlmostEqual(row["algbw_gbps"], row["bytes"] / (row["time_us"] * 1e3))
+                largest = max(row["bytes"] for row in rows if row["collective"] == "all_reduce")
+                self.assertEqual(largest, 128 * 1024)  # 8 B x 4^7
+                path = self.path(f"commbench{ranks}.jsonl")
+                with open(path, "w") as handle:
+                    handle.write(result.stdout)
+                picture = self.path(f"commbench{ranks}.png")
+                subprocess.run([sys.executable, os.path.join(SOURCE_ROOT, "scripts", "commbench_plot.py"),
+                                path, "--output", picture], check=True, capture_output=True)
+                with open(picture, "rb") as handle:
+                    self.assertEqual(handle.read(8), b"\x89PNG\r\n\x1a\n")
+
+    def test_table_output(self):
+        result = commbench(["--collectives", "all_reduce,send_recv", "--max-bytes", "64", "--iterations", "1"], 2)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        lines = [line for line in result.stdout.splitlines() if not line.startswith("#")]
+        self.assertEqual([line.split()[0] for line in lines], ["all_reduce"] * 4 + ["send_recv"] * 4)
+        self.assertTrue(all(line.split()[-1] == "yes" for line in lines))
+
+    def test_bad_input_is_one_line_and_exit_2(self):
+        for arguments, words in [(["--path", "nccl"], ["--path nccl", "not built yet"]),
+                                 (["--path", "gpu"], ["unknown --path 'gpu'"]),
+                                 (["--collectives", "all_reduce,gossip"], ["unknown collective 'gossip'"]),
+                                 (["--max-bytes", "12Q"], ["'12Q' is not a size"]),
+                                 (["--min-bytes", "1M", "--max-bytes", "1K"], ["--min-bytes"]),
+                                 (["--iterations", "0"], ["--iterations"]),
+                                 (["--frobnicate"], ["frobnicate"])]:
+            with self.subTest(arguments=arguments):
+                result = commbench(arguments, 2)
+                self.assertEqual(result.returncode, 2, result.stdout + result.stderr)
+                lines = result.stderr.strip().splitlines()
+                self.assertEqual(len(lines), 1, result.stderr)
+                for word in words:
+                    self.assertIn(word, lines[0])
+
+
+if __name__ == "__main__":
+    unittest.main()
