@@ -34,8 +34,9 @@ run_tests -C build "$@"
 if [ "${MLPTRAIN_SANITIZERS:-1}" != 0 ]; then
   echo "test: building with AddressSanitizer and UndefinedBehaviorSanitizer (build-sanitize/)"
   if [ ! -f build-sanitize/build.ninja ]; then
+    # Without CUDA: nvcc takes no sanitizer flags, and the GPU tests are not in these suites.
     meson setup build-sanitize --buildtype=debugoptimized -Db_sanitize=address,undefined \
-      -Db_lundef=false >/dev/null
+      -Db_lundef=false -Dcuda=disabled >/dev/null
   fi
   if ninja -C build-sanitize >/dev/null; then
     export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1

@@ -1,0 +1,23 @@
+// The CUDA backend (built whenever nvcc is present): the kernel interface on one GPU, and device
+// memory that charges the memory ledger. Plain C++ here, so callers need no CUDA headers.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "core/buffer.hpp"
+#include "kernels/kernels.hpp"
+
+namespace mlptrain {
+
+// GPUs this process can use; 0 with the reason in `why_none` (no driver, no device) otherwise.
+int cuda_device_count(std::string* why_none = nullptr);
+
+// The kernels on `device` (the caller picks it, e.g. local rank modulo the GPUs present), on a
+// compute stream of their own. GEMMs are fp32; `tf32` lets cuBLAS use TF32 tensor cores.
+std::unique_ptr<Kernels> make_cuda_kernels(int device, bool tf32 = false);
+
+// Device memory from cudaMalloc on the current device, freed blocks cached by size for reuse.
+std::unique_ptr<Allocator> make_cuda_allocator(MemoryLedger& ledger);
+
+}  // namespace mlptrain
