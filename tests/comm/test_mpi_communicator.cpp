@@ -1,6 +1,6 @@
 // The MPI communicator at whatever world size mpiexec gives: every collective, blocking and not,
-// exact results, and the ledger's sizes in nccl-tests' convention. Also the grid's groups and
-// failure agreement.
+// exact results, and the ledger's sizes in nccl-tests' convention. Also the grid's groups,
+// failure agreement and the rank-to-GPU placement.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -8,6 +8,7 @@
 #include <numeric>
 
 #include "comm/consensus.hpp"
+#include "comm/gpu_placement.hpp"
 #include "comm/mpi_communicator.hpp"
 #include "comm/process_groups.hpp"
 
@@ -232,5 +233,25 @@ TEST_F(MpiCommunicatorTest, EveryRankAgreesOnTheLowestRanksError) {
   } catch (const AgreedError& error) {
     EXPECT_EQ(std::string(error.what()), "bad on rank " + std::to_string(size / 2));
     EXPECT_EQ(error.code(), ExitCode::usage);
+  }
+}
+
+TEST(GpuPlacement, RanksOfOneNodeShareItsGpusRoundRobin) {
+  // mpiexec starts every rank on this node: the split finds them all.
+  int rank = 0, size = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  const NodePlace place = node_place(MPI_COMM_WORLD);
+  EXPECT_EQ(place.local_rank, rank);
+  EXPECT_EQ(place.local_ranks, size);
+  EXPECT_EQ(choose_gpu(place, 1, false), 0);  // host staging: any number of ranks per GPU
+  EXPECT_EQ(choose_gpu(place, 2, false), rank % 2);
+  EXPECT_EQ(choose_gpu({.local_rank = 5, .local_ranks = 8}, 8, true), 5);
+  EXPECT_THROW(choose_gpu(place, 0, false), UsageError);
+  try {
+    choose_gpu({.local_rank = 0, .local_ranks = 4}, 2, true);
+    ADD_FAILURE() << "NCCL with two ranks per GPU was accepted";
+  } catch (const UsageError& error) {
+    EXPECT_NE(std::string(error.what()).find("NCCL allows one rank per GPU"), std::string::npos);
   }
 }
