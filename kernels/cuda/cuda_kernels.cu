@@ -42,8 +42,9 @@ int blocks_for(std::int64_t count) {
 __device__ float normal_cdf(float x) { return 0.5f * (1.0f + erff(x * 0.70710678118654752f)); }
 __device__ float normal_pdf(float x) { return 0.39894228040143268f * expf(-0.5f * x * x); }
 
-// Adds this thread's `value` into *total: a block sums in shared memory, then one atomic.
-__device__ void block_sum_into(double value, double* total) {
+// The sum of every thread's `value` over the block, in shared memory; valid in thread 0. Every
+// thread of the block must call it.
+__device__ double block_sum(double value) {
   __shared__ double partial[block_threads];
   partial[threadIdx.x] = value;
   __syncthreads();
@@ -51,7 +52,13 @@ __device__ void block_sum_into(double value, double* total) {
     if (threadIdx.x < half) partial[threadIdx.x] += partial[threadIdx.x + half];
     __syncthreads();
   }
-  if (threadIdx.x == 0) atomicAdd(total, partial[0]);
+  return partial[0];
+}
+
+// Adds the block's sum of `value` into *total: one atomic per block.
+__device__ void block_sum_into(double value, double* total) {
+  const double sum = block_sum(value);
+  if (threadIdx.x == 0) atomicAdd(total, sum);
 }
 
 #define GRID_STRIDE(index, count)                                                              \
@@ -179,14 +186,8 @@ __global__ void row_dots_kernel(const float* a, const std::int32_t* indices, con
   const float* right = b + row * cols;
   double sum = 0;
   for (std::int64_t col = threadIdx.x; col < cols; col += blockDim.x) sum += static_cast<double>(left[col]) * right[col];
-  __shared__ double partial[block_threads];
-  partial[threadIdx.x] = sum;
-  __syncthreads();
-  for (int half = block_threads / 2; half > 0; half /= 2) {
-    if (threadIdx.x < half) partial[threadIdx.x] += partial[threadIdx.x + half];
-    __syncthreads();
-  }
-  if (threadIdx.x == 0) dots[row] = static_cast<float>(partial[0]);
+  const double total = block_sum(sum);
+  if (threadIdx.x == 0) dots[row] = static_cast<float>(total);
 }
 
 struct AdamWScalars {

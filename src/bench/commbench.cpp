@@ -7,8 +7,6 @@
 // for all-gather, the whole input for reduce-scatter, what a rank sends for all-to-all and
 // send/recv. The path `mpi-host` is MPI on host buffers; `mpi-staged` and `nccl` need the CUDA
 // device.
-#include <mpi.h>
-
 #include <algorithm>
 #include <boost/program_options.hpp>
 #include <cstdio>
@@ -19,7 +17,7 @@
 #include <vector>
 
 #include "comm/consensus.hpp"
-#include "comm/mpi_communicator.hpp"
+#include "comm/mpi_program.hpp"
 #include "core/error.hpp"
 #include "core/timer.hpp"
 
@@ -254,29 +252,14 @@ void measure(const Settings& settings, Communicator& world) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  int exit_code = 0;
-  try {
-    CommLedger ledger;
-    // Plain host buffers: MPI's own collectives, not the shared-memory window of collective memory.
-    MpiCommunicator world(MPI_COMM_WORLD, "world", ledger);
+  // Plain host buffers: MPI's own collectives, not the shared-memory window of collective memory.
+  return run_mpi_program(argc, argv, "commbench", [&](MpiCommunicator& world) {
     Settings settings;
     agree_or_throw(world, [&] { settings = parse(argc, argv); });
     if (settings.help) {
-      if (rank == 0) std::fputs(settings.help_text.c_str(), stdout);
+      if (world.rank() == 0) std::fputs(settings.help_text.c_str(), stdout);
     } else {
       measure(settings, world);
     }
-  } catch (const AgreedError& error) {
-    if (rank == 0) std::fprintf(stderr, "commbench: error: %s\n", error.what());
-    exit_code = static_cast<int>(error.code());
-  } catch (const std::exception& error) {
-    std::fprintf(stderr, "commbench: error on rank %d: %s\n", rank, error.what());
-    std::fflush(stderr);
-    MPI_Abort(MPI_COMM_WORLD, 1);
-  }
-  MPI_Finalize();
-  return exit_code;
+  });
 }

@@ -1,0 +1,18 @@
+// The frame every MPI program of the project shares: MPI started and finished around the body,
+// which gets the world as a communicator. An error all ranks agree on (AgreedError) is reported
+// once, by rank 0, as "PROGRAM: error: ..." and ends every rank with its exit code; any other
+// error is reported by the rank that met it and ends the whole job through MPI_Abort, so that no
+// rank is left waiting.
+#pragma once
+
+#include <functional>
+
+#include "comm/mpi_communicator.hpp"
+
+namespace mlptrain {
+
+// Returns the exit code for main.
+int run_mpi_program(int& argc, char**& argv, const char* program,
+                    const std::function<void(MpiCommunicator& world)>& body);
+
+}  // namespace mlptrain
