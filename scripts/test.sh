@@ -25,6 +25,8 @@ run_tests() {
   passed=$(( passed + ok ))
   failed=$(( failed + bad ))
   skipped=$(( skipped + $(count "Skipped") ))
+  # A skipping test prints why ("...: skipped: reason"); Meson keeps that in its log only.
+  grep -h ": skipped: " "$2/meson-logs/testlog.txt" 2>/dev/null | sort -u
   [ "$result" -eq 0 ] || status=$result
   rm -f "$log"
 }
