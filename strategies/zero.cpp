@@ -11,8 +11,9 @@
 //            reduce-scattered into the shard accumulator at once (two buffers rotate, so one
 //            reduces while the next unit computes).
 //   stage 3: parameters live only as shards; a unit is gathered before its forward (and again
-//            before its backward) into one of two rotating buffers, the next unit's gather
-//            prefetched while the current one computes, and released right after use. In
+//            before its backward, and before a recomputed forward) into one of two buffers, the
+//            next unit's gather prefetched while the current one computes, and released right
+//            after use. In
 //            backward the unit's gradients overwrite its gathered parameters (W's last use comes
 //            first), and that buffer is reduce-scattered before it is reused.
 // The transient unit buffers (two unit gradient buffers in stage 2, two gathered units in stage
@@ -26,6 +27,7 @@
 #include <deque>
 #include <fmt/format.h>
 #include <map>
+#include <stdexcept>
 
 #include "strategies/strategy.hpp"
 
@@ -36,6 +38,7 @@ namespace {
 struct Unit {
   int layer = 0;
   bool moe = false;              // kept whole (see above): nothing below applies
+  bool recomputed = false;       // --recompute runs its forward again in backward
   FlatRange full;                // padded range in the store's layout
   std::size_t shard_size = 0;    // full.count / N
   std::size_t shard_offset = 0;  // where this unit's shard sits in the shard buffers
@@ -85,6 +88,7 @@ class Zero final : public Strategy {
   // Stage 3: the unit's gathered parameters (gathering now if no prefetch started it).
   float* gathered(std::size_t unit);
   void prefetch(std::size_t unit);
+  float* free_parameter_slot();
   void release(std::size_t unit) { gathered_.erase(unit); }
   void bind_values(LayerEvent& event, float* unit_values) const;
 
@@ -112,7 +116,6 @@ class Zero final : public Strategy {
   Buffer parameter_pool_;   // stage 3: gathered unit buffers (and gradients in backward)
   std::size_t gradient_slots_ = 0;
   std::size_t next_gradient_slot_ = 0;
-  std::size_t next_parameter_slot_ = 0;
 
   std::vector<Request> gradient_reductions_;  // stage 1, per unit
   std::vector<Request> parameter_gathers_;    // stages 1 and 2, per unit
@@ -156,7 +159,9 @@ Zero::Zero(const StrategyContext& context)
       continue;
     }
     const std::string base = layer_path(layer, context.config.layers);
-    units_.push_back({layer, false, full, full.count / ranks, shard_total_,
+    // Recomputation drops (and so runs again) exactly the GELU layers' pre-activations.
+    const bool recomputed = context.config.recompute && context.layers[static_cast<std::size_t>(layer)].gelu;
+    units_.push_back({layer, false, recomputed, full, full.count / ranks, shard_total_,
                       parameters_.tensor(base + "/weight").offset - full.offset,
                       parameters_.tensor(base + "/bias").offset - full.offset});
     shard_total_ += full.count / ranks;
@@ -254,15 +259,32 @@ void Zero::bind_values(LayerEvent& event, float* unit_values) const {
   event.parameters->bias = unit_values + unit.bias_at;
 }
 
+float* Zero::free_parameter_slot() {
+  // A slot no gathered unit holds, preferring one whose earlier unit's gradients are no longer
+  // on their way out (else they are waited for). Forward and backward hold one unit and take
+  // the other slot for the next; recomputation holds backward's prefetched unit and cycles the
+  // recomputed ones through the other.
+  const auto slot = [&](std::size_t index) { return parameter_pool_.floats() + index * largest_unit_; };
+  const auto reducing_in = [&](const float* buffer) {
+    return std::any_of(reducing_.begin(), reducing_.end(),
+                       [buffer](const ReducingGradients& reducing) { return reducing.buffer == buffer; });
+  };
+  const auto held = [&](const float* buffer) {
+    return std::any_of(gathered_.begin(), gathered_.end(),
+                       [buffer](const auto& entry) { return entry.second.buffer == buffer; });
+  };
+  float* chosen = nullptr;
+  for (std::size_t index = 0; index < 2; ++index)
+    if (!held(slot(index)) && (chosen == nullptr || reducing_in(chosen))) chosen = slot(index);
+  if (chosen == nullptr) throw std::logic_error("ZeRO stage 3: both parameter slots hold gathered units");
+  while (reducing_in(chosen)) finish_oldest_reduction();
+  return chosen;
+}
+
 void Zero::prefetch(std::size_t index) {
   if (index >= units_.size() || gathered_.contains(index)) return;
   const Unit& unit = units_[index];
-  float* buffer = parameter_pool_.floats() + next_parameter_slot_ * largest_unit_;
-  next_parameter_slot_ ^= 1;  // two slots, released in the order they were taken
-  // The slot may still hold an earlier unit's gradients on their way out.
-  while (std::any_of(reducing_.begin(), reducing_.end(),
-                     [buffer](const ReducingGradients& reducing) { return reducing.buffer == buffer; }))
-    finish_oldest_reduction();
+  float* buffer = free_parameter_slot();
   std::copy_n(shard_values_.floats() + unit.shard_offset, unit.shard_size,
               buffer + rank_ * unit.shard_size);
   GatheredParameters entry{buffer, {}};
@@ -304,7 +326,8 @@ void Zero::before_layer_forward(LayerEvent& event) {
   const std::size_t index = unit_index(event.layer);
   if (stage_ == 3) {
     bind_values(event, gathered(index));
-    prefetch(index + 1);
+    // A recomputed forward is followed by backward, which prefetches on its own.
+    if (!event.recomputing) prefetch(index + 1);
   } else {
     parameter_gathers_[index].wait();  // the previous step's gather of this unit
   }
@@ -382,6 +405,10 @@ void Zero::predict(PlacementPrediction& prediction) const {
   const std::int64_t micro_batches = config_.micro_batches;
   prediction.comm(CommOp::reduce_scatter) += stage_ == 1 ? everything : micro_batches * everything;
   prediction.comm(CommOp::all_gather) += stage_ == 3 ? 2 * micro_batches * everything : everything;
+  // Stage 3 gathers each recomputed unit once more per micro-batch, for its second forward.
+  if (stage_ == 3)
+    for (const Unit& unit : units_)
+      if (unit.recomputed) prediction.comm(CommOp::all_gather) += micro_batches * bytes(unit.full.count);
 }
 
 bool wanted(const Config& config, const GridShape&) { return config.zero > 0; }

@@ -14,7 +14,8 @@ CLASSIFICATION = ["--dataset", "mixture", "--output-dim", 5, "--eval-every", 1]
 LAYOUTS = [
     (1, DENSE, []), (1, DENSE, ["--micro-batches", 4, "--recompute"]), (1, MOE, []),
     (2, DENSE, ["--dp", 2]), (2, DENSE, ["--zero", 1]), (2, DENSE, ["--zero", 2]),
-    (2, DENSE, ["--zero", 3, "--micro-batches", 2]), (2, DENSE, ["--tp", 2]),
+    (2, DENSE, ["--zero", 3, "--micro-batches", 2]), (2, DENSE, ["--zero", 3, "--recompute"]),
+    (2, DENSE, ["--tp", 2]),
     (2, DENSE, ["--pp", 2, "--micro-batches", 4]),
     (2, DENSE, ["--pp", 2, "--micro-batches", 4, "--schedule", "gpipe", "--recompute"]),
     (2, MOE, ["--ep", 2]), (2, MOE, ["--dp", 2]), (2, MOE, ["--ep", 2, "--recompute"]),

@@ -54,6 +54,7 @@ class Recompute(TrainingTestCase):
         reference_steps, _, reference = self.train("one", REGRESSION, 1)
         for ranks, layout in [(2, ["--dp", 2]), (2, ["--tp", 2]), (2, ["--dp", 2, "--zero", 1]),
                               (2, ["--dp", 2, "--zero", 2]),
+                              (2, ["--dp", 2, "--zero", 3]), (4, ["--pp", 2, "--dp", 2, "--zero", 3]),
                               (4, ["--pp", 2, "--tp", 2])]:
             with self.subTest(layout=layout):
                 name = "r{}_{}".format(ranks, "_".join(map(str, layout)))
