@@ -28,12 +28,16 @@ def arguments(description, rounds, steps, result_file):
 
 def train(ranks, arguments, name, warm_up_steps=2, bind_to_cores=False):
     """Runs mlptrain at `ranks` ranks (each pinned to a core if asked); returns (median step_ms
-    after the warm-up steps, or None when there are none, and the final summary record)."""
-    metrics = os.path.join(BUILD, f"bench-{name}.jsonl")
+    after the warm-up steps, or None when there are none, and the final summary record). A
+    failing run ends the script with mlptrain's own output."""
+    metrics = os.path.join(os.path.dirname(PROGRAM), f"bench-{name}.jsonl")
     binding = ["-bind-to", "core"] if bind_to_cores else []
-    subprocess.run(["mpiexec.mpich"] + binding + ["-n", str(ranks), PROGRAM] +
-                   [str(a) for a in arguments] + ["--log-every", "0", "--metrics", metrics],
-                   check=True, capture_output=True, env=ENVIRONMENT)
+    result = subprocess.run(["mpiexec.mpich"] + binding + ["-n", str(ranks), PROGRAM] +
+                            [str(a) for a in arguments] + ["--log-every", "0", "--metrics", metrics],
+                            capture_output=True, text=True, env=ENVIRONMENT)
+    if result.returncode != 0:
+        sys.exit(f"{os.path.basename(sys.argv[0])}: mlptrain {' '.join(map(str, arguments))} at {ranks} "
+                 f"rank(s) failed:\n{result.stdout}{result.stderr}")
     with open(metrics) as handle:
         records = [json.loads(line) for line in handle]
     step_ms = [r["step_ms"] for r in records if not r.get("summary")][warm_up_steps:]

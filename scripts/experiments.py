@@ -21,7 +21,6 @@ the machines are shared and noisy, so compare ratios within one run of an experi
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -32,6 +31,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the file-only backend)
 
+import benchlib  # noqa: E402
 from benchlib import ENVIRONMENT, PROGRAM, ROOT, stamp  # noqa: E402
 
 MIB = 2.0 ** 20
@@ -53,7 +53,7 @@ class Settings:
     def model(self, layers=None, batch=None, steps=None):
         return ["--dataset", "mixture", "--layers", layers or self.layers, "--hidden", self.width,
                 "--input-dim", self.width, "--output-dim", 10, "--global-batch", batch or self.batch,
-                "--steps", steps or self.steps, "--log-every", 0]
+                "--steps", steps or self.steps]
 
     def moe_model(self, batch=None, steps=None):
         return self.model(batch=batch, steps=steps) + ["--moe-every", 2, "--experts", EXPERTS, "--top-k", 2]
@@ -78,21 +78,10 @@ class Progress:
 
 
 def train(settings, ranks, arguments, trace=None):
-    """Runs mlptrain; returns (median step_ms after the warm-up, step records, summary)."""
-    metrics = os.path.join(settings.scratch, "metrics.jsonl")
-    binding = ["-bind-to", "core"] if ranks <= (os.cpu_count() or 1) else []
-    extra = ["--trace", trace] if trace else []
-    result = subprocess.run(["mpiexec.mpich"] + binding + ["-n", str(ranks), PROGRAM] +
-                            [str(a) for a in arguments] + extra + ["--metrics", metrics],
-                            capture_output=True, text=True, env=ENVIRONMENT)
-    if result.returncode != 0:
-        sys.exit(f"experiments: mlptrain {' '.join(map(str, arguments))} at {ranks} ranks failed:\n"
-                 f"{result.stdout}{result.stderr}")
-    with open(metrics) as handle:
-        records = [json.loads(line) for line in handle]
-    steps = [r for r in records if not r.get("summary")]
-    timed = [r["step_ms"] for r in steps[settings.warm_up:]] or [r["step_ms"] for r in steps]
-    return statistics.median(timed), steps, records[-1]
+    """Runs mlptrain (pinned to cores where they fit); returns (median step_ms after the warm-up,
+    summary)."""
+    return benchlib.train(ranks, list(arguments) + (["--trace", trace] if trace else []), "experiment",
+                          settings.warm_up, bind_to_cores=ranks <= (os.cpu_count() or 1))
 
 
 def placement_row(summary):
@@ -160,7 +149,7 @@ def scaling(settings):
                   f"(--max-ranks {minimum} runs it, oversubscribed if the cores are fewer)")
 
     def measure(ranks, arguments, fields):
-        step_ms, _, summary = train(settings, ranks, arguments)
+        step_ms, summary = train(settings, ranks, arguments)
         return {"step_ms": step_ms, "samples_per_s": summary["samples_per_s"]}
 
     rows = run_all(settings, "scaling", runs, measure)
@@ -191,7 +180,7 @@ def memory(settings):
     runs = [(f"ZeRO {stage} at {ranks} rank(s)", ranks, settings.model(steps=2) + ["--zero", stage],
              {"zero": stage}) for stage in (0, 1, 2, 3) for ranks in sizes if stage == 0 or ranks > 1]
     rows = run_all(settings, "memory", runs,
-                   lambda ranks, arguments, fields: placement_row(train(settings, ranks, arguments)[2]))
+                   lambda ranks, arguments, fields: placement_row(train(settings, ranks, arguments)[1]))
     figure, axes = plt.subplots(1, 4, figsize=(14, 3.8), sharey=True)
     colors = dict(zip(STATES, ("tab:blue", "tab:orange", "tab:green", "tab:red")))
     for axis, stage in zip(axes, (0, 1, 2, 3)):
@@ -224,7 +213,7 @@ def comm(settings):
     runs = [(label, ranks, (settings.moe_model(steps=3) if "MoE" in label else settings.model(steps=3)) + flags,
              {"layout": label}) for label, ranks, flags in layouts]
     rows = run_all(settings, "comm", runs,
-                   lambda ranks, arguments, fields: placement_row(train(settings, ranks, arguments)[2]))
+                   lambda ranks, arguments, fields: placement_row(train(settings, ranks, arguments)[1]))
     ops = [op for op in ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "send", "recv")
            if any(r["comm_measured_bytes"].get(op) for r in rows)]
     figure, axis = plt.subplots(figsize=(12, 4.2))
@@ -255,7 +244,7 @@ def pipeline(settings):
 
     def measure(ranks, arguments, fields):
         trace = os.path.join(settings.scratch, "trace.json")
-        step_ms, _, summary = train(settings, ranks, arguments, trace=trace)
+        step_ms, summary = train(settings, ranks, arguments, trace=trace)
         report = json.loads(subprocess.run(
             [sys.executable, os.path.join(ROOT, "scripts", "trace_timeline.py"), trace, "--json",
              "--output", os.path.join(settings.scratch, "timeline.png")],
@@ -299,8 +288,8 @@ def recompute(settings):
              {"layers": depth, "recompute": flag}) for depth in depths for flag in (False, True)]
 
     def measure(ranks, arguments, fields):
-        step_ms, steps, summary = train(settings, ranks, arguments)
-        return {"step_ms": step_ms, "final_loss": steps[-1]["loss"],
+        step_ms, summary = train(settings, ranks, arguments)
+        return {"step_ms": step_ms, "final_loss": summary["final_loss"],
                 "activation_bytes": summary["placement"]["activations"]["measured_bytes"],
                 "predicted_activation_bytes": summary["placement"]["activations"]["predicted_bytes"]}
 
@@ -340,8 +329,7 @@ def pytorch(settings):
         if fields["peer"] == "mlptrain":
             return {"step_ms": train(settings, ranks, ["--dataset", "mixture", "--layers", layers, "--hidden", width,
                                                        "--input-dim", width, "--output-dim", 10, "--global-batch",
-                                                       per_rank * ranks, "--steps", settings.steps,
-                                                       "--log-every", 0])[0]}
+                                                       per_rank * ranks, "--steps", settings.steps])[0]}
         output = subprocess.run(["mpiexec.mpich", "-n", str(ranks), sys.executable,
                                  os.path.join(ROOT, "scripts", "torch_peer.py"), "--layers", str(layers),
                                  "--hidden", str(width), "--input-dim", str(width), "--batch-per-rank",
