@@ -182,18 +182,18 @@ Zero::Zero(const StrategyContext& context)
       return group_.allocate_collective_memory(allocator, MemoryState::grads, bytes);
     });
   // Padding is summed and gathered but never written by the layers: it starts (and stays) zero.
-  if (stage_ == 1) std::fill_n(parameters_.grads(), parameters_.size(), 0.0f);
+  if (stage_ == 1) kernels_.fill(parameters_.grads(), parameters_.size(), 0.0f);
   if (stage_ >= 2) shard_grads_ = allocator.allocate_floats(MemoryState::grads, shard_total_);
   if (stage_ == 2) {
     gradient_slots_ = 2;
     gradient_pool_ = collective(MemoryState::comm_buffers, gradient_slots_ * largest_unit_);
-    std::fill_n(gradient_pool_.floats(), gradient_slots_ * largest_unit_, 0.0f);
+    gradient_pool_.fill_zero();
   }
   if (stage_ == 3) {
     shard_values_ = allocator.allocate_floats(MemoryState::params, shard_total_);
-    std::fill_n(shard_values_.floats(), shard_total_, 0.0f);
+    shard_values_.fill_zero();
     parameter_pool_ = collective(MemoryState::comm_buffers, 2 * largest_unit_);
-    std::fill_n(parameter_pool_.floats(), 2 * largest_unit_, 0.0f);
+    parameter_pool_.fill_zero();
   }
   gradient_reductions_.resize(units_.size());
   parameter_gathers_.resize(units_.size());
@@ -285,8 +285,8 @@ void Zero::prefetch(std::size_t index) {
   if (index >= units_.size() || gathered_.contains(index)) return;
   const Unit& unit = units_[index];
   float* buffer = free_parameter_slot();
-  std::copy_n(shard_values_.floats() + unit.shard_offset, unit.shard_size,
-              buffer + rank_ * unit.shard_size);
+  kernels_.copy(buffer + rank_ * unit.shard_size, shard_values_.floats() + unit.shard_offset,
+                unit.shard_size);
   GatheredParameters entry{buffer, {}};
   if (communicates()) entry.request = group_.all_gather_in_place_async(buffer, unit.shard_size);
   gathered_.emplace(index, std::move(entry));

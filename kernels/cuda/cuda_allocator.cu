@@ -1,17 +1,34 @@
 // Device memory for the CUDA backend (see cuda_backend.hpp). Freed blocks are kept by size, as
 // the host allocator keeps them: a training step allocates the same buffers every step, and
-// cudaMalloc/cudaFree would synchronize the device each time.
+// cudaMalloc/cudaFree would synchronize the device each time. The host's copies and fills wait for
+// all the device's work before and after them, so they are ordered with every stream without
+// knowing which one wrote the memory: simple and correct, and only used off the hot path
+// (samples in, routing tables, checkpoints, host-staged messages).
 #include <cuda_runtime.h>
 
 #include <map>
 #include <new>
 #include <vector>
 
+#include "core/error.hpp"
 #include "kernels/cuda/cuda_backend.hpp"
 
 namespace mlptrain {
 
 namespace {
+
+void check(cudaError_t status, const char* what) {
+  if (status != cudaSuccess)
+    throw RuntimeFailure(std::string("CUDA: ") + what + " failed: " + cudaGetErrorString(status));
+}
+
+// Runs `operation` with the whole device idle before and after it.
+template <typename Operation>
+void synchronized(const char* what, Operation&& operation) {
+  check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  check(operation(), what);
+  check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+}
 
 class CudaAllocator final : public Allocator {
  public:
@@ -21,6 +38,26 @@ class CudaAllocator final : public Allocator {
       for (void* block : blocks) cudaFree(block);
   }
   Device device() const override { return Device::cuda; }
+
+  void zero(void* data, std::size_t bytes) override {
+    if (bytes > 0) synchronized("cudaMemset", [&] { return cudaMemset(data, 0, bytes); });
+  }
+  void copy_to_device(void* device, const void* host, std::size_t bytes) override {
+    if (bytes > 0)
+      synchronized("cudaMemcpy", [&] { return cudaMemcpy(device, host, bytes, cudaMemcpyHostToDevice); });
+  }
+  void copy_to_host(void* host, const void* device, std::size_t bytes) override {
+    if (bytes > 0)
+      synchronized("cudaMemcpy", [&] { return cudaMemcpy(host, device, bytes, cudaMemcpyDeviceToHost); });
+  }
+  bool is_device_memory(const void* pointer) const override {
+    cudaPointerAttributes attributes{};
+    if (cudaPointerGetAttributes(&attributes, pointer) != cudaSuccess) {
+      cudaGetLastError();  // not a pointer CUDA knows: host memory
+      return false;
+    }
+    return attributes.type == cudaMemoryTypeDevice;
+  }
 
  protected:
   void* obtain(std::size_t bytes) override {

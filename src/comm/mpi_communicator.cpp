@@ -59,6 +59,10 @@ struct VariableLayout {
   }
 };
 
+
+}  // namespace
+
+// A non-blocking MPI call; `on_completion` runs once, when it completes.
 class MpiPending final : public PendingOperation {
  public:
   std::unique_ptr<VariableLayout> layout;  // kept alive until completion
@@ -81,6 +85,8 @@ class MpiPending final : public PendingOperation {
     if (on_completion) std::exchange(on_completion, nullptr)();
   }
 };
+
+namespace {
 
 bool in_place(const Operation& operation) { return operation.send == operation.receive; }
 
@@ -119,8 +125,8 @@ class WindowAllocator final : public Allocator {
 }  // namespace
 
 MpiCommunicator::MpiCommunicator(MPI_Comm comm, std::string group, CommLedger& ledger,
-                                 bool shared_memory)
-    : Communicator(std::move(group), ledger), comm_(comm) {
+                                 bool shared_memory, HostStaging* staging)
+    : Communicator(std::move(group), ledger), comm_(comm), staging_(staging) {
   MPI_Comm_rank(comm_, &rank_);
   MPI_Comm_size(comm_, &size_);
   shares_node_ = shared_memory && size_ > 1 && group_shares_node(comm_);
@@ -139,8 +145,10 @@ void MpiCommunicator::barrier() { MPI_Barrier(comm_); }
 
 Buffer MpiCommunicator::allocate_collective_memory(Allocator& fallback, MemoryState state,
                                                    std::size_t bytes) {
-  // Every rank decides alike, so the collective calls match.
-  if (size_ == 1 || !shares_node_) return fallback.allocate(state, bytes);
+  // Every rank decides alike, so the collective calls match. Windows are host memory: a
+  // device's buffers stay on the device.
+  if (size_ == 1 || !shares_node_ || fallback.device() != Device::cpu)
+    return fallback.allocate(state, bytes);
   windows_.push_back(std::make_unique<SharedWindow>(comm_, bytes));
   window_allocators_.push_back(std::make_unique<WindowAllocator>(fallback.ledger(), *windows_.back()));
   return window_allocators_.back()->allocate(state, bytes);
@@ -173,10 +181,24 @@ std::unique_ptr<PendingOperation> MpiCommunicator::start_shared(const Operation&
 }
 
 void MpiCommunicator::run_backend(const Operation& operation) {
+  if (staging_ != nullptr && staging_->stages(operation)) {
+    if (operation.op == CommOp::all_reduce) {
+      staging_->all_reduce(operation, [&](const Operation& host) { run_host(host); });
+    } else {
+      const auto staged = staging_->stage(operation, rank_, size_);
+      run_host(staged->host());
+      staged->finish();
+    }
+    return;
+  }
   if (auto pending = start_shared(operation)) {
     pending->wait();
     return;
   }
+  run_host(operation);
+}
+
+void MpiCommunicator::run_host(const Operation& operation) {
   const MPI_Datatype type = mpi_type(operation.type);
   const int count = mpi_count(operation.count);
   switch (operation.op) {
@@ -218,7 +240,21 @@ void MpiCommunicator::run_backend(const Operation& operation) {
 }
 
 std::unique_ptr<PendingOperation> MpiCommunicator::start_backend(const Operation& operation) {
+  if (staging_ != nullptr && staging_->stages(operation)) {
+    // The host copy goes through MPI's non-blocking call; the result returns on completion.
+    std::shared_ptr<StagedOperation> staged = staging_->stage(operation, rank_, size_);
+    auto pending = start_host(staged->host());
+    pending->on_completion = [then = std::move(pending->on_completion), staged] {
+      if (then) then();
+      staged->finish();
+    };
+    return pending;
+  }
   if (auto shared = start_shared(operation)) return shared;
+  return start_host(operation);
+}
+
+std::unique_ptr<MpiPending> MpiCommunicator::start_host(const Operation& operation) {
   auto pending = std::make_unique<MpiPending>();
   MPI_Request* request = &pending->request;
   const MPI_Datatype type = mpi_type(operation.type);

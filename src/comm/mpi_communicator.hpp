@@ -2,20 +2,27 @@
 // all the group's ranks share a node, collective memory comes from MPI-3 shared-memory windows,
 // and float all-reduces, reduce-scatters and all-gathers of buffers inside them are done in place
 // there (see shared_window.hpp); all else goes through MPI's collectives and point-to-point calls.
+// Operations on device memory go through host staging (host_staging.hpp), one after the other:
+// a started one copies its result back when it completes.
 #pragma once
 
 #include <mpi.h>
 
 #include "comm/communicator.hpp"
+#include "comm/host_staging.hpp"
 #include "comm/shared_window.hpp"
 
 namespace mlptrain {
+
+class MpiPending;
 
 class MpiCommunicator final : public Communicator {
  public:
   // Takes ownership of `comm` (freed on destruction unless it is predefined). Collective.
   // Without `shared_memory`, every operation goes through MPI (to compare with its collectives).
-  MpiCommunicator(MPI_Comm comm, std::string group, CommLedger& ledger, bool shared_memory = true);
+  // `staging` (may be null: host memory only) stages operations on a device's memory.
+  MpiCommunicator(MPI_Comm comm, std::string group, CommLedger& ledger, bool shared_memory = true,
+                  HostStaging* staging = nullptr);
   ~MpiCommunicator() override;
   MpiCommunicator(const MpiCommunicator&) = delete;
   MpiCommunicator& operator=(const MpiCommunicator&) = delete;
@@ -34,11 +41,15 @@ class MpiCommunicator final : public Communicator {
  private:
   // The operation done in a shared window, or null when it is not one that can be.
   std::unique_ptr<PendingOperation> start_shared(const Operation& operation);
+  // The operation on host memory, through MPI.
+  void run_host(const Operation& operation);
+  std::unique_ptr<MpiPending> start_host(const Operation& operation);
 
   MPI_Comm comm_;
   int rank_ = 0;
   int size_ = 1;
   bool shares_node_ = false;
+  HostStaging* staging_ = nullptr;
   // One window per allocation; each window hands out its one segment.
   std::vector<std::unique_ptr<SharedWindow>> windows_;
   std::vector<std::unique_ptr<Allocator>> window_allocators_;

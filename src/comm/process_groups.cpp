@@ -6,7 +6,7 @@
 namespace mlptrain {
 
 ProcessGroups::ProcessGroups(MPI_Comm world, const GridShape& shape, CommLedger& ledger,
-                             bool shared_memory)
+                             bool shared_memory, HostStaging* staging)
     : shape_(shape) {
   MPI_Comm_rank(world, &world_rank_);
   place_ = coordinates_of(shape_, world_rank_);
@@ -17,7 +17,7 @@ ProcessGroups::ProcessGroups(MPI_Comm world, const GridShape& shape, CommLedger&
       MPI_Comm_split(world, group_index_of(shape_, kind, world_rank_), world_rank_, &comm);
     }
     communicators_[static_cast<int>(kind)] =
-        std::make_unique<MpiCommunicator>(comm, std::string(group_name(kind)), ledger, shared_memory);
+        std::make_unique<MpiCommunicator>(comm, std::string(group_name(kind)), ledger, shared_memory, staging);
   }
 }
 

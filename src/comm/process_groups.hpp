@@ -8,14 +8,17 @@
 #include <memory>
 
 #include "comm/communicator.hpp"
+#include "comm/host_staging.hpp"
 #include "comm/process_grid.hpp"
 
 namespace mlptrain {
 
 class ProcessGroups {
  public:
-  // `shared_memory`: let node-local groups run collectives in shared memory (MpiCommunicator).
-  ProcessGroups(MPI_Comm world, const GridShape& shape, CommLedger& ledger, bool shared_memory = true);
+  // `shared_memory`: let node-local groups run collectives in shared memory (MpiCommunicator);
+  // `staging`: stage operations on device memory through host memory (null: host memory only).
+  ProcessGroups(MPI_Comm world, const GridShape& shape, CommLedger& ledger, bool shared_memory = true,
+                HostStaging* staging = nullptr);
 
   const GridShape& shape() const { return shape_; }
   const GridCoordinates& place() const { return place_; }

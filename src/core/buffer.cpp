@@ -2,6 +2,7 @@
 #include "core/buffer.hpp"
 
 #include <cstdlib>
+#include <cstring>
 #include <new>
 
 namespace mlptrain {
@@ -36,6 +37,10 @@ void Buffer::reset() {
   bytes_ = 0;
 }
 
+void Buffer::fill_zero() {
+  if (allocator_ != nullptr && data_ != nullptr) allocator_->zero(data_, bytes_);
+}
+
 Buffer Allocator::allocate(MemoryState state, std::size_t bytes) {
   Buffer buffer;
   if (bytes == 0) return buffer;
@@ -51,6 +56,20 @@ void Allocator::release(Buffer& buffer) {
   ledger_.release(buffer.state_, buffer.bytes_);
   give_back(buffer.data_, buffer.bytes_);
 }
+
+void Allocator::zero(void* data, std::size_t bytes) {
+  if (bytes > 0) std::memset(data, 0, bytes);
+}
+
+void Allocator::copy_to_device(void* device, const void* host, std::size_t bytes) {
+  if (bytes > 0) std::memcpy(device, host, bytes);
+}
+
+void Allocator::copy_to_host(void* host, const void* device, std::size_t bytes) {
+  if (bytes > 0) std::memcpy(host, device, bytes);
+}
+
+bool Allocator::is_device_memory(const void*) const { return false; }
 
 HostAllocator::~HostAllocator() {
   for (auto& [size, blocks] : free_blocks_)

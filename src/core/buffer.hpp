@@ -11,7 +11,9 @@
 
 namespace mlptrain {
 
-enum class Device { cpu, cuda };
+// Where memory lives. `loopback` is host memory the host may only reach through the allocator's
+// copies (see kernels/loopback/): the device path, checked on machines without a GPU.
+enum class Device { cpu, cuda, loopback };
 
 class Allocator;
 
@@ -26,6 +28,8 @@ class Buffer {
   ~Buffer() { reset(); }
 
   void reset();
+  // Sets every byte to zero, through the allocator (the memory may be a device's).
+  void fill_zero();
   bool empty() const { return data_ == nullptr; }
   std::size_t bytes() const { return bytes_; }
   MemoryState state() const { return state_; }
@@ -54,6 +58,14 @@ class Allocator {
   }
   MemoryLedger& ledger() { return ledger_; }
 
+  // The device's memory as the host sees it. Copies are ordered after the device's work so far
+  // and complete before they return; on the host they are plain copies.
+  virtual void zero(void* data, std::size_t bytes);
+  virtual void copy_to_device(void* device, const void* host, std::size_t bytes);
+  virtual void copy_to_host(void* host, const void* device, std::size_t bytes);
+  // Whether `pointer` lies in device memory the host cannot read directly (never, on the host).
+  virtual bool is_device_memory(const void* pointer) const;
+
  protected:
   virtual void* obtain(std::size_t bytes) = 0;
   virtual void give_back(void* data, std::size_t bytes) = 0;
@@ -65,7 +77,7 @@ class Allocator {
 };
 
 // 64-byte aligned host memory, cached by size.
-class HostAllocator final : public Allocator {
+class HostAllocator : public Allocator {
  public:
   using Allocator::Allocator;
   ~HostAllocator() override;

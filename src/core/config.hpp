@@ -48,6 +48,7 @@ struct Config {
   bool offload = false;
   // Devices
   std::string device = "cpu";
+  bool tf32 = false;
   std::string comm = "mpi";
   // Output
   int log_every = 10;

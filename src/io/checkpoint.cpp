@@ -78,11 +78,19 @@ std::vector<std::uint32_t> dataset_checksums(const TrainingState& state,
                                              const CheckpointScope& scope) {
   std::vector<std::uint64_t> local;
   const auto& globals = scope.global_tensors;
+  const bool host_memory = scope.allocator.device() == Device::cpu;
+  std::vector<float> host;  // a device's runs are summed from a host copy
   for (std::size_t index = 0; index < globals.size(); ++index) {
     for (const StateRun* run : owned_runs_of(state.updated, globals[index].global_index)) {
       for (int part = 0; part < part_count; ++part) {
         const auto bytes = static_cast<uInt>(run->count * sizeof(float));
-        const auto crc = crc32(0L, reinterpret_cast<const Bytef*>(run->*run_parts[part]), bytes);
+        const float* data = run->*run_parts[part];
+        if (!host_memory) {
+          host.resize(static_cast<std::size_t>(run->count));
+          scope.allocator.copy_to_host(host.data(), data, bytes);
+          data = host.data();
+        }
+        const auto crc = crc32(0L, reinterpret_cast<const Bytef*>(data), bytes);
         local.insert(local.end(), {index * part_count + part,
                                    static_cast<std::uint64_t>(run->offset) * 4, bytes, crc});
       }

@@ -73,13 +73,28 @@ Hdf5Handle select_runs(hid_t file_space, const std::vector<const StateRun*>& run
   return memory;
 }
 
-// The runs' memory when it is one contiguous piece (no staging needed), else null.
-float* contiguous(const std::vector<const StateRun*>& runs, RunPart part) {
-  if (runs.empty()) return nullptr;
+// The runs' memory when it is one contiguous piece of host memory (no staging needed), else null.
+float* contiguous(const std::vector<const StateRun*>& runs, RunPart part, const Allocator& allocator) {
+  if (runs.empty() || allocator.device() != Device::cpu) return nullptr;
   for (std::size_t index = 1; index < runs.size(); ++index)
     if (runs[index]->*part != runs[index - 1]->*part + runs[index - 1]->count) return nullptr;
   return runs.front()->*part;
 }
+
+// Host memory for `count` floats: a workspace buffer of a host allocator, else plain host memory
+// (a device's ledger counts device memory only).
+struct HostStagingBuffer {
+  Buffer charged;
+  std::vector<float> plain;
+  float* get(Allocator& allocator, std::size_t count) {
+    if (allocator.device() == Device::cpu) {
+      charged = allocator.allocate_floats(MemoryState::workspace, count);
+      return charged.floats();
+    }
+    plain.resize(count);
+    return plain.data();
+  }
+};
 
 }  // namespace
 
@@ -88,13 +103,15 @@ bool write_runs(hid_t dataset, hid_t transfer, const std::vector<const StateRun*
   Hdf5Handle file_space = dataspace_handle(H5Dget_space(dataset));
   hsize_t total = 0;
   Hdf5Handle memory_space = select_runs(file_space.get(), runs, total);
-  const float* data = contiguous(runs, part);
-  Buffer staging;
+  const float* data = contiguous(runs, part, allocator);
+  HostStagingBuffer staging;
   if (data == nullptr && total > 0) {
-    staging = allocator.allocate_floats(MemoryState::workspace, total);
-    float* at = staging.floats();
-    for (const StateRun* run : runs) at = std::copy_n(run->*part, run->count, at);
-    data = staging.floats();
+    float* at = staging.get(allocator, total);
+    data = at;
+    for (const StateRun* run : runs) {
+      allocator.copy_to_host(at, run->*part, static_cast<std::size_t>(run->count) * sizeof(float));
+      at += run->count;
+    }
   }
   return H5Dwrite(dataset, H5T_NATIVE_FLOAT, memory_space.get(), file_space.get(), transfer, data) >= 0;
 }
@@ -104,18 +121,16 @@ bool read_runs(hid_t dataset, hid_t transfer, const std::vector<const StateRun*>
   Hdf5Handle file_space = dataspace_handle(H5Dget_space(dataset));
   hsize_t total = 0;
   Hdf5Handle memory_space = select_runs(file_space.get(), runs, total);
-  float* data = contiguous(runs, part);
-  Buffer staging;
-  if (data == nullptr && total > 0) {
-    staging = allocator.allocate_floats(MemoryState::workspace, total);
-    data = staging.floats();
-  }
+  float* data = contiguous(runs, part, allocator);
+  const bool staged = data == nullptr && total > 0;
+  HostStagingBuffer staging;
+  if (staged) data = staging.get(allocator, total);
   const bool read = H5Dread(dataset, H5T_NATIVE_FLOAT, memory_space.get(), file_space.get(),
                             transfer, data) >= 0;
-  if (!staging.empty()) {
-    const float* at = staging.floats();
+  if (staged) {
+    const float* at = data;
     for (const StateRun* run : runs) {
-      std::copy_n(at, run->count, run->*part);
+      allocator.copy_to_device(run->*part, at, static_cast<std::size_t>(run->count) * sizeof(float));
       at += run->count;
     }
   }

@@ -1,7 +1,7 @@
 // Moving one tensor's runs between a rank's memory and an HDF5 dataset of the whole tensor: each
 // run (a flat row-major range) becomes a few hyperslabs of the dataset, their union is this rank's
-// selection, and the data moves in one collective transfer, through a staging buffer when the runs
-// are not one contiguous piece of memory.
+// selection, and the data moves in one collective transfer, through a host staging buffer when the
+// runs are not one contiguous piece of host memory (`allocator` says where they are, and copies).
 #pragma once
 
 #include <hdf5.h>

@@ -188,6 +188,13 @@ std::vector<std::size_t> times(const std::vector<std::size_t>& rows, std::int64_
   return result;
 }
 
+template <typename T>
+Buffer upload(Allocator& allocator, const std::vector<T>& values) {
+  Buffer buffer = allocator.allocate(MemoryState::activations, values.size() * sizeof(T));
+  allocator.copy_to_device(buffer.as<void>(), values.data(), buffer.bytes());
+  return buffer;
+}
+
 // Rows in packed order (grouped by source rank on the expert side) sent to the other side of the
 // exchange; `rows_out` and `rows_in` per rank. With one expert rank, the rows stay.
 Buffer exchange(const MoeLayer::Pass& pass, Buffer rows, const std::vector<std::size_t>& rows_out,
@@ -200,13 +207,14 @@ Buffer exchange(const MoeLayer::Pass& pass, Buffer rows, const std::vector<std::
   return received;
 }
 
-// Reorders rows by `order` (destination row i = source row order[i]); none needed when empty.
-Buffer reorder(const MoeLayer::Pass& pass, Buffer rows, const std::vector<std::int32_t>& order,
-               std::int64_t width, MemoryState state) {
+// Reorders rows by `order` (int32, destination row i = source row order[i]); none needed when
+// empty.
+Buffer reorder(const MoeLayer::Pass& pass, Buffer rows, const Buffer& order, std::int64_t width,
+               MemoryState state) {
   if (order.empty()) return rows;
-  const auto count = static_cast<std::int64_t>(order.size());
+  const auto count = static_cast<std::int64_t>(order.bytes() / sizeof(std::int32_t));
   Buffer result = floats(pass.allocator, state, count * width);
-  pass.kernels.gather_rows(rows.floats(), order.data(), nullptr, result.floats(), count, width);
+  pass.kernels.gather_rows(rows.floats(), order.as<std::int32_t>(), nullptr, result.floats(), count, width);
   return result;
 }
 
@@ -222,16 +230,24 @@ void MoeLayer::forward(const Pass& pass, const float* input, std::int64_t rows, 
   kernels.gemm(Transpose::no, Transpose::yes, rows, experts, hidden, 1.0f, input, hidden, router_,
                hidden, 0.0f, probabilities, experts);
   kernels.softmax_rows(probabilities, rows, experts);
-  saved.routing = route(pass, probabilities, rows, statistics);
+  std::vector<float> host_probabilities(static_cast<std::size_t>(rows * experts));
+  pass.allocator.copy_to_host(host_probabilities.data(), probabilities, saved.probabilities.bytes());
+  saved.routing = route(pass, host_probabilities.data(), rows, statistics);
   const MoeRouting& routing = saved.routing;
+  MoeRoutingTables& tables = saved.tables;
+  tables = {.token = upload(pass.allocator, routing.token),
+            .weight = upload(pass.allocator, routing.weight),
+            .grouping = upload(pass.allocator, routing.grouping),
+            .ungrouping = upload(pass.allocator, routing.ungrouping)};
+  const auto* token = tables.token.as<std::int32_t>();
 
   // Dispatch: this rank's kept assignments, packed, to the ranks of their experts.
   const bool alone = pass.exchange.expert_ranks() == 1;
   Buffer packed = floats(pass.allocator, alone ? kept : passing, routing.kept() * hidden);
-  kernels.gather_rows(input, routing.token.data(), nullptr, packed.floats(), routing.kept(), hidden);
+  kernels.gather_rows(input, token, nullptr, packed.floats(), routing.kept(), hidden);
   saved.expert_input = reorder(
       pass, exchange(pass, std::move(packed), routing.send_rows, routing.receive_rows, hidden, passing),
-      routing.grouping, hidden, kept);
+      tables.grouping, hidden, kept);
 
   // The experts, each over its rows.
   const std::int64_t received = routing.received();
@@ -251,11 +267,11 @@ void MoeLayer::forward(const Pass& pass, const float* input, std::int64_t rows, 
   }
 
   // Combine: the outputs come back in packed order and are summed into their tokens' rows.
-  saved.returned = exchange(pass, reorder(pass, std::move(expert_output), routing.ungrouping, hidden, passing),
+  saved.returned = exchange(pass, reorder(pass, std::move(expert_output), tables.ungrouping, hidden, passing),
                             routing.receive_rows, routing.send_rows, hidden, kept);
   kernels.fill(output, static_cast<std::size_t>(rows * hidden), 0.0f);
-  kernels.scatter_add_rows(saved.returned.floats(), routing.token.data(), routing.weight.data(),
-                           output, routing.kept(), hidden);
+  kernels.scatter_add_rows(saved.returned.floats(), token, tables.weight.floats(), output,
+                           routing.kept(), hidden);
 }
 
 void MoeLayer::backward(const Pass& pass, const float* input, const float* grad_output,
@@ -265,20 +281,20 @@ void MoeLayer::backward(const Pass& pass, const float* input, const float* grad_
   const std::int64_t hidden = spec_.out_features, experts = spec_.experts;
   constexpr MemoryState passing = MemoryState::workspace;
   const MoeRouting& routing = saved.routing;
+  const MoeRoutingTables& tables = saved.tables;
+  const auto* token = tables.token.as<std::int32_t>();
   const std::int64_t kept = routing.kept();
 
   // Through the combine: d loss / d p of each kept assignment is <dy, expert output>, and the
   // expert output's gradient is p dy.
   Buffer probability_grads = floats(pass.allocator, passing, kept);
-  kernels.row_dots(grad_output, routing.token.data(), saved.returned.floats(),
-                   probability_grads.floats(), kept, hidden);
+  kernels.row_dots(grad_output, token, saved.returned.floats(), probability_grads.floats(), kept, hidden);
   saved.returned.reset();
   Buffer packed = floats(pass.allocator, passing, kept * hidden);
-  kernels.gather_rows(grad_output, routing.token.data(), routing.weight.data(), packed.floats(),
-                      kept, hidden);
+  kernels.gather_rows(grad_output, token, tables.weight.floats(), packed.floats(), kept, hidden);
   Buffer output_grads = reorder(
       pass, exchange(pass, std::move(packed), routing.send_rows, routing.receive_rows, hidden, passing),
-      routing.grouping, hidden, passing);
+      tables.grouping, hidden, passing);
 
   // The experts' backward.
   const std::int64_t received = routing.received();
@@ -303,16 +319,17 @@ void MoeLayer::backward(const Pass& pass, const float* input, const float* grad_
   pre_grads.reset();
   saved.expert_pre.reset();
   saved.expert_input.reset();
-  Buffer token_grads = exchange(pass, reorder(pass, std::move(input_grads), routing.ungrouping, hidden, passing),
+  Buffer token_grads = exchange(pass, reorder(pass, std::move(input_grads), tables.ungrouping, hidden, passing),
                                 routing.receive_rows, routing.send_rows, hidden, passing);
   kernels.fill(grad_input, static_cast<std::size_t>(rows * hidden), 0.0f);
-  kernels.scatter_add_rows(token_grads.floats(), routing.token.data(), nullptr, grad_input, kept,
-                           hidden);
+  kernels.scatter_add_rows(token_grads.floats(), token, nullptr, grad_input, kept, hidden);
 
   // Through the router: the auxiliary loss a E sum_e f_e mean_t(p_te), averaged over the step's
-  // micro-batches, adds a E f_e / (T M) to every d loss / d p_te.
-  Buffer router_grads = floats(pass.allocator, passing, rows * experts);
-  float* grad_p = router_grads.floats();
+  // micro-batches, adds a E f_e / (T M) to every d loss / d p_te. Built on the host, where the
+  // routing is.
+  std::vector<float> dots(static_cast<std::size_t>(kept));
+  pass.allocator.copy_to_host(dots.data(), probability_grads.floats(), probability_grads.bytes());
+  std::vector<float> grad_p(static_cast<std::size_t>(rows * experts));
   const double aux_scale = routing.tokens > 0
                                ? settings_.aux_loss_coef * static_cast<double>(experts) /
                                      (routing.tokens * micro_batches)
@@ -321,17 +338,23 @@ void MoeLayer::backward(const Pass& pass, const float* input, const float* grad_
     for (std::int64_t expert = 0; expert < experts; ++expert)
       grad_p[token * experts + expert] = static_cast<float>(aux_scale * routing.fraction[expert]);
   for (std::int64_t index = 0; index < kept; ++index)
-    grad_p[routing.token[index] * experts + routing.expert[index]] += probability_grads.floats()[index];
-  kernels.softmax_backward_rows(saved.probabilities.floats(), grad_p, grad_p, rows, experts);
-  kernels.gemm(Transpose::no, Transpose::no, rows, hidden, experts, 1.0f, grad_p, experts, router_,
-               hidden, 1.0f, grad_input, hidden);
-  kernels.gemm(Transpose::yes, Transpose::no, experts, hidden, rows, 1.0f, grad_p, experts, input,
-               hidden, accumulate ? 1.0f : 0.0f, router_grad_, hidden);
+    grad_p[routing.token[index] * experts + routing.expert[index]] += dots[index];
+  Buffer router_grads = floats(pass.allocator, passing, rows * experts);
+  pass.allocator.copy_to_device(router_grads.floats(), grad_p.data(), router_grads.bytes());
+  float* grad_logits = router_grads.floats();
+  kernels.softmax_backward_rows(saved.probabilities.floats(), grad_logits, grad_logits, rows, experts);
+  kernels.gemm(Transpose::no, Transpose::no, rows, hidden, experts, 1.0f, grad_logits, experts,
+               router_, hidden, 1.0f, grad_input, hidden);
+  kernels.gemm(Transpose::yes, Transpose::no, experts, hidden, rows, 1.0f, grad_logits, experts,
+               input, hidden, accumulate ? 1.0f : 0.0f, router_grad_, hidden);
 }
 
 std::int64_t MoeLayer::activation_bytes(std::int64_t rows) const {
-  const std::int64_t hidden = spec_.out_features;
-  return 4 * rows * (spec_.experts + 3 * spec_.top_k * hidden);
+  const std::int64_t hidden = spec_.out_features, assignments = rows * spec_.top_k;
+  // Probabilities, three rows of activations per assignment, its token and weight, and with
+  // experts on other ranks the two reorderings of the received rows.
+  const std::int64_t reorderings = local_experts_ < spec_.experts ? 2 : 0;
+  return 4 * rows * spec_.experts + 4 * assignments * (3 * hidden + 2 + reorderings);
 }
 
 }  // namespace mlptrain

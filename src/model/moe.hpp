@@ -7,7 +7,8 @@
 // so every layout routes alike. The layer reaches other ranks only through an ExpertExchange:
 // per-expert statistics gathered over the data-parallel group, and rows sent to and from the
 // ranks that hold the experts (the expert-parallel group). Routing decisions are made on the
-// host from the router probabilities (a [tokens, E] matrix).
+// host from the router probabilities (a [tokens, E] matrix, copied from the layer's memory), and
+// the tables the row moves need go back to that memory.
 #pragma once
 
 #include <cstdint>
@@ -79,6 +80,15 @@ struct MoeRouting {
   std::int64_t received() const;
 };
 
+// The routing's tables in the memory the kernels read (int32 rows, float weights).
+struct MoeRoutingTables {
+  Buffer token;       // MoeRouting::token
+  Buffer weight;      // MoeRouting::weight
+  Buffer grouping;    // MoeRouting::grouping (empty with one expert rank)
+  Buffer ungrouping;  // MoeRouting::ungrouping
+  std::size_t bytes() const { return token.bytes() + weight.bytes() + grouping.bytes() + ungrouping.bytes(); }
+};
+
 // What one micro-batch's forward keeps for backward (charged as activations).
 struct MoeActivations {
   Buffer probabilities;  // [rows, E]
@@ -86,9 +96,10 @@ struct MoeActivations {
   Buffer expert_pre;     // [received, hidden]: x W_e^T + b_e
   Buffer returned;       // [kept, hidden]: the experts' outputs, packed order
   MoeRouting routing;
+  MoeRoutingTables tables;
   std::int64_t bytes() const {
     return static_cast<std::int64_t>(probabilities.bytes() + expert_input.bytes() + expert_pre.bytes() +
-                                     returned.bytes());
+                                     returned.bytes() + tables.bytes());
   }
 };
 

@@ -66,7 +66,7 @@ ParameterStore::ParameterStore(std::vector<ParameterTensor> tensors, Allocator& 
   if (plan.hold_values) values_ = allocator.allocate_floats(MemoryState::params, size_);
   if (plan.hold_grads) grads_ = allocator.allocate_floats(MemoryState::grads, size_);
   // The padding is never trained, but it is summed and gathered: keep it finite.
-  if (!values_.empty()) std::fill_n(values(), size_, 0.0f);
+  values_.fill_zero();
 }
 
 namespace {
@@ -81,7 +81,7 @@ void reallocate(Buffer& buffer, std::size_t count,
 
 void ParameterStore::reallocate_values(const std::function<Buffer(std::size_t bytes)>& allocate) {
   reallocate(values_, size_, allocate);
-  std::fill_n(values(), size_, 0.0f);
+  values_.fill_zero();
 }
 
 void ParameterStore::reallocate_grads(const std::function<Buffer(std::size_t bytes)>& allocate) {

@@ -42,12 +42,17 @@ void append_local_range(std::vector<StateRun>& runs, const ParameterTensor& tens
                });
 }
 
-void initialize_values(const std::vector<StateRun>& held, std::uint64_t seed) {
+void initialize_values(const std::vector<StateRun>& held, std::uint64_t seed, Allocator& memory) {
+  std::vector<float> host;  // where the values are drawn when they live in a device's memory
   for (const StateRun& run : held) {
     const CounterRng rng(seed, run.tensor->path);
-    rng.fill_uniform(run.values, static_cast<std::uint64_t>(run.offset),
-                     static_cast<std::size_t>(run.count), -run.tensor->init_bound,
+    const auto count = static_cast<std::size_t>(run.count);
+    const bool direct = memory.device() == Device::cpu;
+    if (!direct) host.resize(count);
+    float* values = direct ? run.values : host.data();
+    rng.fill_uniform(values, static_cast<std::uint64_t>(run.offset), count, -run.tensor->init_bound,
                      run.tensor->init_bound);
+    if (!direct) memory.copy_to_device(run.values, values, count * sizeof(float));
   }
 }
 

@@ -49,7 +49,7 @@ void append_local_range(std::vector<StateRun>& runs, const ParameterTensor& tens
 
 // Every held value from the counter RNG keyed by (seed, tensor path, global element index), so
 // any placement starts from the same model.
-void initialize_values(const std::vector<StateRun>& held, std::uint64_t seed);
+void initialize_values(const std::vector<StateRun>& held, std::uint64_t seed, Allocator& memory);
 
 // The runs among `runs` of the tensor with this global index, in row-major order.
 std::vector<const StateRun*> runs_of(const std::vector<StateRun>& runs, int global_index);

@@ -25,8 +25,8 @@ AdamW::AdamW(const Config& config, Allocator& allocator, StatePlacement& placeme
   const std::size_t total = placement.moment_count;
   exp_avg_ = allocator.allocate_floats(MemoryState::optimizer, total);
   exp_avg_sq_ = allocator.allocate_floats(MemoryState::optimizer, total);
-  std::fill_n(exp_avg_.floats(), total, 0.0f);
-  std::fill_n(exp_avg_sq_.floats(), total, 0.0f);
+  exp_avg_.fill_zero();
+  exp_avg_sq_.fill_zero();
   for (StateRun& run : placement.updated) {
     run.exp_avg = exp_avg_.floats() + run.moment_offset;
     run.exp_avg_sq = exp_avg_sq_.floats() + run.moment_offset;

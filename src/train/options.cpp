@@ -56,7 +56,9 @@ void visit_options(Config_& c, Visit&& visit) {
   visit(S::parallelism, "schedule", c.schedule, "pipeline schedule: 1f1b | gpipe");
   visit(S::parallelism, "recompute", c.recompute, "recompute activations in backward");
   visit(S::parallelism, "offload", c.offload, "optimizer state in host memory (cuda)");
-  visit(S::devices, "device", c.device, "cpu | cuda");
+  visit(S::devices, "device", c.device,
+        "cpu | cuda | loopback (the CPU through the device path: checks it without a GPU)");
+  visit(S::devices, "tf32", c.tf32, "let cuBLAS use TF32 tensor cores (cuda; fp32 otherwise)");
   visit(S::devices, "comm", c.comm, "mpi | nccl");
   visit(S::output, "log-every", c.log_every, "log a line every N steps (0: never)");
   visit(S::output, "metrics", c.metrics_path, "JSON Lines metrics file (rank 0)");
@@ -233,7 +235,7 @@ void validate_options(Config& c, int world_size) {
   at_least("ep", c.ep, 1);
   require(c.zero >= 0 && c.zero <= 3, fmt::format("--zero must be 0, 1, 2 or 3 (got {})", c.zero));
   one_of("schedule", c.schedule, {"1f1b", "gpipe"});
-  one_of("device", c.device, {"cpu", "cuda"});
+  one_of("device", c.device, {"cpu", "cuda", "loopback"});
   one_of("comm", c.comm, {"mpi", "nccl"});
   at_least("log-every", c.log_every, 0);
   at_least("save-every", c.save_every, 0);
@@ -277,7 +279,7 @@ void validate_options(Config& c, int world_size) {
           "--offload moves the optimizer state from GPU memory to host memory: it needs --device cuda "
           "(with --device cpu the state is in host memory already)");
   not_built(c.offload, "optimizer offload (--offload)");
-  not_built(c.device == "cuda", "the CUDA device (--device cuda)");
+  require(!c.tf32 || c.device == "cuda", "--tf32 lets cuBLAS use TF32 tensor cores: it needs --device cuda");
   not_built(c.comm == "nccl", "NCCL communication (--comm nccl)");
 }
 

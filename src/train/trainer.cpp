@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <fmt/format.h>
 #include <memory>
 #include <numeric>
@@ -18,6 +19,7 @@
 #include "data/dataset.hpp"
 #include "data/sample_order.hpp"
 #include "io/checkpoint.hpp"
+#include "train/compute_device.hpp"
 #include "train/model_runner.hpp"
 #include "train/optimizer.hpp"
 #include "train/options.hpp"
@@ -80,8 +82,7 @@ class Trainer {
   CommLedger comm_ledger_;
   // Before everything that may still complete communication while being destroyed.
   std::unique_ptr<TraceRecorder> trace_;
-  HostAllocator allocator_{memory_};
-  std::unique_ptr<Kernels> kernels_ = make_cpu_kernels();
+  ComputeDevice device_;
   std::unique_ptr<ProcessGroups> groups_;
   std::unique_ptr<Dataset> dataset_;
   LossKind loss_kind_ = LossKind::mse;
@@ -101,6 +102,8 @@ class Trainer {
   MemoryByState run_peak_{};
   std::optional<std::string> read_problem_;
   std::int64_t skip_step_sum_at_ = -1;
+  // Where samples are read when the activations live in a device's memory.
+  std::vector<std::byte> host_samples_[3];
   int first_layer_ = 0;
   int last_layer_ = 0;
 };
@@ -111,9 +114,23 @@ Trainer::Trainer(const Config& config, MPI_Comm world_comm, const CommSettings& 
   MPI_Comm_size(mpi_world_, &world_size);
   const GridShape shape{.world = world_size, .tp = config.tp, .dp = config.dp, .pp = config.pp,
                         .ep = config.ep};
-  groups_ = std::make_unique<ProcessGroups>(mpi_world_, shape, comm_ledger_, comm.shared_memory);
+  // The device first (its staging carries the groups' messages); a problem opening it is
+  // agreed on once the groups exist.
+  std::exception_ptr device_problem;
+  try {
+    device_ = open_compute_device(config, world_comm, memory_);
+  } catch (const Error&) {
+    device_problem = std::current_exception();
+  }
+  groups_ = std::make_unique<ProcessGroups>(mpi_world_, shape, comm_ledger_, comm.shared_memory,
+                                            device_.staging.get());
   Communicator& world = groups_->world();
   const bool rank_zero = world.rank() == 0;
+  agree_or_throw(world, [&] {
+    if (device_problem) std::rethrow_exception(device_problem);
+  });
+  Allocator& allocator = *device_.memory;
+  Kernels& kernels = *device_.kernels;
 
   agree_or_throw(world, [&] {
     dataset_ = open_dataset({.name = config.dataset,
@@ -137,12 +154,12 @@ Trainer::Trainer(const Config& config, MPI_Comm world_comm, const CommSettings& 
   const ParameterPlan plan = StrategyStack::plan(config, shape, groups_->place());
   allocate_or_explain([&] {
     parameters_ = std::make_unique<ParameterStore>(
-        model_parameter_tensors(specs_, first_layer_, last_layer_, plan), allocator_, plan);
+        model_parameter_tensors(specs_, first_layer_, last_layer_, plan), allocator, plan);
   });
   const StrategyContext context{.config = config,
                                 .groups = *groups_,
-                                .kernels = *kernels_,
-                                .allocator = allocator_,
+                                .kernels = kernels,
+                                .allocator = allocator,
                                 .parameters = *parameters_,
                                 .layers = specs_,
                                 .first_layer = first_layer_,
@@ -151,13 +168,13 @@ Trainer::Trainer(const Config& config, MPI_Comm world_comm, const CommSettings& 
   // Every layout starts from the same model: values are a function of (seed, tensor, index).
   placement_ = strategies_->state_placement().value_or(
       store_placement(*parameters_, groups_->shape(), groups_->place()));
-  initialize_values(placement_.held, static_cast<std::uint64_t>(config.seed));
+  initialize_values(placement_.held, static_cast<std::uint64_t>(config.seed), allocator);
   allocate_or_explain(
-      [&] { optimizer_ = std::make_unique<AdamW>(config, allocator_, placement_); });
+      [&] { optimizer_ = std::make_unique<AdamW>(config, allocator, placement_); });
   // The runner's layer views point into the parameter store: taken only now, since strategies
   // may move parameter memory (data parallel places gradients where its group reduces them).
   runner_ = std::make_unique<ModelRunner>(
-      *kernels_, allocator_, *parameters_, specs_, first_layer_, last_layer_, *strategies_,
+      kernels, allocator, *parameters_, specs_, first_layer_, last_layer_, *strategies_,
       MoeSettings{.capacity_factor = config.capacity_factor, .aux_loss_coef = config.aux_loss_coef},
       config.recompute);
   order_ = std::make_unique<SampleOrder>(data.train_size, config.shuffle,
@@ -180,7 +197,7 @@ Trainer::Trainer(const Config& config, MPI_Comm world_comm, const CommSettings& 
     world.barrier();  // the ranks' common time origin
     trace_origin_ms_ = now_ms();
   }
-  executor_ = std::make_unique<ScheduleExecutor>(*runner_, *strategies_, allocator_, trace_.get());
+  executor_ = std::make_unique<ScheduleExecutor>(*runner_, *strategies_, allocator, trace_.get());
   if (const char* skip = std::getenv("MLPTRAIN_TEST_SKIP_STEP_SUM")) {
     int skip_rank = -1;
     long long skip_step = -1;
@@ -214,11 +231,12 @@ std::string Trainer::describe_run() const {
   std::string text = fmt::format(
       "mlptrain: {} rank(s), dp={} tp={} pp={} ep={} zero={}, strategies:{}\n"
       "model: {} layers {} ({} parameters), {} data ({} train samples), global batch {} in {} "
-      "micro-batch(es), {} steps",
+      "micro-batch(es), {} steps\ndevice: {}, communication: {}",
       shape.world, shape.dp, shape.tp, shape.pp, shape.ep, config_.zero,
       strategies.empty() ? " none" : strategies, specs_.size(), widths, parameter_count(specs_),
       dataset_->info().name, dataset_->info().train_size, config_.global_batch,
-      config_.micro_batches, config_.steps);
+      config_.micro_batches, config_.steps, device_.description,
+      device_.staging ? "MPI, staged through host memory" : "MPI");
   if (!moe_layers_.empty()) {
     std::string layers;
     for (int layer : moe_layers_) layers += (layers.empty() ? "" : ", ") + std::to_string(layer);
@@ -311,16 +329,30 @@ void Trainer::read_moe_totals(const std::vector<double>& totals, StepRecord& rec
 void Trainer::read_samples(Split split, const std::vector<std::int64_t>& indices,
                            MicroBatchActivations& activations) {
   if (!runner_->reads_inputs() && !runner_->computes_loss()) return;
+  // Samples land in the activations directly in host memory, else on the host first.
+  const bool direct = device_.memory->device() == Device::cpu;
+  Buffer* read[3] = {runner_->reads_inputs() ? &activations.input : nullptr, &activations.targets,
+                     &activations.labels};
+  void* destination[3] = {};
+  for (int part = 0; part < 3; ++part) {
+    if (read[part] == nullptr || read[part]->empty()) continue;
+    host_samples_[part].resize(direct ? 0 : read[part]->bytes());
+    destination[part] = direct ? read[part]->as<void>() : host_samples_[part].data();
+  }
   try {
-    dataset_->read(split, indices, runner_->reads_inputs() ? activations.input.floats() : nullptr,
-                   activations.targets.floats(), activations.labels.as<std::int32_t>());
+    dataset_->read(split, indices, static_cast<float*>(destination[0]),
+                   static_cast<float*>(destination[1]), static_cast<std::int32_t*>(destination[2]));
   } catch (const Error& error) {
     if (!read_problem_) read_problem_ = error.what();
     // The step still runs on this rank: on zeros, not on whatever the buffers held (labels out
     // of range would index outside the logits).
-    for (const Buffer* buffer : {&activations.input, &activations.targets, &activations.labels})
-      if (!buffer->empty()) std::memset(buffer->as<void>(), 0, buffer->bytes());
+    for (int part = 0; part < 3; ++part)
+      if (destination[part] != nullptr) std::memset(destination[part], 0, read[part]->bytes());
   }
+  if (!direct)
+    for (int part = 0; part < 3; ++part)
+      if (destination[part] != nullptr)
+        device_.memory->copy_to_device(read[part]->as<void>(), destination[part], read[part]->bytes());
 }
 
 void Trainer::stop_unless_skipping(std::int64_t step, double loss_sum, double square_sum) const {
@@ -374,7 +406,7 @@ StepRecord Trainer::train_step(std::int64_t step) {
   const auto finite = [&] { return std::isfinite(totals[0]) && std::isfinite(totals[2]); };
   bool skipped = false;
   if (config_.grad_clip > 0 || config_.on_nan == "skip") {
-    totals[2] = AdamW::owned_square_sum(*kernels_, placement_.updated);
+    totals[2] = AdamW::owned_square_sum(*device_.kernels, placement_.updated);
     step_sum(step, totals);
     stop_on_read_problem(totals[3]);
     skipped = !finite();
@@ -383,13 +415,13 @@ StepRecord Trainer::train_step(std::int64_t step) {
     } else {
       const double coefficient = clip_coefficient(config_.grad_clip, std::sqrt(totals[2]));
       if (coefficient < 1.0)
-        AdamW::scale_grads(*kernels_, placement_.updated, static_cast<float>(coefficient));
-      optimizer_->update(*kernels_, placement_.updated, learning_rate, step + 1);
+        AdamW::scale_grads(*device_.kernels, placement_.updated, static_cast<float>(coefficient));
+      optimizer_->update(*device_.kernels, placement_.updated, learning_rate, step + 1);
     }
   } else {
     // Without clipping the norm comes free from the update's own pass over the gradients. A
     // non-finite one then stops the run after the update, which never reaches a checkpoint.
-    totals[2] = optimizer_->update(*kernels_, placement_.updated, learning_rate, step + 1);
+    totals[2] = optimizer_->update(*device_.kernels, placement_.updated, learning_rate, step + 1);
     step_sum(step, totals);
     stop_on_read_problem(totals[3]);
     if (!finite()) stop_unless_skipping(step, totals[0], totals[2]);
@@ -451,14 +483,14 @@ void Trainer::evaluate(StepRecord& record) {
 CheckpointScope Trainer::checkpoint_scope() {
   return {.world = groups_->world(),
           .mpi_comm = mpi_world_,
-          .allocator = allocator_,
+          .allocator = *device_.memory,
           .global_tensors = model_parameter_tensors(specs_, 0, config_.layers),
           .layer_count = config_.layers};
 }
 
 void Trainer::save(std::int64_t step) {
   // A checkpoint is only ever written of finite parameters.
-  double square_sum = AdamW::owned_square_sum(*kernels_, placement_.updated, AdamW::Field::values);
+  double square_sum = AdamW::owned_square_sum(*device_.kernels, placement_.updated, AdamW::Field::values);
   world_sum(&square_sum, 1);
   if (!std::isfinite(square_sum))
     throw AgreedError(ExitCode::runtime_failure,

@@ -57,7 +57,7 @@ class BadInput(TrainingTestCase):
             (["--trace", "/no/such/directory/trace.json"], 2, ["--trace", "/no/such/directory"]),
             (["--tp", "3"], 3, ["--hidden 8", "--tp 3"]),
             (["--tp", "3"], 2, ["world size 2", "tp"]),
-            (["--device", "cuda"], 1, ["--device cuda", "not built yet"]),
+            (["--tf32"], 1, ["--tf32", "needs --device cuda"]),
             (["--save-every", "5"], 1, ["--checkpoint-dir"]),
             (["--moe-every", "1", "--experts", "6", "--ep", "4"], 4, ["--experts 6", "--ep 4"]),
             (["--moe-every", "1", "--experts", "4", "--ep", "4"], 2, ["--ep 4", "dp 2"]),

@@ -45,7 +45,7 @@ struct LayerFixture {
     specs = {{.index = 0, .in_features = 5, .out_features = 4, .gelu = gelu},
              {.index = 1, .in_features = 4, .out_features = 3, .gelu = false}};
     store = std::make_unique<ParameterStore>(model_parameter_tensors(specs, 0, 1), allocator);
-    initialize_values(store_placement(*store, {}, {}).held, 11);
+    initialize_values(store_placement(*store, {}, {}).held, 11, allocator);
     layer = linear_layer_view(*store, specs[0], "layers/00");
   }
 };
@@ -131,7 +131,7 @@ TEST(ParameterStore, FlatLayoutAndInitBounds) {
   HostAllocator allocator(ledger);
   const auto specs = model_layer_specs(3, 6, 8, 2);
   ParameterStore store(model_parameter_tensors(specs, 0, 3), allocator);
-  initialize_values(store_placement(store, {}, {}).held, 5);
+  initialize_values(store_placement(store, {}, {}).held, 5, allocator);
   const std::size_t expected = 8 * 6 + 8 + 8 * 8 + 8 + 2 * 8 + 2;
   EXPECT_EQ(store.size(), expected);
   EXPECT_EQ(ledger.current(MemoryState::params), static_cast<std::int64_t>(expected * 4));
@@ -167,7 +167,7 @@ TEST(ParameterStore, AShardGeneratedAloneEqualsTheSliceOfTheWhole) {
   HostAllocator allocator(ledger);
   const auto specs = model_layer_specs(2, 9, 7, 3);
   ParameterStore whole(model_parameter_tensors(specs, 0, 2), allocator);
-  initialize_values(store_placement(whole, {}, {}).held, 42);
+  initialize_values(store_placement(whole, {}, {}).held, 42, allocator);
   // A box of rows [2, 6) and columns [3, 8) of layer 0's weight, as a tensor-parallel rank holds.
   ParameterTensor shard = whole.tensor("layers/00/weight");
   shard.local_start = {2, 3};
@@ -175,7 +175,7 @@ TEST(ParameterStore, AShardGeneratedAloneEqualsTheSliceOfTheWhole) {
   shard.offset = 0;
   shard.count = 20;
   ParameterStore alone({shard}, allocator);
-  initialize_values(store_placement(alone, {}, {}).held, 42);
+  initialize_values(store_placement(alone, {}, {}).held, 42, allocator);
   const float* full = whole.values() + whole.tensor("layers/00/weight").offset;
   for (int row = 0; row < 4; ++row)
     for (int col = 0; col < 5; ++col)
@@ -183,7 +183,7 @@ TEST(ParameterStore, AShardGeneratedAloneEqualsTheSliceOfTheWhole) {
   // And a flat range cutting through rows, as a ZeRO shard holds it.
   float piece[17];
   const StateRun run{.tensor = &whole.tensor("layers/00/weight"), .offset = 13, .count = 17, .values = piece};
-  initialize_values({run}, 42);
+  initialize_values({run}, 42, allocator);
   for (int i = 0; i < 17; ++i) EXPECT_EQ(piece[i], full[13 + i]);
 }
 

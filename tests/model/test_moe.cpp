@@ -33,7 +33,7 @@ struct MoeFixture {
   MoeFixture(int experts, int top_k) {
     specs = model_layer_specs(3, hidden, hidden, 2, 1, experts, top_k);
     store = std::make_unique<ParameterStore>(model_parameter_tensors(specs, 1, 2), allocator);
-    initialize_values(store_placement(*store, {}, {}).held, 5);
+    initialize_values(store_placement(*store, {}, {}).held, 5, allocator);
     layer = std::make_unique<MoeLayer>(*store, specs[1], "layers/01",
                                        MoeSettings{.capacity_factor = 0, .aux_loss_coef = 0.3});
     input = values(rows * hidden, 1, 1.5f);

@@ -44,7 +44,7 @@ struct Replica {
     store = std::make_unique<ParameterStore>(model_parameter_tensors(specs, 0, layers, plan), allocator, plan);
     strategies = std::make_unique<StrategyStack>(StrategyContext{
         config, *groups, *kernels, allocator, *store, specs, 0, layers});
-    initialize_values(store_placement(*store, shape, groups->place()).held, 99);
+    initialize_values(store_placement(*store, shape, groups->place()).held, 99, allocator);
     runner = std::make_unique<ModelRunner>(*kernels, allocator, *store, specs, 0, layers, *strategies);
   }
 

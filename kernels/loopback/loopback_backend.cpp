@@ -1,0 +1,140 @@
+// The loopback device (see loopback_backend.hpp): tagged pointers over the host allocator, and
+// the CPU kernels behind a wrapper that strips the tag from every pointer it is given.
+#include "kernels/loopback/loopback_backend.hpp"
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+
+namespace mlptrain {
+
+namespace {
+
+// Bit 62 set makes an x86-64 or AArch64 user address non-canonical: dereferencing it faults.
+constexpr std::uintptr_t device_tag = std::uintptr_t{1} << 62;
+
+bool tagged(const void* pointer) { return (reinterpret_cast<std::uintptr_t>(pointer) & device_tag) != 0; }
+
+[[noreturn]] void misuse(const char* what) {
+  // Abort rather than throw: the other ranks would wait for this one inside a collective.
+  std::fprintf(stderr, "mlptrain: loopback device: %s\n", what);
+  std::abort();
+}
+
+// The host address behind a device pointer (null stays null).
+template <typename T>
+T* host(T* pointer) {
+  if (pointer == nullptr) return nullptr;
+  if (!tagged(pointer)) misuse("a host pointer was passed where device memory belongs");
+  return reinterpret_cast<T*>(reinterpret_cast<std::uintptr_t>(pointer) - device_tag);
+}
+
+template <typename T>
+T* untagged(T* pointer) {
+  if (tagged(pointer)) misuse("a device pointer was passed where host memory belongs");
+  return pointer;
+}
+
+class LoopbackAllocator final : public HostAllocator {
+ public:
+  using HostAllocator::HostAllocator;
+  Device device() const override { return Device::loopback; }
+  void zero(void* data, std::size_t bytes) override { Allocator::zero(host(data), bytes); }
+  void copy_to_device(void* device, const void* source, std::size_t bytes) override {
+    Allocator::copy_to_device(host(device), untagged(source), bytes);
+  }
+  void copy_to_host(void* destination, const void* device, std::size_t bytes) override {
+    Allocator::copy_to_host(untagged(destination), host(device), bytes);
+  }
+  bool is_device_memory(const void* pointer) const override { return tagged(pointer); }
+
+ protected:
+  void* obtain(std::size_t bytes) override {
+    return reinterpret_cast<void*>(reinterpret_cast<std::uintptr_t>(HostAllocator::obtain(bytes)) |
+                                   device_tag);
+  }
+  void give_back(void* data, std::size_t bytes) override { HostAllocator::give_back(host(data), bytes); }
+};
+
+class LoopbackKernels final : public Kernels {
+ public:
+  Device device() const override { return Device::loopback; }
+
+  void gemm(Transpose transpose_a, Transpose transpose_b, std::int64_t m, std::int64_t n,
+            std::int64_t k, float alpha, const float* a, std::int64_t lda, const float* b,
+            std::int64_t ldb, float beta, float* c, std::int64_t ldc) override {
+    cpu_->gemm(transpose_a, transpose_b, m, n, k, alpha, host(a), lda, host(b), ldb, beta, host(c), ldc);
+  }
+  void bias_gelu_forward(float* pre, const float* bias, float* activated, std::int64_t rows,
+                         std::int64_t cols) override {
+    cpu_->bias_gelu_forward(host(pre), host(bias), host(activated), rows, cols);
+  }
+  void bias_add(float* data, const float* bias, std::int64_t rows, std::int64_t cols) override {
+    cpu_->bias_add(host(data), host(bias), rows, cols);
+  }
+  void gelu_backward(const float* grad_activated, const float* pre, float* grad_pre, float* bias_grad,
+                     bool accumulate, std::int64_t rows, std::int64_t cols) override {
+    cpu_->gelu_backward(host(grad_activated), host(pre), host(grad_pre), host(bias_grad), accumulate,
+                        rows, cols);
+  }
+  void column_sums(const float* data, float* sums, bool accumulate, std::int64_t rows,
+                   std::int64_t cols) override {
+    cpu_->column_sums(host(data), host(sums), accumulate, rows, cols);
+  }
+  double mse(const float* prediction, const float* target, float* grad, std::int64_t rows,
+             std::int64_t cols, float grad_scale) override {
+    return cpu_->mse(host(prediction), host(target), host(grad), rows, cols, grad_scale);
+  }
+  CrossEntropyResult cross_entropy(const float* logits, const std::int32_t* labels, float* grad,
+                                   std::int64_t rows, std::int64_t cols, float grad_scale) override {
+    return cpu_->cross_entropy(host(logits), host(labels), host(grad), rows, cols, grad_scale);
+  }
+  void softmax_rows(float* data, std::int64_t rows, std::int64_t cols) override {
+    cpu_->softmax_rows(host(data), rows, cols);
+  }
+  void softmax_backward_rows(const float* probabilities, const float* grad_probabilities,
+                             float* grad_logits, std::int64_t rows, std::int64_t cols) override {
+    cpu_->softmax_backward_rows(host(probabilities), host(grad_probabilities), host(grad_logits), rows,
+                                cols);
+  }
+  void gather_rows(const float* source, const std::int32_t* indices, const float* scales,
+                   float* destination, std::int64_t rows, std::int64_t cols) override {
+    cpu_->gather_rows(host(source), host(indices), host(scales), host(destination), rows, cols);
+  }
+  void scatter_add_rows(const float* source, const std::int32_t* indices, const float* scales,
+                        float* destination, std::int64_t rows, std::int64_t cols) override {
+    cpu_->scatter_add_rows(host(source), host(indices), host(scales), host(destination), rows, cols);
+  }
+  void row_dots(const float* a, const std::int32_t* indices, const float* b, float* dots,
+                std::int64_t rows, std::int64_t cols) override {
+    cpu_->row_dots(host(a), host(indices), host(b), host(dots), rows, cols);
+  }
+  double adamw(float* params, const float* grads, float* exp_avg, float* exp_avg_sq, std::size_t count,
+               const AdamWStep& step) override {
+    return cpu_->adamw(host(params), host(grads), host(exp_avg), host(exp_avg_sq), count, step);
+  }
+  double sum_of_squares(const float* data, std::size_t count) override {
+    return cpu_->sum_of_squares(host(data), count);
+  }
+  void scale(float* data, std::size_t count, float factor) override { cpu_->scale(host(data), count, factor); }
+  void fill(float* data, std::size_t count, float value) override { cpu_->fill(host(data), count, value); }
+  void copy(float* destination, const float* source, std::size_t count) override {
+    cpu_->copy(host(destination), host(source), count);
+  }
+  void add(float* destination, const float* source, std::size_t count) override {
+    cpu_->add(host(destination), host(source), count);
+  }
+
+ private:
+  std::unique_ptr<Kernels> cpu_ = make_cpu_kernels();
+};
+
+}  // namespace
+
+std::unique_ptr<Allocator> make_loopback_allocator(MemoryLedger& ledger) {
+  return std::make_unique<LoopbackAllocator>(ledger);
+}
+
+std::unique_ptr<Kernels> make_loopback_kernels() { return std::make_unique<LoopbackKernels>(); }
+
+}  // namespace mlptrain

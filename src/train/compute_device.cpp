@@ -1,0 +1,64 @@
+// Opening the run's compute device (see compute_device.hpp).
+#include "train/compute_device.hpp"
+
+#include <fmt/format.h>
+
+#include "comm/gpu_placement.hpp"
+#include "core/error.hpp"
+#include "kernels/loopback/loopback_backend.hpp"
+#ifdef MLPTRAIN_HAVE_CUDA
+#include "kernels/cuda/cuda_backend.hpp"
+#endif
+
+namespace mlptrain {
+
+bool cuda_backend_built() {
+#ifdef MLPTRAIN_HAVE_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
+namespace {
+
+ComputeDevice open_cuda(const Config& config, MPI_Comm world, MemoryLedger& ledger) {
+#ifdef MLPTRAIN_HAVE_CUDA
+  std::string why_none;
+  const int gpus = cuda_device_count(&why_none);
+  const NodePlace place = node_place(world);
+  if (gpus == 0) throw UsageError("--device cuda: no GPU is usable here (" + why_none + ")");
+  const int gpu = choose_gpu(place, gpus, config.comm == "nccl");
+  ComputeDevice device;
+  device.kernels = make_cuda_kernels(gpu, config.tf32);
+  device.memory = make_cuda_allocator(ledger);
+  device.staging = std::make_unique<HostStaging>(*device.memory);
+  device.description = fmt::format("GPU {} of {} on this node ({} rank(s) here), GEMMs in {}", gpu,
+                                   gpus, place.local_ranks, config.tf32 ? "TF32" : "fp32");
+  return device;
+#else
+  (void)config, (void)world, (void)ledger;
+  throw UsageError("--device cuda: this build has no CUDA backend (nvcc was not found when it was "
+                   "configured)");
+#endif
+}
+
+}  // namespace
+
+ComputeDevice open_compute_device(const Config& config, MPI_Comm world, MemoryLedger& ledger) {
+  if (config.device == "cuda") return open_cuda(config, world, ledger);
+  ComputeDevice device;
+  if (config.device == "loopback") {
+    device.memory = make_loopback_allocator(ledger);
+    device.kernels = make_loopback_kernels();
+    device.staging = std::make_unique<HostStaging>(*device.memory);
+    device.description = "the CPU behind loopback device memory (every host-device copy explicit)";
+  } else {
+    device.memory = std::make_unique<HostAllocator>(ledger);
+    device.kernels = make_cpu_kernels();
+    device.description = "CPU";
+  }
+  return device;
+}
+
+}  // namespace mlptrain
