@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Plots commbench's --json output: bus bandwidth against message size, one panel per collective,
-one line per path (mpi-host, mpi-staged, nccl) and world size found in the files.
+one line per path (mpi-host, mpi-staged, nccl), device and world size found in the files.
 
 usage: commbench_plot.py RESULTS.jsonl [MORE.jsonl ...] [--output commbench.png]"""
 import argparse
@@ -28,12 +28,15 @@ def main():
     lines = (len(collectives) + columns - 1) // columns
     figure, axes = plt.subplots(lines, columns, figsize=(4.6 * columns, 3.4 * lines), squeeze=False)
     for axis, collective in zip(axes.flat, collectives):
-        series = sorted({(r["path"], r["ranks"]) for r in rows if r["collective"] == collective})
-        for path, ranks in series:
-            chosen = sorted((r for r in rows if (r["collective"], r["path"], r["ranks"]) == (collective, path, ranks)),
+        def key(r):  # older files have no device field: they are host runs
+            return r["path"], r.get("device", "cpu"), r["ranks"]
+        series = sorted({key(r) for r in rows if r["collective"] == collective})
+        for path, device, ranks in series:
+            chosen = sorted((r for r in rows if r["collective"] == collective and key(r) == (path, device, ranks)),
                             key=lambda r: r["bytes"])
+            where = "" if device == "cpu" else f" ({device})"
             axis.plot([r["bytes"] for r in chosen], [r["busbw_gbps"] for r in chosen], marker=".",
-                      label=f"{path}, {ranks} ranks")
+                      label=f"{path}{where}, {ranks} ranks")
         axis.set_xscale("log", base=2)
         axis.set_title(collective)
         axis.set_xlabel("bytes")

@@ -5,8 +5,9 @@
 // times nccl-tests' bus factor) as a table, or one JSON object per measurement with --json.
 // Sizes follow nccl-tests' size column: the buffer for all-reduce and broadcast, the whole output
 // for all-gather, the whole input for reduce-scatter, what a rank sends for all-to-all and
-// send/recv. The path `mpi-host` is MPI on host buffers; `mpi-staged` and `nccl` need the CUDA
-// device.
+// send/recv. The path `mpi-host` is MPI on host buffers; `mpi-staged` is MPI on device buffers
+// staged through host memory (--device cuda, or loopback to check the path without a GPU);
+// `nccl` is not built yet.
 #include <algorithm>
 #include <boost/program_options.hpp>
 #include <cstdio>
@@ -20,6 +21,7 @@
 #include "comm/mpi_program.hpp"
 #include "core/error.hpp"
 #include "core/timer.hpp"
+#include "train/compute_device.hpp"
 
 namespace {
 
@@ -28,6 +30,7 @@ using namespace mlptrain;
 struct Settings {
   std::vector<std::string> collectives;
   std::string path = "mpi-host";
+  std::string device = "cuda";  // of the staged path
   std::int64_t min_bytes = 8;
   std::int64_t max_bytes = std::int64_t{256} << 20;
   int step_factor = 2;
@@ -68,6 +71,8 @@ Settings parse(int argc, char** argv) {
       ("collectives", po::value(&collectives)->default_value(collectives),
        "comma-separated: all_reduce, reduce_scatter, all_gather, all_to_all, broadcast, send_recv, or all")
       ("path", po::value(&settings.path)->default_value(settings.path), "mpi-host | mpi-staged | nccl")
+      ("device", po::value(&settings.device)->default_value(settings.device),
+       "device of mpi-staged buffers: cuda | loopback (the CPU behind device-style memory)")
       ("min-bytes", po::value(&min_bytes)->default_value(min_bytes), "smallest size (K, M, G suffixes)")
       ("max-bytes", po::value(&max_bytes)->default_value(max_bytes), "largest size")
       ("step-factor", po::value(&settings.step_factor)->default_value(settings.step_factor),
@@ -105,9 +110,10 @@ Settings parse(int argc, char** argv) {
   }
   if (settings.path != "mpi-host" && settings.path != "mpi-staged" && settings.path != "nccl")
     throw UsageError(fmt::format("unknown --path '{}' (mpi-host, mpi-staged or nccl)", settings.path));
-  if (settings.path != "mpi-host")
-    throw UsageError(fmt::format("--path {} works on device buffers: the CUDA device is not built yet",
-                                 settings.path));
+  if (settings.path == "nccl")
+    throw UsageError("--path nccl: NCCL communication is not built yet in this version of commbench");
+  if (settings.device != "cuda" && settings.device != "loopback")
+    throw UsageError(fmt::format("unknown --device '{}' (cuda or loopback)", settings.device));
   return settings;
 }
 
@@ -117,10 +123,11 @@ float value(int rank, std::size_t element) {
 }
 
 // One collective at one size: buffers, the operation, and what this rank must hold afterwards.
+// With a device, the operation runs on device copies of the buffers.
 class Case {
  public:
-  Case(const std::string& collective, std::int64_t bytes, Communicator& group)
-      : collective_(collective), group_(group) {
+  Case(const std::string& collective, std::int64_t bytes, Communicator& group, Allocator* device)
+      : collective_(collective), group_(group), device_(device) {
     const int ranks = group.size(), rank = group.rank();
     const bool per_rank = collective == "reduce_scatter" || collective == "all_gather" ||
                           collective == "all_to_all";
@@ -130,6 +137,10 @@ class Case {
     send_.resize(collective == "all_gather" ? count_ : whole);
     receive_.resize(collective == "reduce_scatter" ? count_ : whole);
     expected_.resize(receive_.size());
+    if (device_ != nullptr) {
+      send_device_ = device_->allocate(MemoryState::comm_buffers, send_.size() * 4);
+      receive_device_ = device_->allocate(MemoryState::comm_buffers, receive_.size() * 4);
+    }
     const auto n = static_cast<std::size_t>(ranks);
     const auto r = static_cast<std::size_t>(rank);
     for (std::size_t index = 0; index < expected_.size(); ++index) {
@@ -154,37 +165,46 @@ class Case {
   std::int64_t bytes() const { return bytes_; }
   bool empty() const { return count_ == 0; }
 
+  // The inputs; a broadcast's buffer is its receive buffer, holding the data at the root.
   void fill() {
     const int rank = group_.rank();
     for (std::size_t index = 0; index < send_.size(); ++index) send_[index] = value(rank, index);
-    std::fill(receive_.begin(), receive_.end(), -1.0f);
-    if (collective_ == "broadcast" && rank != 0) std::fill(send_.begin(), send_.end(), -1.0f);
+    for (std::size_t index = 0; index < receive_.size(); ++index)
+      receive_[index] = collective_ == "broadcast" && rank == 0 ? value(0, index) : -1.0f;
+    if (device_ == nullptr) return;
+    device_->copy_to_device(send_device_.as<void>(), send_.data(), send_.size() * 4);
+    device_->copy_to_device(receive_device_.as<void>(), receive_.data(), receive_.size() * 4);
   }
 
   void run() {
     const int ranks = group_.size(), rank = group_.rank();
+    float* send = device_ != nullptr ? send_device_.floats() : send_.data();
+    float* receive = device_ != nullptr ? receive_device_.floats() : receive_.data();
     if (collective_ == "all_reduce") {
-      group_.run({.op = CommOp::all_reduce, .send = send_.data(), .receive = receive_.data(), .count = count_});
+      group_.run({.op = CommOp::all_reduce, .send = send, .receive = receive, .count = count_});
     } else if (collective_ == "reduce_scatter") {
-      group_.reduce_scatter(send_.data(), receive_.data(), count_);
+      group_.reduce_scatter(send, receive, count_);
     } else if (collective_ == "all_gather") {
-      group_.all_gather(send_.data(), receive_.data(), count_);
+      group_.all_gather(send, receive, count_);
     } else if (collective_ == "all_to_all") {
-      group_.all_to_all(send_.data(), receive_.data(), count_);
+      group_.all_to_all(send, receive, count_);
     } else if (collective_ == "broadcast") {
-      group_.broadcast(send_.data(), send_.size(), 0);
-      std::copy(send_.begin(), send_.end(), receive_.begin());
+      group_.broadcast(receive, receive_.size(), 0);
     } else {
-      Request receive = group_.start({.op = CommOp::recv, .receive = receive_.data(), .count = count_,
-                                      .peer = (rank + ranks - 1) % ranks});
-      Request send = group_.start({.op = CommOp::send, .send = send_.data(), .count = count_,
+      Request received = group_.start({.op = CommOp::recv, .receive = receive, .count = count_,
+                                       .peer = (rank + ranks - 1) % ranks});
+      Request sent = group_.start({.op = CommOp::send, .send = send, .count = count_,
                                    .peer = (rank + 1) % ranks});
-      send.wait();
-      receive.wait();
+      sent.wait();
+      received.wait();
     }
   }
 
-  bool correct() const { return receive_ == expected_; }
+  bool correct() {
+    if (device_ != nullptr)
+      device_->copy_to_host(receive_.data(), receive_device_.as<void>(), receive_.size() * 4);
+    return receive_ == expected_;
+  }
 
   // nccl-tests' bus factor: what each rank's link carries relative to the size.
   double bus_factor() const {
@@ -200,20 +220,23 @@ class Case {
   std::size_t count_ = 0;
   std::int64_t bytes_ = 0;
   std::vector<float> send_, receive_, expected_;
+  Allocator* device_ = nullptr;
+  Buffer send_device_, receive_device_;
 };
 
-void measure(const Settings& settings, Communicator& world) {
+void measure(const Settings& settings, Communicator& world, Allocator* device) {
   const int rank = world.rank();
   if (rank == 0 && !settings.json) {
-    std::printf("# commbench: path %s, %d rank(s), %d iterations after %d warm-up\n",
-                settings.path.c_str(), world.size(), settings.iterations, settings.warmup);
+    std::printf("# commbench: path %s%s, %d rank(s), %d iterations after %d warm-up\n",
+                settings.path.c_str(), device != nullptr ? (" on " + settings.device).c_str() : "",
+                world.size(), settings.iterations, settings.warmup);
     std::printf("# %-15s %12s %12s %12s %12s %8s\n", "collective", "bytes", "time_us", "algbw_GB/s",
                 "busbw_GB/s", "correct");
   }
   int failures = 0;
   for (const std::string& collective : settings.collectives) {
     for (std::int64_t size = settings.min_bytes; size <= settings.max_bytes; size *= settings.step_factor) {
-      Case current(collective, size, world);
+      Case current(collective, size, world, device);
       if (current.empty()) continue;  // smaller than one float per rank
       current.fill();
       for (int iteration = 0; iteration < settings.warmup; ++iteration) current.run();
@@ -232,6 +255,7 @@ void measure(const Settings& settings, Communicator& world) {
       if (rank != 0) continue;
       if (settings.json) {
         const nlohmann::json row = {{"collective", collective}, {"path", settings.path},
+                                    {"device", device != nullptr ? settings.device : "cpu"},
                                     {"bytes", current.bytes()}, {"ranks", world.size()},
                                     {"time_us", time_us}, {"algbw_gbps", algbw},
                                     {"busbw_gbps", busbw}, {"correct", correct == 1}};
@@ -258,8 +282,20 @@ int main(int argc, char** argv) {
     agree_or_throw(world, [&] { settings = parse(argc, argv); });
     if (settings.help) {
       if (world.rank() == 0) std::fputs(settings.help_text.c_str(), stdout);
+    } else if (settings.path == "mpi-host") {
+      measure(settings, world, nullptr);
     } else {
-      measure(settings, world);
+      // Device buffers on a communicator of their own that stages them through host memory.
+      MemoryLedger memory;
+      ComputeDevice device;
+      agree_or_throw(world, [&] {
+        device = open_compute_device({.device = settings.device}, MPI_COMM_WORLD, memory);
+      });
+      MPI_Comm staged_comm = MPI_COMM_NULL;
+      MPI_Comm_dup(MPI_COMM_WORLD, &staged_comm);
+      CommLedger ledger;
+      MpiCommunicator staged(staged_comm, "world", ledger, false, device.staging.get());
+      measure(settings, staged, device.memory.get());
     }
   });
 }

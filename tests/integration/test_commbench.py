@@ -1,7 +1,7 @@
-"""commbench on the MPI host path: every collective at 2 and 4 ranks gives exactly the expected
-result at every size, with sizes in nccl-tests' convention and bus bandwidth the algorithm
+"""commbench on the MPI host path and on the host-staged path over loopback device buffers: every
+collective at 2 and 4 ranks gives exactly the expected result at every size, with sizes in nccl-tests' convention and bus bandwidth the algorithm
 bandwidth times nccl-tests' bus factor; the plot script draws its output; bad flags and the paths
-that need a GPU get one line and exit 2 on every rank."""
+that are not there get one line and exit 2 on every rank."""
 import json
 import os
 import shutil
@@ -28,16 +28,18 @@ def bus_factor(collective, ranks):
 
 class Commbench(TrainingTestCase):
     def test_every_collective_is_exact_at_2_and_4_ranks(self):
-        for ranks in (2, 4):
-            with self.subTest(ranks=ranks):
+        for ranks, path in [(2, []), (4, []), (2, ["--path", "mpi-staged", "--device", "loopback"]),
+                            (4, ["--path", "mpi-staged", "--device", "loopback"])]:
+            with self.subTest(ranks=ranks, path=path):
                 result = commbench(["--min-bytes", "8", "--max-bytes", "128K", "--step-factor", "4",
-                                    "--iterations", "2", "--warmup", "1", "--json"], ranks)
+                                    "--iterations", "2", "--warmup", "1", "--json"] + path, ranks)
                 self.assertEqual(result.returncode, 0, result.stderr)
                 rows = [json.loads(line) for line in result.stdout.splitlines()]
                 self.assertEqual(sorted({row["collective"] for row in rows}), sorted(COLLECTIVES))
                 for row in rows:
                     self.assertTrue(row["correct"], row)
-                    self.assertEqual((row["path"], row["ranks"]), ("mpi-host", ranks))
+                    self.assertEqual((row["path"], row["ranks"], row["device"]),
+                                     ("mpi-staged", ranks, "loopback") if path else ("mpi-host", ranks, "cpu"))
                     # A whole float per rank for the per-rank collectives.
                     per_rank = row["collective"] in ("reduce_scatter", "all_gather", "all_to_all")
                     self.assertEqual(row["bytes"] % (4 * ranks if per_rank else 4), 0, row)
@@ -45,12 +47,12 @@ class Commbench(TrainingTestCase):
                     self.assertAlmostEqual(row["algbw_gbps"], row["bytes"] / (row["time_us"] * 1e3))
                 largest = max(row["bytes"] for row in rows if row["collective"] == "all_reduce")
                 self.assertEqual(largest, 128 * 1024)  # 8 B x 4^7
-                path = self.path(f"commbench{ranks}.jsonl")
-                with open(path, "w") as handle:
+                results = self.path(f"commbench{ranks}{len(path)}.jsonl")
+                with open(results, "w") as handle:
                     handle.write(result.stdout)
-                picture = self.path(f"commbench{ranks}.png")
+                picture = self.path(f"commbench{ranks}{len(path)}.png")
                 subprocess.run([sys.executable, os.path.join(SOURCE_ROOT, "scripts", "commbench_plot.py"),
-                                path, "--output", picture], check=True, capture_output=True)
+                                results, "--output", picture], check=True, capture_output=True)
                 with open(picture, "rb") as handle:
                     self.assertEqual(handle.read(8), b"\x89PNG\r\n\x1a\n")
 
@@ -64,6 +66,7 @@ class Commbench(TrainingTestCase):
     def test_bad_input_is_one_line_and_exit_2(self):
         for arguments, words in [(["--path", "nccl"], ["--path nccl", "not built yet"]),
                                  (["--path", "gpu"], ["unknown --path 'gpu'"]),
+                                 (["--path", "mpi-staged", "--device", "tpu"], ["unknown --device 'tpu'"]),
                                  (["--collectives", "all_reduce,gossip"], ["unknown collective 'gossip'"]),
                                  (["--max-bytes", "12Q"], ["'12Q' is not a size"]),
                                  (["--min-bytes", "1M", "--max-bytes", "1K"], ["--min-bytes"]),
