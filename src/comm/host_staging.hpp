@@ -1,6 +1,6 @@
 // Collectives on device memory through host memory, for MPI, which reads and writes host memory
-// only. An all-reduce goes in chunks through the pipeline of staging.hpp, so copies and MPI
-// overlap where the device's copies are asynchronous. The rest is staged whole: in
+// only. An all-reduce goes in chunks through the pipeline of staging.hpp (whose stages overlap
+// where the device's copies are asynchronous; the allocator's copies used now are not). The rest is staged whole: in
 // reduce-scatter, all-gather and all-to-all every rank's block takes part in every step, and
 // broadcast, send and recv must post the messages their peers expect whatever memory those use. Host-side buffers of an operation are used as they are. Every rank
 // of a group stages an all-reduce alike (all on device memory, or all on host memory).
@@ -37,7 +37,6 @@ class HostStaging {
   // `device`: the allocator whose memory is staged (its copies move the data).
   explicit HostStaging(Allocator& device, std::size_t chunk_bytes = std::size_t{4} << 20);
 
-  std::size_t chunk_bytes() const { return chunk_bytes_; }
   // Whether a buffer of `operation` lies in device memory.
   bool stages(const Operation& operation) const;
   // Stages `operation` whole for rank `rank` of `group_size`: its data is in host memory when

@@ -3,8 +3,10 @@
 // MPI operation on chunk i and the host-to-device copy of chunk i-1 overlap (each in its own
 // slot; with two, chunk i+1 would have to wait for chunk i-1 to leave). The order lives here,
 // apart from CUDA: a copier moves chunks (asynchronously, on the device's copy streams), and a
-// callback runs the MPI operation on a chunk in its host slot. Elementwise collectives pipeline
-// this way (all-reduce, broadcast, send/recv); the others stage whole.
+// callback runs the MPI operation on a chunk in its host slot. All-reduces go this way
+// (host_staging.hpp); the other operations stage whole. The copier host_staging.cpp uses now
+// copies at once, through the device allocator's synchronous copies, so the stages take turns;
+// they overlap once a copier copies asynchronously into pinned slots.
 #pragma once
 
 #include <cstddef>
