@@ -30,17 +30,6 @@ class ImmediateCopier final : public ChunkCopier {
   Copy up_, down_;
 };
 
-}  // namespace
-
-HostStaging::HostStaging(Allocator& device, std::size_t chunk_bytes)
-    : device_(device), chunk_bytes_(std::max<std::size_t>(chunk_bytes, 64)), slots_(staging_slots) {}
-
-bool HostStaging::stages(const Operation& operation) const {
-  return (operation.send != nullptr && device_.is_device_memory(operation.send)) ||
-         (operation.receive != nullptr && device_.is_device_memory(operation.receive));
-}
-
-namespace {
 
 // Copies between any memory and host memory: through the device's copies for device memory.
 void to_host(Allocator& device, void* host, const void* source, std::size_t bytes) {
@@ -60,6 +49,14 @@ void from_host(Allocator& device, void* destination, const void* host, std::size
 }
 
 }  // namespace
+
+HostStaging::HostStaging(Allocator& device, std::size_t chunk_bytes)
+    : device_(device), chunk_bytes_(std::max<std::size_t>(chunk_bytes, 64)), slots_(staging_slots) {}
+
+bool HostStaging::stages(const Operation& operation) const {
+  return (operation.send != nullptr && device_.is_device_memory(operation.send)) ||
+         (operation.receive != nullptr && device_.is_device_memory(operation.receive));
+}
 
 void StagedOperation::finish() {
   from_host(*device_, static_cast<std::byte*>(destination_) + down_offset_,

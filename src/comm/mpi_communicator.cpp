@@ -59,7 +59,6 @@ struct VariableLayout {
   }
 };
 
-
 }  // namespace
 
 // A non-blocking MPI call; `on_completion` runs once, when it completes.
