@@ -1,6 +1,5 @@
-// Device memory for the CUDA backend (see cuda_backend.hpp). Freed blocks are kept by size, as
-// the host allocator keeps them: a training step allocates the same buffers every step, and
-// cudaMalloc/cudaFree would synchronize the device each time. The host's copies and fills wait for
+// Device memory and page-locked host memory for the CUDA backend (see cuda_backend.hpp). Freed
+// blocks are kept by size, as the host allocator keeps them. The host's copies and fills wait for
 // all the device's work before and after them, so they are ordered with every stream without
 // knowing which one wrote the memory: simple and correct, and only used off the hot path
 // (samples in, routing tables, checkpoints, host-staged messages).
@@ -30,13 +29,47 @@ void synchronized(const char* what, Operation&& operation) {
   check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
 }
 
+// Freed blocks kept by size for reuse: a training step allocates the same buffers every step,
+// and CUDA's allocation calls are slow and synchronize the device.
+class BlockCache {
+ public:
+  explicit BlockCache(cudaError_t (*free_block)(void*)) : free_block_(free_block) {}
+  ~BlockCache() {
+    for (auto& [bytes, blocks] : blocks_)
+      for (void* block : blocks) free_block_(block);
+  }
+  BlockCache(const BlockCache&) = delete;
+  BlockCache& operator=(const BlockCache&) = delete;
+  // A kept block of exactly `bytes`, or null.
+  void* take(std::size_t bytes) {
+    auto found = blocks_.find(bytes);
+    if (found == blocks_.end() || found->second.empty()) return nullptr;
+    void* block = found->second.back();
+    found->second.pop_back();
+    return block;
+  }
+  void keep(void* block, std::size_t bytes) { blocks_[bytes].push_back(block); }
+
+ private:
+  cudaError_t (*free_block_)(void*);
+  std::map<std::size_t, std::vector<void*>> blocks_;
+};
+
+// A block from the cache, else from `allocate`; a failed allocation is std::bad_alloc.
+template <typename Allocate>
+void* cached_or_new(BlockCache& cache, std::size_t bytes, Allocate&& allocate) {
+  if (void* block = cache.take(bytes)) return block;
+  void* block = nullptr;
+  if (allocate(&block, bytes) != cudaSuccess) {
+    cudaGetLastError();  // clear the error state a failed allocation leaves
+    throw std::bad_alloc();
+  }
+  return block;
+}
+
 class CudaAllocator final : public Allocator {
  public:
   using Allocator::Allocator;
-  ~CudaAllocator() override {
-    for (auto& [bytes, blocks] : free_blocks_)
-      for (void* block : blocks) cudaFree(block);
-  }
   Device device() const override { return Device::cuda; }
 
   void zero(void* data, std::size_t bytes) override {
@@ -61,26 +94,38 @@ class CudaAllocator final : public Allocator {
 
  protected:
   void* obtain(std::size_t bytes) override {
-    auto found = free_blocks_.find(bytes);
-    if (found != free_blocks_.end() && !found->second.empty()) {
-      void* block = found->second.back();
-      found->second.pop_back();
-      return block;
-    }
-    void* block = nullptr;
-    if (cudaMalloc(&block, bytes) != cudaSuccess) {
-      cudaGetLastError();  // clear the sticky-free error state of a failed allocation
-      throw std::bad_alloc();
-    }
-    return block;
+    return cached_or_new(cache_, bytes, [](void** block, std::size_t size) { return cudaMalloc(block, size); });
   }
-  void give_back(void* data, std::size_t bytes) override { free_blocks_[bytes].push_back(data); }
+  void give_back(void* data, std::size_t bytes) override { cache_.keep(data, bytes); }
 
  private:
-  std::map<std::size_t, std::vector<void*>> free_blocks_;
+  BlockCache cache_{cudaFree};
+};
+
+// Page-locked host memory: host memory to the rest of the program, which the GPU's copy engines
+// reach without a bounce through pageable memory.
+class PinnedHostAllocator final : public Allocator {
+ public:
+  using Allocator::Allocator;
+  Device device() const override { return Device::cpu; }
+
+ protected:
+  void* obtain(std::size_t bytes) override {
+    return cached_or_new(cache_, bytes, [](void** block, std::size_t size) {
+      return cudaHostAlloc(block, size, cudaHostAllocDefault);
+    });
+  }
+  void give_back(void* data, std::size_t bytes) override { cache_.keep(data, bytes); }
+
+ private:
+  BlockCache cache_{cudaFreeHost};
 };
 
 }  // namespace
+
+std::unique_ptr<Allocator> make_cuda_pinned_allocator(MemoryLedger& ledger) {
+  return std::make_unique<PinnedHostAllocator>(ledger);
+}
 
 std::unique_ptr<Allocator> make_cuda_allocator(MemoryLedger& ledger) {
   return std::make_unique<CudaAllocator>(ledger);

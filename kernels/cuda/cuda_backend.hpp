@@ -20,4 +20,8 @@ std::unique_ptr<Kernels> make_cuda_kernels(int device, bool tf32 = false);
 // Device memory from cudaMalloc on the current device, freed blocks cached by size for reuse.
 std::unique_ptr<Allocator> make_cuda_allocator(MemoryLedger& ledger);
 
+// Page-locked host memory (cudaHostAlloc), which the GPU's copy engines reach directly: host
+// memory to the rest of the program (device() is cpu), cached by size like the others.
+std::unique_ptr<Allocator> make_cuda_pinned_allocator(MemoryLedger& ledger);
+
 }  // namespace mlptrain

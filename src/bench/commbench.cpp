@@ -286,10 +286,10 @@ int main(int argc, char** argv) {
       measure(settings, world, nullptr);
     } else {
       // Device buffers on a communicator of their own that stages them through host memory.
-      MemoryLedger memory;
+      MemoryLedger memory, host_memory;
       ComputeDevice device;
       agree_or_throw(world, [&] {
-        device = open_compute_device({.device = settings.device}, MPI_COMM_WORLD, memory);
+        device = open_compute_device({.device = settings.device}, MPI_COMM_WORLD, memory, host_memory);
       });
       MPI_Comm staged_comm = MPI_COMM_NULL;
       MPI_Comm_dup(MPI_COMM_WORLD, &staged_comm);

@@ -2,7 +2,6 @@
 #include "comm/host_staging.hpp"
 
 #include <algorithm>
-#include <cstring>
 #include <numeric>
 
 #include "comm/staging.hpp"
@@ -30,24 +29,6 @@ class ImmediateCopier final : public ChunkCopier {
   Copy up_, down_;
 };
 
-
-// Copies between any memory and host memory: through the device's copies for device memory.
-void to_host(Allocator& device, void* host, const void* source, std::size_t bytes) {
-  if (device.is_device_memory(source)) {
-    device.copy_to_host(host, source, bytes);
-  } else if (bytes > 0) {
-    std::memcpy(host, source, bytes);
-  }
-}
-
-void from_host(Allocator& device, void* destination, const void* host, std::size_t bytes) {
-  if (device.is_device_memory(destination)) {
-    device.copy_to_device(destination, host, bytes);
-  } else if (bytes > 0) {
-    std::memcpy(destination, host, bytes);
-  }
-}
-
 }  // namespace
 
 HostStaging::HostStaging(Allocator& device, std::size_t chunk_bytes)
@@ -59,7 +40,7 @@ bool HostStaging::stages(const Operation& operation) const {
 }
 
 void StagedOperation::finish() {
-  from_host(*device_, static_cast<std::byte*>(destination_) + down_offset_,
+  device_->copy_host_to_any(static_cast<std::byte*>(destination_) + down_offset_,
             static_cast<const std::byte*>(host_.receive) + down_offset_, down_bytes_);
 }
 
@@ -73,12 +54,12 @@ void HostStaging::all_reduce(const Operation& operation,
   const auto count = [&](std::size_t chunk) { return std::min(per_chunk, operation.count - first(chunk)); };
   ImmediateCopier copier(
       [&](std::size_t chunk, int slot) {
-        to_host(device_, slots_[slot].data(),
+        device_.copy_any_to_host(slots_[slot].data(),
                 static_cast<const std::byte*>(operation.send) + first(chunk) * element,
                 count(chunk) * element);
       },
       [&](std::size_t chunk, int slot) {
-        from_host(device_, static_cast<std::byte*>(operation.receive) + first(chunk) * element,
+        device_.copy_host_to_any(static_cast<std::byte*>(operation.receive) + first(chunk) * element,
                   slots_[slot].data(), count(chunk) * element);
       });
   run_staged_pipeline(chunks, copier, [&](std::size_t chunk, int slot) {
@@ -143,7 +124,7 @@ std::shared_ptr<StagedOperation> HostStaging::stage(const Operation& operation, 
                                                        : staged->receive_.data();
   const void* source = operation.op == CommOp::broadcast ? operation.receive : operation.send;
   if (up_bytes > 0)
-    to_host(device_, send_host + up_offset, static_cast<const std::byte*>(source) + up_offset, up_bytes);
+    device_.copy_any_to_host(send_host + up_offset, static_cast<const std::byte*>(source) + up_offset, up_bytes);
   staged->destination_ = operation.receive;
   staged->down_offset_ = down_offset;
   staged->down_bytes_ = down_bytes;

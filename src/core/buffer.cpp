@@ -71,6 +71,22 @@ void Allocator::copy_to_host(void* host, const void* device, std::size_t bytes) 
 
 bool Allocator::is_device_memory(const void*) const { return false; }
 
+void Allocator::copy_any_to_host(void* host, const void* source, std::size_t bytes) {
+  if (is_device_memory(source)) {
+    copy_to_host(host, source, bytes);
+  } else if (bytes > 0) {
+    std::memcpy(host, source, bytes);
+  }
+}
+
+void Allocator::copy_host_to_any(void* destination, const void* host, std::size_t bytes) {
+  if (is_device_memory(destination)) {
+    copy_to_device(destination, host, bytes);
+  } else if (bytes > 0) {
+    std::memcpy(destination, host, bytes);
+  }
+}
+
 HostAllocator::~HostAllocator() {
   for (auto& [size, blocks] : free_blocks_)
     for (void* block : blocks) std::free(block);

@@ -65,6 +65,10 @@ class Allocator {
   virtual void copy_to_host(void* host, const void* device, std::size_t bytes);
   // Whether `pointer` lies in device memory the host cannot read directly (never, on the host).
   virtual bool is_device_memory(const void* pointer) const;
+  // Copies between host memory and memory that may lie on either side (a device's buffer, or
+  // state kept in host memory such as offloaded optimizer moments).
+  void copy_any_to_host(void* host, const void* source, std::size_t bytes);
+  void copy_host_to_any(void* destination, const void* host, std::size_t bytes);
 
  protected:
   virtual void* obtain(std::size_t bytes) = 0;

@@ -87,7 +87,7 @@ std::vector<std::uint32_t> dataset_checksums(const TrainingState& state,
         const float* data = run->*run_parts[part];
         if (!host_memory) {
           host.resize(static_cast<std::size_t>(run->count));
-          scope.allocator.copy_to_host(host.data(), data, bytes);
+          scope.allocator.copy_any_to_host(host.data(), data, bytes);
           data = host.data();
         }
         const auto crc = crc32(0L, reinterpret_cast<const Bytef*>(data), bytes);

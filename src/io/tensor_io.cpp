@@ -109,7 +109,7 @@ bool write_runs(hid_t dataset, hid_t transfer, const std::vector<const StateRun*
     float* at = staging.get(allocator, total);
     data = at;
     for (const StateRun* run : runs) {
-      allocator.copy_to_host(at, run->*part, static_cast<std::size_t>(run->count) * sizeof(float));
+      allocator.copy_any_to_host(at, run->*part, static_cast<std::size_t>(run->count) * sizeof(float));
       at += run->count;
     }
   }
@@ -130,7 +130,7 @@ bool read_runs(hid_t dataset, hid_t transfer, const std::vector<const StateRun*>
   if (staged) {
     const float* at = data;
     for (const StateRun* run : runs) {
-      allocator.copy_to_device(run->*part, at, static_cast<std::size_t>(run->count) * sizeof(float));
+      allocator.copy_host_to_any(run->*part, at, static_cast<std::size_t>(run->count) * sizeof(float));
       at += run->count;
     }
   }

@@ -22,7 +22,8 @@ bool cuda_backend_built() {
 
 namespace {
 
-ComputeDevice open_cuda(const Config& config, MPI_Comm world, MemoryLedger& ledger) {
+ComputeDevice open_cuda(const Config& config, MPI_Comm world, MemoryLedger& ledger,
+                        MemoryLedger& host_ledger) {
 #ifdef MLPTRAIN_HAVE_CUDA
   std::string why_none;
   const int gpus = cuda_device_count(&why_none);
@@ -33,11 +34,12 @@ ComputeDevice open_cuda(const Config& config, MPI_Comm world, MemoryLedger& ledg
   device.kernels = make_cuda_kernels(gpu, config.tf32);
   device.memory = make_cuda_allocator(ledger);
   device.staging = std::make_unique<HostStaging>(*device.memory);
+  if (config.offload) device.offload = HostSide{make_cuda_pinned_allocator(host_ledger), make_cpu_kernels()};
   device.description = fmt::format("GPU {} of {} on this node ({} rank(s) here), GEMMs in {}", gpu,
                                    gpus, place.local_ranks, config.tf32 ? "TF32" : "fp32");
   return device;
 #else
-  (void)config, (void)world, (void)ledger;
+  (void)config, (void)world, (void)ledger, (void)host_ledger;
   throw UsageError("--device cuda: this build has no CUDA backend (nvcc was not found when it was "
                    "configured)");
 #endif
@@ -45,13 +47,16 @@ ComputeDevice open_cuda(const Config& config, MPI_Comm world, MemoryLedger& ledg
 
 }  // namespace
 
-ComputeDevice open_compute_device(const Config& config, MPI_Comm world, MemoryLedger& ledger) {
-  if (config.device == "cuda") return open_cuda(config, world, ledger);
+ComputeDevice open_compute_device(const Config& config, MPI_Comm world, MemoryLedger& ledger,
+                                  MemoryLedger& host_ledger) {
+  if (config.device == "cuda") return open_cuda(config, world, ledger, host_ledger);
   ComputeDevice device;
   if (config.device == "loopback") {
     device.memory = make_loopback_allocator(ledger);
     device.kernels = make_loopback_kernels();
     device.staging = std::make_unique<HostStaging>(*device.memory);
+    if (config.offload)
+      device.offload = HostSide{std::make_unique<HostAllocator>(host_ledger), make_cpu_kernels()};
     device.description = "the CPU behind loopback device memory (every host-device copy explicit)";
   } else {
     device.memory = std::make_unique<HostAllocator>(ledger);

@@ -1,11 +1,14 @@
 // The device a run computes on, chosen by --device: its memory (charging the run's ledger), its
 // kernels, and for a device whose memory the host cannot read, the host staging that carries
-// MPI communication to and from that memory.
+// MPI communication to and from that memory; with --offload, the host memory and kernels that
+// keep and update the optimizer state off the device.
 #pragma once
 
 #include <mpi.h>
 
 #include <memory>
+#include <optional>
+#include <string>
 
 #include "comm/host_staging.hpp"
 #include "core/buffer.hpp"
@@ -14,10 +17,18 @@
 
 namespace mlptrain {
 
+// Host memory (page-locked for a GPU, so its copy engines reach it) charged to a ledger of its
+// own, and the CPU's kernels to work on it.
+struct HostSide {
+  std::unique_ptr<Allocator> memory;
+  std::unique_ptr<Kernels> kernels;
+};
+
 struct ComputeDevice {
   std::unique_ptr<Allocator> memory;
   std::unique_ptr<Kernels> kernels;
   std::unique_ptr<HostStaging> staging;  // null on the CPU
+  std::optional<HostSide> offload;       // with --offload
   std::string description;               // for the run's header
 };
 
@@ -25,7 +36,9 @@ struct ComputeDevice {
 bool cuda_backend_built();
 
 // Opens config.device for this rank of `world` (collective: with cuda, the ranks of a node
-// share out its GPUs). Throws UsageError when the device cannot be had.
-ComputeDevice open_compute_device(const Config& config, MPI_Comm world, MemoryLedger& ledger);
+// share out its GPUs). Device memory charges `ledger`, offloaded memory `host_ledger`. Throws
+// UsageError when the device cannot be had.
+ComputeDevice open_compute_device(const Config& config, MPI_Comm world, MemoryLedger& ledger,
+                                  MemoryLedger& host_ledger);
 
 }  // namespace mlptrain

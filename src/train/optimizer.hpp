@@ -1,6 +1,9 @@
 // AdamW exactly as torch.optim.AdamW (one parameter group), the learning-rate schedules of
 // DESIGN.md §2.1, and the pieces of global-norm clipping: every rank sums the squares of the
 // gradients it owns (each element is owned by one rank), the trainer sums those over the world.
+// With --offload the moments live in host memory and the update runs there (ZeRO-Offload's
+// split): each step the runs' values and gradients come down, the host's kernels update them,
+// and the values go back up.
 #pragma once
 
 #include <cstdint>
@@ -9,6 +12,7 @@
 #include "core/config.hpp"
 #include "kernels/kernels.hpp"
 #include "model/state_runs.hpp"
+#include "train/compute_device.hpp"
 
 namespace mlptrain {
 
@@ -22,7 +26,10 @@ double clip_coefficient(double max_norm, double total_norm);
 // charged to the ledger as optimizer state) and points each run at its share of them.
 class AdamW {
  public:
-  AdamW(const Config& config, Allocator& allocator, StatePlacement& placement);
+  // The moments in `device` memory, or with `offload` in its host memory (with host copies of
+  // the values and gradients, charged there as workspace).
+  AdamW(const Config& config, Allocator& device, StatePlacement& placement,
+        HostSide* offload = nullptr);
 
   // Sum of squares of the owned runs' gradients (or values).
   enum class Field { grads, values };
@@ -36,9 +43,14 @@ class AdamW {
                 std::int64_t step) const;
 
  private:
+  double update_on_host(const std::vector<StateRun>& runs, const AdamWStep& settings) const;
+
   const Config& config_;
+  Allocator& device_;
+  HostSide* offload_;
   Buffer exp_avg_;
   Buffer exp_avg_sq_;
+  Buffer host_values_, host_grads_;  // offloaded: indexed like the moments
 };
 
 }  // namespace mlptrain

@@ -55,7 +55,7 @@ void visit_options(Config_& c, Visit&& visit) {
   visit(S::parallelism, "zero", c.zero, "ZeRO stage 0..3 on the data-parallel group");
   visit(S::parallelism, "schedule", c.schedule, "pipeline schedule: 1f1b | gpipe");
   visit(S::parallelism, "recompute", c.recompute, "recompute activations in backward");
-  visit(S::parallelism, "offload", c.offload, "optimizer state in host memory (cuda)");
+  visit(S::parallelism, "offload", c.offload, "optimizer state and its update in host memory (cuda, loopback)");
   visit(S::devices, "device", c.device,
         "cpu | cuda | loopback (the CPU through the device path: checks it without a GPU)");
   visit(S::devices, "tf32", c.tf32, "let cuBLAS use TF32 tensor cores (cuda; fp32 otherwise)");
@@ -275,10 +275,9 @@ void validate_options(Config& c, int world_size) {
   require(c.ep == 1 || c.moe_every > 0, "--ep splits the experts of MoE layers: it needs --moe-every");
   not_built(c.moe_every > 0 && c.tp > 1, "MoE layers with tensor parallelism (--moe-every with --tp > 1)");
   not_built(c.moe_every > 0 && c.zero > 1, "MoE layers with ZeRO stage 2 or 3 (--moe-every with --zero > 1)");
-  require(!c.offload || c.device == "cuda",
+  require(!c.offload || c.device != "cpu",
           "--offload moves the optimizer state from GPU memory to host memory: it needs --device cuda "
-          "(with --device cpu the state is in host memory already)");
-  not_built(c.offload, "optimizer offload (--offload)");
+          "(or loopback; with --device cpu the state is in host memory already)");
   require(!c.tf32 || c.device == "cuda", "--tf32 lets cuBLAS use TF32 tensor cores: it needs --device cuda");
   not_built(c.comm == "nccl", "NCCL communication (--comm nccl)");
 }

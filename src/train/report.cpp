@@ -37,7 +37,10 @@ std::string human_bytes(double bytes) {
   return unit == 0 ? fmt::format("{:.0f} B", bytes) : fmt::format("{:.2f} {}", bytes, units[unit]);
 }
 
-// Mean bytes per step of each op over the recorded steps.
+bool offloaded(const PlacementPrediction& prediction, std::size_t index) {
+  return prediction.modes[index] == "Off";
+}
+
 }  // namespace
 
 void RunSummary::add(const StepRecord& record) {
@@ -54,6 +57,11 @@ std::array<double, comm_op_count> RunSummary::mean_comm_bytes() const {
   if (steps > 0)
     for (double& value : mean) value /= static_cast<double>(steps);
   return mean;
+}
+
+std::int64_t RunSummary::measured_bytes(std::size_t index) const {
+  const auto state = static_cast<int>(placement_states[index]);
+  return offloaded(prediction, index) ? peak_host_memory[state] : peak_memory[state];
 }
 
 nlohmann::json step_json(const StepRecord& record) {
@@ -90,7 +98,8 @@ nlohmann::json summary_json(const RunSummary& summary) {
     placement[std::string(memory_state_name(state))] = {
         {"mode", summary.prediction.modes[index]},
         {"predicted_bytes", summary.prediction.bytes[index]},
-        {"measured_bytes", summary.peak_memory[static_cast<int>(state)]}};
+        {"measured_bytes", summary.measured_bytes(index)}};
+    if (offloaded(summary.prediction, index)) placement[std::string(memory_state_name(state))]["memory"] = "host";
   }
   const auto measured = summary.mean_comm_bytes();
   nlohmann::json comm = nlohmann::json::object();
@@ -111,34 +120,37 @@ nlohmann::json summary_json(const RunSummary& summary) {
                            {"placement", placement},
                            {"comm_per_step", comm}};
   if (summary.steps > 0) object["final_loss"] = summary.final_loss;
+  if (std::any_of(summary.peak_host_memory.begin(), summary.peak_host_memory.end(),
+                  [](std::int64_t bytes) { return bytes > 0; }))
+    object["peak_host_mem_bytes"] = by_state(summary.peak_host_memory);
   return object;
 }
 
 std::string placement_table(const PlacementPrediction& prediction, const RunSummary* measured) {
-  std::string text = fmt::format("  {:<14}{:>6}{:>16}", "state", "mode", "predicted");
+  std::string text = fmt::format("  {:<18}{:>6}{:>16}", "state", "mode", "predicted");
   if (measured) text += fmt::format("{:>16}{:>11}", "measured", "deviation");
   text += "\n";
   for (std::size_t index = 0; index < placement_states.size(); ++index) {
     const auto predicted = static_cast<double>(prediction.bytes[index]);
-    text += fmt::format("  {:<14}{:>6}{:>16}",
-                        memory_state_name(placement_states[index]), prediction.modes[index],
-                        human_bytes(predicted));
+    text += fmt::format("  {:<18}{:>6}{:>16}",
+                        fmt::format("{}{}", memory_state_name(placement_states[index]),
+                                    offloaded(prediction, index) ? " (host)" : ""),
+                        prediction.modes[index], human_bytes(predicted));
     if (measured) {
-      const auto actual = static_cast<double>(
-          measured->peak_memory[static_cast<int>(placement_states[index])]);
+      const auto actual = static_cast<double>(measured->measured_bytes(index));
       text += fmt::format("{:>16}{:>10.1f}%", human_bytes(actual),
                           predicted > 0 ? 100.0 * (actual - predicted) / predicted : 0.0);
     }
     text += "\n";
   }
-  text += fmt::format("  {:<20}{:>16}", "comm per step", "predicted");
+  text += fmt::format("  {:<24}{:>16}", "comm per step", "predicted");
   if (measured) text += fmt::format("{:>16}", "measured");
   text += "\n";
   const auto means = measured ? measured->mean_comm_bytes() : std::array<double, comm_op_count>{};
   for (CommOp op : all_comm_ops) {
     const int index = static_cast<int>(op);
     if (prediction.comm_bytes_per_step[index] == 0 && means[index] == 0) continue;
-    text += fmt::format("  {:<20}{:>16}", comm_op_name(op),
+    text += fmt::format("  {:<24}{:>16}", comm_op_name(op),
                         human_bytes(static_cast<double>(prediction.comm_bytes_per_step[index])));
     if (measured) text += fmt::format("{:>16}", human_bytes(means[index]));
     text += "\n";

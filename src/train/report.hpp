@@ -49,11 +49,14 @@ struct RunSummary {
   double final_loss = 0;
   double routed_all_to_all_bytes_sum = 0;
   std::vector<MemoryByState> peak_memory_by_rank;
-  MemoryByState peak_memory{};  // rank 0's, over the whole run
+  MemoryByState peak_memory{};       // rank 0's, over the whole run
+  MemoryByState peak_host_memory{};  // rank 0's offloaded memory, over the whole run
   PlacementPrediction prediction;
 
   void add(const StepRecord& record);
   std::array<double, comm_op_count> mean_comm_bytes() const;
+  // Rank 0's measured peak of placement_states[index]: in host memory when it is offloaded.
+  std::int64_t measured_bytes(std::size_t index) const;
 };
 
 nlohmann::json summary_json(const RunSummary& summary);

@@ -79,6 +79,7 @@ class Trainer {
   const Config& config_;
   MPI_Comm mpi_world_;
   MemoryLedger memory_;
+  MemoryLedger host_memory_;  // what --offload keeps in host memory
   CommLedger comm_ledger_;
   // Before everything that may still complete communication while being destroyed.
   std::unique_ptr<TraceRecorder> trace_;
@@ -118,7 +119,7 @@ Trainer::Trainer(const Config& config, MPI_Comm world_comm, const CommSettings& 
   // agreed on once the groups exist.
   std::exception_ptr device_problem;
   try {
-    device_ = open_compute_device(config, world_comm, memory_);
+    device_ = open_compute_device(config, world_comm, memory_, host_memory_);
   } catch (const Error&) {
     device_problem = std::current_exception();
   }
@@ -170,7 +171,7 @@ Trainer::Trainer(const Config& config, MPI_Comm world_comm, const CommSettings& 
       store_placement(*parameters_, groups_->shape(), groups_->place()));
   initialize_values(placement_.held, static_cast<std::uint64_t>(config.seed), allocator);
   allocate_or_explain(
-      [&] { optimizer_ = std::make_unique<AdamW>(config, allocator, placement_); });
+      [&] { optimizer_ = std::make_unique<AdamW>(config, allocator, placement_, device_.offload ? &*device_.offload : nullptr); });
   // The runner's layer views point into the parameter store: taken only now, since strategies
   // may move parameter memory (data parallel places gradients where its group reduces them).
   runner_ = std::make_unique<ModelRunner>(
@@ -281,6 +282,7 @@ PlacementPrediction Trainer::predict() const {
   }
   strategies_->predict(prediction);
   if (config_.recompute) prediction.modes[3] = "M";
+  if (device_.offload) prediction.modes[2] = "Off";  // the same bytes, in host memory
   return prediction;
 }
 
@@ -545,6 +547,7 @@ void Trainer::train() {
 
   note_peaks();
   summary.peak_memory = run_peak_;
+  summary.peak_host_memory = host_memory_.peak();
   summary.prediction = predict();
   // Exchanged experts' rows follow the routing: the counts measured give the prediction.
   if (!moe_layers_.empty() && summary.steps > 0)
