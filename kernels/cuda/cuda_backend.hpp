@@ -17,6 +17,10 @@ int cuda_device_count(std::string* why_none = nullptr);
 // compute stream of their own. GEMMs are fp32; `tf32` lets cuBLAS use TF32 tensor cores.
 std::unique_ptr<Kernels> make_cuda_kernels(int device, bool tf32 = false);
 
+// The compute stream (a cudaStream_t) of kernels made by make_cuda_kernels; null for others.
+// Communication on its own stream orders itself after the work queued there.
+void* cuda_compute_stream(Kernels& kernels);
+
 // Device memory from cudaMalloc on the current device, freed blocks cached by size for reuse.
 std::unique_ptr<Allocator> make_cuda_allocator(MemoryLedger& ledger);
 

@@ -252,6 +252,7 @@ class CudaKernels final : public Kernels {
   CudaKernels& operator=(const CudaKernels&) = delete;
 
   Device device() const override { return Device::cuda; }
+  cudaStream_t stream() const { return stream_; }
 
   void gemm(Transpose transpose_a, Transpose transpose_b, std::int64_t m, std::int64_t n, std::int64_t k,
             float alpha, const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float beta,
@@ -397,6 +398,11 @@ int cuda_device_count(std::string* why_none) {
 
 std::unique_ptr<Kernels> make_cuda_kernels(int device, bool tf32) {
   return std::make_unique<CudaKernels>(device, tf32);
+}
+
+void* cuda_compute_stream(Kernels& kernels) {
+  auto* cuda = dynamic_cast<CudaKernels*>(&kernels);
+  return cuda != nullptr ? static_cast<void*>(cuda->stream()) : nullptr;
 }
 
 }  // namespace mlptrain

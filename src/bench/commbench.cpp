@@ -7,7 +7,8 @@
 // for all-gather, the whole input for reduce-scatter, what a rank sends for all-to-all and
 // send/recv. The path `mpi-host` is MPI on host buffers; `mpi-staged` is MPI on device buffers
 // staged through host memory (--device cuda, or loopback to check the path without a GPU);
-// `nccl` is not built yet.
+// `nccl` is NCCL on GPU buffers, one rank per GPU. Both device paths get their communicator as
+// the trainer does (compute_device.hpp).
 #include <algorithm>
 #include <boost/program_options.hpp>
 #include <cstdio>
@@ -72,7 +73,7 @@ Settings parse(int argc, char** argv) {
        "comma-separated: all_reduce, reduce_scatter, all_gather, all_to_all, broadcast, send_recv, or all")
       ("path", po::value(&settings.path)->default_value(settings.path), "mpi-host | mpi-staged | nccl")
       ("device", po::value(&settings.device)->default_value(settings.device),
-       "device of mpi-staged buffers: cuda | loopback (the CPU behind device-style memory)")
+       "device of mpi-staged buffers: cuda | loopback (the CPU behind device-style memory); nccl needs cuda")
       ("min-bytes", po::value(&min_bytes)->default_value(min_bytes), "smallest size (K, M, G suffixes)")
       ("max-bytes", po::value(&max_bytes)->default_value(max_bytes), "largest size")
       ("step-factor", po::value(&settings.step_factor)->default_value(settings.step_factor),
@@ -110,10 +111,10 @@ Settings parse(int argc, char** argv) {
   }
   if (settings.path != "mpi-host" && settings.path != "mpi-staged" && settings.path != "nccl")
     throw UsageError(fmt::format("unknown --path '{}' (mpi-host, mpi-staged or nccl)", settings.path));
-  if (settings.path == "nccl")
-    throw UsageError("--path nccl: NCCL communication is not built yet in this version of commbench");
   if (settings.device != "cuda" && settings.device != "loopback")
     throw UsageError(fmt::format("unknown --device '{}' (cuda or loopback)", settings.device));
+  if (settings.path == "nccl" && settings.device != "cuda")
+    throw UsageError("--path nccl moves GPU buffers: it needs --device cuda");
   return settings;
 }
 
@@ -285,17 +286,22 @@ int main(int argc, char** argv) {
     } else if (settings.path == "mpi-host") {
       measure(settings, world, nullptr);
     } else {
-      // Device buffers on a communicator of their own that stages them through host memory.
+      // Device buffers on a communicator of their own: MPI staging them through host memory, or
+      // NCCL.
+      const Config config{.device = settings.device, .comm = settings.path == "nccl" ? "nccl" : "mpi"};
       MemoryLedger memory, host_memory;
-      ComputeDevice device;
-      agree_or_throw(world, [&] {
-        device = open_compute_device({.device = settings.device}, MPI_COMM_WORLD, memory, host_memory);
-      });
-      MPI_Comm staged_comm = MPI_COMM_NULL;
-      MPI_Comm_dup(MPI_COMM_WORLD, &staged_comm);
       CommLedger ledger;
-      MpiCommunicator staged(staged_comm, "world", ledger, false, device.staging.get());
-      measure(settings, staged, device.memory.get());
+      ComputeDevice device;
+      std::unique_ptr<Communicator> communicator;
+      agree_or_throw(world, [&] {
+        device = open_compute_device(config, MPI_COMM_WORLD, memory, host_memory);
+      });
+      agree_or_throw(world, [&] {
+        MPI_Comm comm = MPI_COMM_NULL;
+        MPI_Comm_dup(MPI_COMM_WORLD, &comm);
+        communicator = communicator_factory(config, device, ledger, false)(comm, "world");
+      });
+      measure(settings, *communicator, device.memory.get());
     }
   });
 }

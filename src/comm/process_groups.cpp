@@ -7,6 +7,11 @@ namespace mlptrain {
 
 ProcessGroups::ProcessGroups(MPI_Comm world, const GridShape& shape, CommLedger& ledger,
                              bool shared_memory, HostStaging* staging)
+    : ProcessGroups(world, shape, [&](MPI_Comm comm, std::string group) -> std::unique_ptr<Communicator> {
+        return std::make_unique<MpiCommunicator>(comm, std::move(group), ledger, shared_memory, staging);
+      }) {}
+
+ProcessGroups::ProcessGroups(MPI_Comm world, const GridShape& shape, const CommunicatorFactory& make)
     : shape_(shape) {
   MPI_Comm_rank(world, &world_rank_);
   place_ = coordinates_of(shape_, world_rank_);
@@ -16,8 +21,7 @@ ProcessGroups::ProcessGroups(MPI_Comm world, const GridShape& shape, CommLedger&
       // Every rank takes part in every split, so the calls match across the world.
       MPI_Comm_split(world, group_index_of(shape_, kind, world_rank_), world_rank_, &comm);
     }
-    communicators_[static_cast<int>(kind)] =
-        std::make_unique<MpiCommunicator>(comm, std::string(group_name(kind)), ledger, shared_memory, staging);
+    communicators_[static_cast<int>(kind)] = make(comm, std::string(group_name(kind)));
   }
 }
 

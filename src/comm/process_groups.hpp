@@ -5,7 +5,9 @@
 #include <mpi.h>
 
 #include <array>
+#include <functional>
 #include <memory>
+#include <string>
 
 #include "comm/communicator.hpp"
 #include "comm/host_staging.hpp"
@@ -13,12 +15,17 @@
 
 namespace mlptrain {
 
+// Makes a group's communicator from its MPI communicator (owned from then on) and its name.
+using CommunicatorFactory = std::function<std::unique_ptr<Communicator>(MPI_Comm comm, std::string group)>;
+
 class ProcessGroups {
  public:
-  // `shared_memory`: let node-local groups run collectives in shared memory (MpiCommunicator);
+  // MPI communicators. `shared_memory`: let node-local groups run collectives in shared memory;
   // `staging`: stage operations on device memory through host memory (null: host memory only).
   ProcessGroups(MPI_Comm world, const GridShape& shape, CommLedger& ledger, bool shared_memory = true,
                 HostStaging* staging = nullptr);
+  // Communicators from `make`, called for the groups in the same order on every rank.
+  ProcessGroups(MPI_Comm world, const GridShape& shape, const CommunicatorFactory& make);
 
   const GridShape& shape() const { return shape_; }
   const GridCoordinates& place() const { return place_; }

@@ -4,6 +4,8 @@
 #include <fmt/format.h>
 
 #include "comm/gpu_placement.hpp"
+#include "comm/mpi_communicator.hpp"
+#include "comm/nccl_communicator.hpp"
 #include "core/error.hpp"
 #include "kernels/loopback/loopback_backend.hpp"
 #ifdef MLPTRAIN_HAVE_CUDA
@@ -64,6 +66,22 @@ ComputeDevice open_compute_device(const Config& config, MPI_Comm world, MemoryLe
     device.description = "CPU";
   }
   return device;
+}
+
+CommunicatorFactory communicator_factory(const Config& config, ComputeDevice& device,
+                                         CommLedger& ledger, bool shared_memory) {
+#ifdef MLPTRAIN_HAVE_CUDA
+  if (config.comm == "nccl" && device.kernels != nullptr) {
+    void* compute_stream = cuda_compute_stream(*device.kernels);
+    return [&ledger, compute_stream](MPI_Comm comm, std::string group) {
+      return make_nccl_communicator(comm, std::move(group), ledger, compute_stream);
+    };
+  }
+#endif
+  HostStaging* staging = device.staging.get();
+  return [&ledger, shared_memory, staging](MPI_Comm comm, std::string group) -> std::unique_ptr<Communicator> {
+    return std::make_unique<MpiCommunicator>(comm, std::move(group), ledger, shared_memory, staging);
+  };
 }
 
 }  // namespace mlptrain

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "comm/host_staging.hpp"
+#include "comm/process_groups.hpp"
 #include "core/buffer.hpp"
 #include "core/config.hpp"
 #include "kernels/kernels.hpp"
@@ -34,6 +35,13 @@ struct ComputeDevice {
 
 // Whether this build has the CUDA backend (nvcc was present when it was configured).
 bool cuda_backend_built();
+
+// The groups' communicators for config.comm on `device` (an empty one, when it failed to open:
+// MPI on host memory, enough to agree on the failure). MPI, staged through host memory off the
+// CPU, with `shared_memory` windows for node-local groups; or NCCL, ordered after the device's
+// compute stream.
+CommunicatorFactory communicator_factory(const Config& config, ComputeDevice& device,
+                                         CommLedger& ledger, bool shared_memory);
 
 // Opens config.device for this rank of `world` (collective: with cuda, the ranks of a node
 // share out its GPUs). Device memory charges `ledger`, offloaded memory `host_ledger`. Throws

@@ -279,7 +279,8 @@ void validate_options(Config& c, int world_size) {
           "--offload moves the optimizer state from GPU memory to host memory: it needs --device cuda "
           "(or loopback; with --device cpu the state is in host memory already)");
   require(!c.tf32 || c.device == "cuda", "--tf32 lets cuBLAS use TF32 tensor cores: it needs --device cuda");
-  not_built(c.comm == "nccl", "NCCL communication (--comm nccl)");
+  require(c.comm != "nccl" || c.device == "cuda",
+          "--comm nccl moves GPU memory between GPUs directly: it needs --device cuda");
 }
 
 std::string to_ini(const Config& config) {

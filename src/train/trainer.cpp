@@ -123,8 +123,8 @@ Trainer::Trainer(const Config& config, MPI_Comm world_comm, const CommSettings& 
   } catch (const Error&) {
     device_problem = std::current_exception();
   }
-  groups_ = std::make_unique<ProcessGroups>(mpi_world_, shape, comm_ledger_, comm.shared_memory,
-                                            device_.staging.get());
+  groups_ = std::make_unique<ProcessGroups>(
+      mpi_world_, shape, communicator_factory(config, device_, comm_ledger_, comm.shared_memory));
   Communicator& world = groups_->world();
   const bool rank_zero = world.rank() == 0;
   agree_or_throw(world, [&] {
@@ -237,7 +237,9 @@ std::string Trainer::describe_run() const {
       strategies.empty() ? " none" : strategies, specs_.size(), widths, parameter_count(specs_),
       dataset_->info().name, dataset_->info().train_size, config_.global_batch,
       config_.micro_batches, config_.steps, device_.description,
-      device_.staging ? "MPI, staged through host memory" : "MPI");
+      config_.comm == "nccl" ? "NCCL, device to device"
+      : device_.staging      ? "MPI, staged through host memory"
+                             : "MPI");
   if (!moe_layers_.empty()) {
     std::string layers;
     for (int layer : moe_layers_) layers += (layers.empty() ? "" : ", ") + std::to_string(layer);

@@ -3,7 +3,8 @@ host can only reach through explicit copies (a direct read crashes), every messa
 host memory. Every layout must match the one-process CPU run within 1e-5 (the one-process run bit
 for bit), predict its memory and communication as on the CPU, and write checkpoints that resume
 on the CPU and the other way round. With a GPU, --device cuda must match the CPU within 1e-4,
-alone and with ranks sharing the GPU over host-staged MPI; without one it is refused in one line
+alone, with ranks sharing the GPU over host-staged MPI, with NCCL at world size 1 and with the
+optimizer offloaded; without one it is refused in one line
 (exit 2), and the GPU half says why it skips."""
 import unittest
 
@@ -100,7 +101,9 @@ class Cuda(TrainingTestCase):
             self.skipTest(f"no GPU to test on: mlptrain says \"{self.refusal[1]}\"")
         reference_steps, _, reference = self.train("cpu", MODEL)
         for ranks, layout in [(1, []), (2, ["--dp", 2]), (2, ["--tp", 2]), (2, ["--pp", 2]),
-                              (2, ["--dp", 2, "--zero", 3]), (4, ["--pp", 2, "--dp", 2, "--zero", 1])]:
+                              (2, ["--dp", 2, "--zero", 3]), (4, ["--pp", 2, "--dp", 2, "--zero", 1]),
+                              (1, ["--comm", "nccl"]), (1, ["--offload"]),
+                              (2, ["--dp", 2, "--zero", 1, "--offload"])]:
             with self.subTest(ranks=ranks, layout=layout):
                 name = "cuda_r{}_{}".format(ranks, "_".join(map(str, layout)))
                 steps, _, tensors = self.train(name, MODEL + layout + ["--device", "cuda"], ranks)

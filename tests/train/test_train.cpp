@@ -110,14 +110,16 @@ TEST(Options, MalformedIniIsAUsageError) {
 
 TEST(Options, FeaturesNotBuiltAreRefusedByName) {
   for (const auto& arguments : std::vector<std::vector<std::string>>{
-           {"--moe-every", "1", "--tp", "2"}, {"--moe-every", "1", "--zero", "3"},
-           {"--comm", "nccl"}}) {
+           {"--moe-every", "1", "--tp", "2"}, {"--moe-every", "1", "--zero", "3"}}) {
     const std::string message = usage_error(arguments, 2);
     EXPECT_NE(message.find("not built yet"), std::string::npos) << arguments[0] << ": " << message;
   }
   EXPECT_NE(usage_error({"--zero", "4"}).find("--zero must be"), std::string::npos);
   EXPECT_NE(usage_error({"--offload"}).find("needs --device cuda"), std::string::npos);
   EXPECT_NE(usage_error({"--tf32"}).find("needs --device cuda"), std::string::npos);
+  EXPECT_NE(usage_error({"--comm", "nccl"}).find("needs --device cuda"), std::string::npos);
+  EXPECT_NE(usage_error({"--offload", "--device", "cpu"}).find("needs --device cuda"), std::string::npos);
+  EXPECT_TRUE(parsed({"--device", "loopback", "--offload"}, 1).offload);
   EXPECT_EQ(parsed({"--device", "loopback", "--tp", "2"}, 2).device, "loopback");
   EXPECT_TRUE(parsed({"--recompute", "--pp", "2", "--zero", "3"}, 4).recompute);
 }
