@@ -5,6 +5,7 @@
 // (samples in, routing tables, checkpoints, host-staged messages).
 #include <cuda_runtime.h>
 
+#include <array>
 #include <map>
 #include <new>
 #include <vector>
@@ -67,10 +68,90 @@ void* cached_or_new(BlockCache& cache, std::size_t bytes, Allocate&& allocate) {
   return block;
 }
 
-class CudaAllocator final : public Allocator {
+// Page-locked host memory: host memory to the rest of the program, which the GPU's copy engines
+// reach without a bounce through pageable memory.
+class PinnedHostAllocator final : public Allocator {
  public:
   using Allocator::Allocator;
+  Device device() const override { return Device::cpu; }
+
+ protected:
+  void* obtain(std::size_t bytes) override {
+    return cached_or_new(cache_, bytes, [](void** block, std::size_t size) {
+      return cudaHostAlloc(block, size, cudaHostAllocDefault);
+    });
+  }
+  void give_back(void* data, std::size_t bytes) override { cache_.keep(data, bytes); }
+
+ private:
+  BlockCache cache_{cudaFreeHost};
+};
+
+// Background copies on two copy streams (down and up, so a chunk going down overlaps one coming
+// up), one event per lane and direction. A copy to the host first waits, on the GPU, for the
+// compute stream's work so far: the kernels that wrote the data.
+class CudaCopier final : public AsyncCopier {
+ public:
+  CudaCopier(cudaStream_t compute_stream) : compute_stream_(compute_stream) {
+    check(cudaStreamCreateWithFlags(&down_, cudaStreamNonBlocking), "cudaStreamCreate");
+    check(cudaStreamCreateWithFlags(&up_, cudaStreamNonBlocking), "cudaStreamCreate");
+    for (auto* events : {&to_host_, &to_device_})
+      for (cudaEvent_t& event : *events)
+        check(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreate");
+    check(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming), "cudaEventCreate");
+  }
+  ~CudaCopier() override {
+    cudaStreamSynchronize(down_);
+    cudaStreamSynchronize(up_);
+    for (auto* events : {&to_host_, &to_device_})
+      for (cudaEvent_t event : *events) cudaEventDestroy(event);
+    cudaEventDestroy(ready_);
+    cudaStreamDestroy(down_);
+    cudaStreamDestroy(up_);
+  }
+  CudaCopier(const CudaCopier&) = delete;
+  CudaCopier& operator=(const CudaCopier&) = delete;
+
+  Allocator& host_memory() override { return pinned_; }
+  void start_to_host(int lane, void* host, const void* device, std::size_t bytes) override {
+    check(cudaEventRecord(ready_, compute_stream_), "cudaEventRecord");
+    check(cudaStreamWaitEvent(down_, ready_, 0), "cudaStreamWaitEvent");
+    check(cudaMemcpyAsync(host, device, bytes, cudaMemcpyDeviceToHost, down_), "cudaMemcpyAsync");
+    check(cudaEventRecord(to_host_[checked(lane)], down_), "cudaEventRecord");
+  }
+  void start_to_device(int lane, void* device, const void* host, std::size_t bytes) override {
+    check(cudaMemcpyAsync(device, host, bytes, cudaMemcpyHostToDevice, up_), "cudaMemcpyAsync");
+    check(cudaEventRecord(to_device_[checked(lane)], up_), "cudaEventRecord");
+  }
+  void wait_to_host(int lane) override {
+    check(cudaEventSynchronize(to_host_[checked(lane)]), "cudaEventSynchronize");
+  }
+  void wait_to_device(int lane) override {
+    check(cudaEventSynchronize(to_device_[checked(lane)]), "cudaEventSynchronize");
+  }
+
+ private:
+  static constexpr int lanes = 8;
+  static int checked(int lane) {
+    if (lane < 0 || lane >= lanes) throw RuntimeFailure("an asynchronous copy lane out of range");
+    return lane;
+  }
+  cudaStream_t compute_stream_;
+  cudaStream_t down_ = nullptr, up_ = nullptr;
+  cudaEvent_t ready_ = nullptr;
+  std::array<cudaEvent_t, lanes> to_host_{}, to_device_{};
+  MemoryLedger ledger_;  // staging memory is the host's, not the device's
+  PinnedHostAllocator pinned_{ledger_};
+};
+
+class CudaAllocator final : public Allocator {
+ public:
+  CudaAllocator(MemoryLedger& ledger, cudaStream_t compute_stream)
+      : Allocator(ledger), compute_stream_(compute_stream) {}
   Device device() const override { return Device::cuda; }
+  std::unique_ptr<AsyncCopier> make_async_copier() override {
+    return std::make_unique<CudaCopier>(compute_stream_);
+  }
 
   void zero(void* data, std::size_t bytes) override {
     if (bytes > 0) synchronized("cudaMemset", [&] { return cudaMemset(data, 0, bytes); });
@@ -99,26 +180,8 @@ class CudaAllocator final : public Allocator {
   void give_back(void* data, std::size_t bytes) override { cache_.keep(data, bytes); }
 
  private:
+  cudaStream_t compute_stream_;
   BlockCache cache_{cudaFree};
-};
-
-// Page-locked host memory: host memory to the rest of the program, which the GPU's copy engines
-// reach without a bounce through pageable memory.
-class PinnedHostAllocator final : public Allocator {
- public:
-  using Allocator::Allocator;
-  Device device() const override { return Device::cpu; }
-
- protected:
-  void* obtain(std::size_t bytes) override {
-    return cached_or_new(cache_, bytes, [](void** block, std::size_t size) {
-      return cudaHostAlloc(block, size, cudaHostAllocDefault);
-    });
-  }
-  void give_back(void* data, std::size_t bytes) override { cache_.keep(data, bytes); }
-
- private:
-  BlockCache cache_{cudaFreeHost};
 };
 
 }  // namespace
@@ -127,8 +190,8 @@ std::unique_ptr<Allocator> make_cuda_pinned_allocator(MemoryLedger& ledger) {
   return std::make_unique<PinnedHostAllocator>(ledger);
 }
 
-std::unique_ptr<Allocator> make_cuda_allocator(MemoryLedger& ledger) {
-  return std::make_unique<CudaAllocator>(ledger);
+std::unique_ptr<Allocator> make_cuda_allocator(MemoryLedger& ledger, void* compute_stream) {
+  return std::make_unique<CudaAllocator>(ledger, static_cast<cudaStream_t>(compute_stream));
 }
 
 }  // namespace mlptrain

@@ -22,7 +22,8 @@ std::unique_ptr<Kernels> make_cuda_kernels(int device, bool tf32 = false);
 void* cuda_compute_stream(Kernels& kernels);
 
 // Device memory from cudaMalloc on the current device, freed blocks cached by size for reuse.
-std::unique_ptr<Allocator> make_cuda_allocator(MemoryLedger& ledger);
+// Its background copies (make_async_copier, for host staging) wait for `compute_stream`'s work.
+std::unique_ptr<Allocator> make_cuda_allocator(MemoryLedger& ledger, void* compute_stream);
 
 // Page-locked host memory (cudaHostAlloc), which the GPU's copy engines reach directly: host
 // memory to the rest of the program (device() is cpu), cached by size like the others.

@@ -13,6 +13,7 @@
 #include <boost/program_options.hpp>
 #include <cstdio>
 #include <fmt/format.h>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
@@ -32,6 +33,7 @@ struct Settings {
   std::vector<std::string> collectives;
   std::string path = "mpi-host";
   std::string device = "cuda";  // of the staged path
+  std::int64_t chunk_bytes = 4 << 20;  // of the staged path's all-reduce pipeline; 0: one chunk
   std::int64_t min_bytes = 8;
   std::int64_t max_bytes = std::int64_t{256} << 20;
   int step_factor = 2;
@@ -65,7 +67,7 @@ std::int64_t parse_bytes(const std::string& text) {
 Settings parse(int argc, char** argv) {
   namespace po = boost::program_options;
   Settings settings;
-  std::string collectives = "all", min_bytes = "8", max_bytes = "256M";
+  std::string collectives = "all", min_bytes = "8", max_bytes = "256M", chunk_bytes = "4M";
   po::options_description options("commbench options");
   options.add_options()
       ("help", "print this help")
@@ -74,6 +76,8 @@ Settings parse(int argc, char** argv) {
       ("path", po::value(&settings.path)->default_value(settings.path), "mpi-host | mpi-staged | nccl")
       ("device", po::value(&settings.device)->default_value(settings.device),
        "device of mpi-staged buffers: cuda | loopback (the CPU behind device-style memory); nccl needs cuda")
+      ("chunk-bytes", po::value(&chunk_bytes)->default_value(chunk_bytes),
+       "mpi-staged all-reduce chunk size; 0 stages the whole message at once")
       ("min-bytes", po::value(&min_bytes)->default_value(min_bytes), "smallest size (K, M, G suffixes)")
       ("max-bytes", po::value(&max_bytes)->default_value(max_bytes), "largest size")
       ("step-factor", po::value(&settings.step_factor)->default_value(settings.step_factor),
@@ -94,6 +98,7 @@ Settings parse(int argc, char** argv) {
   settings.help_text = help.str();
   settings.min_bytes = parse_bytes(min_bytes);
   settings.max_bytes = parse_bytes(max_bytes);
+  settings.chunk_bytes = chunk_bytes == "0" ? 0 : parse_bytes(chunk_bytes);
   if (settings.min_bytes < 1 || settings.min_bytes > settings.max_bytes)
     throw UsageError(fmt::format("--min-bytes {} must be at least 1 and at most --max-bytes {}", min_bytes, max_bytes));
   if (settings.step_factor < 2) throw UsageError("--step-factor must be at least 2");
@@ -255,11 +260,12 @@ void measure(const Settings& settings, Communicator& world, Allocator* device) {
       const double busbw = algbw * current.bus_factor();
       if (rank != 0) continue;
       if (settings.json) {
-        const nlohmann::json row = {{"collective", collective}, {"path", settings.path},
+        nlohmann::json row = {{"collective", collective}, {"path", settings.path},
                                     {"device", device != nullptr ? settings.device : "cpu"},
                                     {"bytes", current.bytes()}, {"ranks", world.size()},
                                     {"time_us", time_us}, {"algbw_gbps", algbw},
                                     {"busbw_gbps", busbw}, {"correct", correct == 1}};
+        if (settings.path == "mpi-staged") row["chunk_bytes"] = settings.chunk_bytes;
         std::printf("%s\n", row.dump().c_str());
       } else {
         std::printf("  %-15s %12lld %12.2f %12.3f %12.3f %8s\n", collective.c_str(),
@@ -295,6 +301,10 @@ int main(int argc, char** argv) {
       std::unique_ptr<Communicator> communicator;
       agree_or_throw(world, [&] {
         device = open_compute_device(config, MPI_COMM_WORLD, memory, host_memory);
+        if (device.staging)
+          device.staging = std::make_unique<HostStaging>(
+              *device.memory, settings.chunk_bytes > 0 ? static_cast<std::size_t>(settings.chunk_bytes)
+                                                       : std::numeric_limits<std::size_t>::max());
       });
       agree_or_throw(world, [&] {
         MPI_Comm comm = MPI_COMM_NULL;

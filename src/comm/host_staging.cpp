@@ -2,6 +2,7 @@
 #include "comm/host_staging.hpp"
 
 #include <algorithm>
+#include <array>
 #include <numeric>
 
 #include "comm/staging.hpp"
@@ -14,25 +15,71 @@ std::size_t sum(const std::vector<std::size_t>& counts) {
   return std::accumulate(counts.begin(), counts.end(), std::size_t{0});
 }
 
-// The pipeline's copies, done at once through the staging's copy functions: a chunk's copy is
-// complete when its start returns.
-class ImmediateCopier final : public ChunkCopier {
+// The pipeline's copies of one all-reduce between its device buffers and the slots: in the
+// background on the device's copier (one lane per slot) where there is one, else at once (a
+// chunk's copy is then complete when its start returns).
+class SlotCopier final : public ChunkCopier {
  public:
-  using Copy = std::function<void(std::size_t chunk, int slot)>;
-  ImmediateCopier(Copy up, Copy down) : up_(std::move(up)), down_(std::move(down)) {}
-  void start_to_host(std::size_t chunk, int slot) override { up_(chunk, slot); }
-  void wait_to_host(std::size_t) override {}
-  void start_to_device(std::size_t chunk, int slot) override { down_(chunk, slot); }
-  void wait_to_device(std::size_t) override {}
+  SlotCopier(Allocator& device, AsyncCopier* background, const Operation& operation,
+             std::size_t chunk_bytes, std::array<std::byte*, staging_slots> slots)
+      : device_(device), background_(background), operation_(operation), chunk_bytes_(chunk_bytes),
+        total_bytes_(operation.count * size_of(operation.type)), slots_(slots) {}
+
+  void start_to_host(std::size_t chunk, int slot) override {
+    const auto* source = static_cast<const std::byte*>(operation_.send) + first(chunk);
+    if (background_ != nullptr) {
+      background_->start_to_host(slot, slots_[slot], source, bytes(chunk));
+    } else {
+      device_.copy_any_to_host(slots_[slot], source, bytes(chunk));
+    }
+  }
+  void wait_to_host(std::size_t chunk) override {
+    if (background_ != nullptr) background_->wait_to_host(lane(chunk));
+  }
+  void start_to_device(std::size_t chunk, int slot) override {
+    auto* destination = static_cast<std::byte*>(operation_.receive) + first(chunk);
+    if (background_ != nullptr) {
+      background_->start_to_device(slot, destination, slots_[slot], bytes(chunk));
+    } else {
+      device_.copy_host_to_any(destination, slots_[slot], bytes(chunk));
+    }
+  }
+  void wait_to_device(std::size_t chunk) override {
+    if (background_ != nullptr) background_->wait_to_device(lane(chunk));
+  }
 
  private:
-  Copy up_, down_;
+  static int lane(std::size_t chunk) { return static_cast<int>(chunk % staging_slots); }
+  std::size_t first(std::size_t chunk) const { return chunk * chunk_bytes_; }
+  std::size_t bytes(std::size_t chunk) const { return std::min(chunk_bytes_, total_bytes_ - first(chunk)); }
+
+  Allocator& device_;
+  AsyncCopier* background_;
+  const Operation& operation_;
+  std::size_t chunk_bytes_, total_bytes_;
+  std::array<std::byte*, staging_slots> slots_;
 };
 
 }  // namespace
 
 HostStaging::HostStaging(Allocator& device, std::size_t chunk_bytes)
-    : device_(device), chunk_bytes_(std::max<std::size_t>(chunk_bytes, 64)), slots_(staging_slots) {}
+    : device_(device),
+      chunk_bytes_(std::max<std::size_t>(chunk_bytes, 64)),
+      copier_(device.make_async_copier()),
+      copier_slots_(staging_slots),
+      plain_slots_(staging_slots) {}
+
+std::byte* HostStaging::slot(int index, std::size_t bytes) {
+  bytes = std::max<std::size_t>(bytes, 1);  // never a null slot, even for an empty message
+  if (copier_) {
+    Buffer& buffer = copier_slots_[static_cast<std::size_t>(index)];
+    if (buffer.bytes() < bytes) buffer = copier_->host_memory().allocate(MemoryState::comm_buffers, bytes);
+    return buffer.as<std::byte>();
+  }
+  std::vector<std::byte>& plain = plain_slots_[static_cast<std::size_t>(index)];
+  if (plain.size() < bytes) plain.resize(bytes);
+  return plain.data();
+}
 
 bool HostStaging::stages(const Operation& operation) const {
   return (operation.send != nullptr && device_.is_device_memory(operation.send)) ||
@@ -49,23 +96,17 @@ void HostStaging::all_reduce(const Operation& operation,
   const std::size_t element = size_of(operation.type);
   const std::size_t per_chunk = chunk_bytes_ / element;
   const std::size_t chunks = chunk_count(operation.count, per_chunk);
-  for (auto& slot : slots_) slot.resize(std::min(operation.count, per_chunk) * element);
-  const auto first = [&](std::size_t chunk) { return chunk * per_chunk; };
-  const auto count = [&](std::size_t chunk) { return std::min(per_chunk, operation.count - first(chunk)); };
-  ImmediateCopier copier(
-      [&](std::size_t chunk, int slot) {
-        device_.copy_any_to_host(slots_[slot].data(),
-                static_cast<const std::byte*>(operation.send) + first(chunk) * element,
-                count(chunk) * element);
-      },
-      [&](std::size_t chunk, int slot) {
-        device_.copy_host_to_any(static_cast<std::byte*>(operation.receive) + first(chunk) * element,
-                  slots_[slot].data(), count(chunk) * element);
-      });
-  run_staged_pipeline(chunks, copier, [&](std::size_t chunk, int slot) {
+  // Background copies need both buffers on the device (the copier's lanes move device memory).
+  const bool background = copier_ && device_.is_device_memory(operation.send) &&
+                          device_.is_device_memory(operation.receive);
+  std::array<std::byte*, staging_slots> slots{};
+  for (int index = 0; index < staging_slots; ++index)
+    slots[static_cast<std::size_t>(index)] = slot(index, std::min(operation.count, per_chunk) * element);
+  SlotCopier copier(device_, background ? copier_.get() : nullptr, operation, per_chunk * element, slots);
+  run_staged_pipeline(chunks, copier, [&](std::size_t chunk, int slot_index) {
     Operation part = operation;
-    part.count = count(chunk);
-    part.send = part.receive = slots_[slot].data();  // in place on the slot
+    part.count = std::min(per_chunk, operation.count - chunk * per_chunk);
+    part.send = part.receive = slots[static_cast<std::size_t>(slot_index)];  // in place on the slot
     run_host(part);
   });
 }

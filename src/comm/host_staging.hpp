@@ -1,6 +1,7 @@
 // Collectives on device memory through host memory, for MPI, which reads and writes host memory
-// only. An all-reduce goes in chunks through the pipeline of staging.hpp (whose stages overlap
-// where the device's copies are asynchronous; the allocator's copies used now are not). The rest is staged whole: in
+// only. An all-reduce goes in chunks through the pipeline of staging.hpp: where the device has
+// background copies (Allocator::make_async_copier) its slots are the copier's host memory (pinned
+// on a GPU) and the copies overlap MPI; elsewhere they are synchronous. The rest is staged whole: in
 // reduce-scatter, all-gather and all-to-all every rank's block takes part in every step, and
 // broadcast, send and recv must post the messages their peers expect whatever memory those use. Host-side buffers of an operation are used as they are. Every rank
 // of a group stages an all-reduce alike (all on device memory, or all on host memory).
@@ -47,9 +48,14 @@ class HostStaging {
   void all_reduce(const Operation& operation, const std::function<void(const Operation&)>& run_host);
 
  private:
+  // The pipeline's chunk slots, at least `bytes` each: from the copier's host memory, or plain.
+  std::byte* slot(int index, std::size_t bytes);
+
   Allocator& device_;
   std::size_t chunk_bytes_;
-  std::vector<std::vector<std::byte>> slots_;  // the pipeline's chunk slots
+  std::unique_ptr<AsyncCopier> copier_;  // null: synchronous copies
+  std::vector<Buffer> copier_slots_;      // before the copier goes: its memory holds them
+  std::vector<std::vector<std::byte>> plain_slots_;
 };
 
 }  // namespace mlptrain

@@ -4,9 +4,9 @@
 // slot; with two, chunk i+1 would have to wait for chunk i-1 to leave). The order lives here,
 // apart from CUDA: a copier moves chunks (asynchronously, on the device's copy streams), and a
 // callback runs the MPI operation on a chunk in its host slot. All-reduces go this way
-// (host_staging.hpp); the other operations stage whole. The copier host_staging.cpp uses now
-// copies at once, through the device allocator's synchronous copies, so the stages take turns;
-// they overlap once a copier copies asynchronously into pinned slots.
+// (host_staging.hpp); the other operations stage whole. Where the device copies in the background
+// (a GPU's copy streams, or the loopback device's copy threads) the stages overlap; elsewhere
+// the copies complete as they start and the stages take turns.
 #pragma once
 
 #include <cstddef>

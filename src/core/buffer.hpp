@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <map>
+#include <memory>
 #include <vector>
 
 #include "core/memory_ledger.hpp"
@@ -16,6 +17,7 @@ namespace mlptrain {
 enum class Device { cpu, cuda, loopback };
 
 class Allocator;
+class AsyncCopier;
 
 // A block of memory owned by one holder and charged to one state. Move-only.
 class Buffer {
@@ -69,6 +71,9 @@ class Allocator {
   // state kept in host memory such as offloaded optimizer moments).
   void copy_any_to_host(void* host, const void* source, std::size_t bytes);
   void copy_host_to_any(void* destination, const void* host, std::size_t bytes);
+  // Copies that run in the background between this device's memory and host memory of its own,
+  // or null where copies are only synchronous (the host's memory needs none).
+  virtual std::unique_ptr<AsyncCopier> make_async_copier() { return nullptr; }
 
  protected:
   virtual void* obtain(std::size_t bytes) = 0;
@@ -78,6 +83,20 @@ class Allocator {
   friend class Buffer;
   void release(Buffer& buffer);
   MemoryLedger& ledger_;
+};
+
+// A device's background copies, in lanes: each lane has at most one copy each way in flight,
+// started after all the device's work queued before it and waited for by lane. The host side of
+// every copy must lie in memory from host_memory() (page-locked on a GPU, where its copy engines
+// reach it at full speed). Host staging's chunk pipeline runs one lane per slot.
+class AsyncCopier {
+ public:
+  virtual ~AsyncCopier() = default;
+  virtual Allocator& host_memory() = 0;
+  virtual void start_to_host(int lane, void* host, const void* device, std::size_t bytes) = 0;
+  virtual void start_to_device(int lane, void* device, const void* host, std::size_t bytes) = 0;
+  virtual void wait_to_host(int lane) = 0;
+  virtual void wait_to_device(int lane) = 0;
 };
 
 // 64-byte aligned host memory, cached by size.

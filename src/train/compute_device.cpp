@@ -34,7 +34,7 @@ ComputeDevice open_cuda(const Config& config, MPI_Comm world, MemoryLedger& ledg
   const int gpu = choose_gpu(place, gpus, config.comm == "nccl");
   ComputeDevice device;
   device.kernels = make_cuda_kernels(gpu, config.tf32);
-  device.memory = make_cuda_allocator(ledger);
+  device.memory = make_cuda_allocator(ledger, cuda_compute_stream(*device.kernels));
   device.staging = std::make_unique<HostStaging>(*device.memory);
   if (config.offload) device.offload = HostSide{make_cuda_pinned_allocator(host_ledger), make_cpu_kernels()};
   device.description = fmt::format("GPU {} of {} on this node ({} rank(s) here), GEMMs in {}", gpu,

@@ -29,8 +29,9 @@ def bus_factor(collective, ranks):
 
 class Commbench(TrainingTestCase):
     def test_every_collective_is_exact_at_2_and_4_ranks(self):
-        for ranks, path in [(2, []), (4, []), (2, ["--path", "mpi-staged", "--device", "loopback"]),
-                            (4, ["--path", "mpi-staged", "--device", "loopback"])]:
+        staged = ["--path", "mpi-staged", "--device", "loopback"]
+        for ranks, path in [(2, []), (4, []), (2, staged + ["--chunk-bytes", "1K"]),
+                            (4, staged), (2, staged + ["--chunk-bytes", "0"])]:
             with self.subTest(ranks=ranks, path=path):
                 result = commbench(["--min-bytes", "8", "--max-bytes", "128K", "--step-factor", "4",
                                     "--iterations", "2", "--warmup", "1", "--json"] + path, ranks)
@@ -48,7 +49,7 @@ class Commbench(TrainingTestCase):
                     self.assertAlmostEqual(row["algbw_gbps"], row["bytes"] / (row["time_us"] * 1e3))
                 largest = max(row["bytes"] for row in rows if row["collective"] == "all_reduce")
                 self.assertEqual(largest, 128 * 1024)  # 8 B x 4^7
-                results = self.path(f"commbench{ranks}{len(path)}.jsonl")
+                results = self.path(f"commbench{ranks}{'_'.join(path)}.jsonl")
                 with open(results, "w") as handle:
                     handle.write(result.stdout)
                 picture = self.path(f"commbench{ranks}{len(path)}.png")

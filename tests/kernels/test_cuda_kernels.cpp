@@ -194,7 +194,7 @@ TEST_F(CudaKernelsTest, AdamWAndFlatOps) {
 
 TEST(CudaAllocator, ChargesTheLedgerAndReusesFreedBlocks) {
   MemoryLedger ledger;
-  auto allocator = make_cuda_allocator(ledger);
+  auto allocator = make_cuda_allocator(ledger, nullptr);
   EXPECT_EQ(allocator->device(), Device::cuda);
   void* first = nullptr;
   {
@@ -206,6 +206,29 @@ TEST(CudaAllocator, ChargesTheLedgerAndReusesFreedBlocks) {
   EXPECT_EQ(ledger.current()[static_cast<int>(MemoryState::activations)], 0);
   Buffer again = allocator->allocate(MemoryState::grads, 4096);
   EXPECT_EQ(again.floats(), first);
+}
+
+TEST(CudaAllocator, CopiesInTheBackgroundThroughPinnedMemory) {
+  MemoryLedger ledger;
+  auto allocator = make_cuda_allocator(ledger, nullptr);
+  auto copier = allocator->make_async_copier();
+  ASSERT_NE(copier, nullptr);
+  const std::size_t count = std::size_t{1} << 20, bytes = count * sizeof(float);
+  Buffer device = allocator->allocate_floats(MemoryState::workspace, count);
+  Buffer host = copier->host_memory().allocate_floats(MemoryState::comm_buffers, count);
+  EXPECT_FALSE(allocator->is_device_memory(host.floats()));
+  std::vector<float> values(count);
+  for (std::size_t index = 0; index < count; ++index) values[index] = static_cast<float>(index % 977);
+  allocator->copy_to_device(device.floats(), values.data(), bytes);
+  copier->start_to_host(0, host.floats(), device.floats(), bytes);
+  copier->wait_to_host(0);
+  EXPECT_EQ(std::vector<float>(host.floats(), host.floats() + count), values);
+  for (std::size_t index = 0; index < count; ++index) host.floats()[index] *= 2;
+  copier->start_to_device(1, device.floats(), host.floats(), bytes);
+  copier->wait_to_device(1);
+  std::vector<float> back(count);
+  allocator->copy_to_host(back.data(), device.floats(), bytes);
+  for (std::size_t index = 0; index < count; ++index) ASSERT_EQ(back[index], 2 * values[index]) << index;
 }
 
 }  // namespace
