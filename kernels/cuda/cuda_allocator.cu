@@ -175,7 +175,8 @@ class CudaAllocator final : public Allocator {
 
  protected:
   void* obtain(std::size_t bytes) override {
-    return cached_or_new(cache_, bytes, [](void** block, std::size_t size) { return cudaMalloc(block, size); });
+    return cached_or_new(cache_, bytes,
+                         [](void** block, std::size_t size) { return cudaMalloc(block, size); });
   }
   void give_back(void* data, std::size_t bytes) override { cache_.keep(data, bytes); }
 

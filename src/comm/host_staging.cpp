@@ -165,7 +165,8 @@ std::shared_ptr<StagedOperation> HostStaging::stage(const Operation& operation, 
                                                        : staged->receive_.data();
   const void* source = operation.op == CommOp::broadcast ? operation.receive : operation.send;
   if (up_bytes > 0)
-    device_.copy_any_to_host(send_host + up_offset, static_cast<const std::byte*>(source) + up_offset, up_bytes);
+    device_.copy_any_to_host(send_host + up_offset, static_cast<const std::byte*>(source) + up_offset,
+                             up_bytes);
   staged->destination_ = operation.receive;
   staged->down_offset_ = down_offset;
   staged->down_bytes_ = down_bytes;

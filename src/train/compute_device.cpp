@@ -36,7 +36,8 @@ ComputeDevice open_cuda(const Config& config, MPI_Comm world, MemoryLedger& ledg
   device.kernels = make_cuda_kernels(gpu, config.tf32);
   device.memory = make_cuda_allocator(ledger, cuda_compute_stream(*device.kernels));
   device.staging = std::make_unique<HostStaging>(*device.memory);
-  if (config.offload) device.offload = HostSide{make_cuda_pinned_allocator(host_ledger), make_cpu_kernels()};
+  if (config.offload)
+    device.offload = HostSide{make_cuda_pinned_allocator(host_ledger), make_cpu_kernels()};
   device.description = fmt::format("GPU {} of {} on this node ({} rank(s) here), GEMMs in {}", gpu,
                                    gpus, place.local_ranks, config.tf32 ? "TF32" : "fp32");
   return device;
@@ -79,8 +80,10 @@ CommunicatorFactory communicator_factory(const Config& config, ComputeDevice& de
   }
 #endif
   HostStaging* staging = device.staging.get();
-  return [&ledger, shared_memory, staging](MPI_Comm comm, std::string group) -> std::unique_ptr<Communicator> {
-    return std::make_unique<MpiCommunicator>(comm, std::move(group), ledger, shared_memory, staging);
+  return [&ledger, shared_memory, staging](MPI_Comm comm,
+                                           std::string group) -> std::unique_ptr<Communicator> {
+    return std::make_unique<MpiCommunicator>(comm, std::move(group), ledger, shared_memory,
+                                             staging);
   };
 }
 

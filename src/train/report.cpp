@@ -95,11 +95,11 @@ nlohmann::json summary_json(const RunSummary& summary) {
   nlohmann::json placement = nlohmann::json::object();
   for (std::size_t index = 0; index < placement_states.size(); ++index) {
     const MemoryState state = placement_states[index];
-    placement[std::string(memory_state_name(state))] = {
-        {"mode", summary.prediction.modes[index]},
-        {"predicted_bytes", summary.prediction.bytes[index]},
-        {"measured_bytes", summary.measured_bytes(index)}};
-    if (offloaded(summary.prediction, index)) placement[std::string(memory_state_name(state))]["memory"] = "host";
+    nlohmann::json& entry = placement[std::string(memory_state_name(state))];
+    entry = {{"mode", summary.prediction.modes[index]},
+             {"predicted_bytes", summary.prediction.bytes[index]},
+             {"measured_bytes", summary.measured_bytes(index)}};
+    if (offloaded(summary.prediction, index)) entry["memory"] = "host";
   }
   const auto measured = summary.mean_comm_bytes();
   nlohmann::json comm = nlohmann::json::object();

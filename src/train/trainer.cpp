@@ -170,8 +170,9 @@ Trainer::Trainer(const Config& config, MPI_Comm world_comm, const CommSettings& 
   placement_ = strategies_->state_placement().value_or(
       store_placement(*parameters_, groups_->shape(), groups_->place()));
   initialize_values(placement_.held, static_cast<std::uint64_t>(config.seed), allocator);
+  HostSide* offload = device_.offload ? &*device_.offload : nullptr;
   allocate_or_explain(
-      [&] { optimizer_ = std::make_unique<AdamW>(config, allocator, placement_, device_.offload ? &*device_.offload : nullptr); });
+      [&] { optimizer_ = std::make_unique<AdamW>(config, allocator, placement_, offload); });
   // The runner's layer views point into the parameter store: taken only now, since strategies
   // may move parameter memory (data parallel places gradients where its group reduces them).
   runner_ = std::make_unique<ModelRunner>(
