@@ -13,9 +13,8 @@
 //   stage 3: parameters live only as shards; a unit is gathered before its forward (and again
 //            before its backward, and before a recomputed forward) into one of two buffers, the
 //            next unit's gather prefetched while the current one computes, and released right
-//            after use. In
-//            backward the unit's gradients overwrite its gathered parameters (W's last use comes
-//            first), and that buffer is reduce-scattered before it is reused.
+//            after use. In backward the unit's gradients overwrite its gathered parameters (W's
+//            last use comes first), and that buffer is reduce-scattered before it is reused.
 // The transient unit buffers (two unit gradient buffers in stage 2, two gathered units in stage
 // 3) are fixed pools charged as comm_buffers for the whole run: they are what the collectives
 // work on, and keeping them apart leaves params, grads and optimizer state at exactly the ZeRO

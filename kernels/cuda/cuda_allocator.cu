@@ -117,25 +117,20 @@ class CudaCopier final : public AsyncCopier {
     check(cudaEventRecord(ready_, compute_stream_), "cudaEventRecord");
     check(cudaStreamWaitEvent(down_, ready_, 0), "cudaStreamWaitEvent");
     check(cudaMemcpyAsync(host, device, bytes, cudaMemcpyDeviceToHost, down_), "cudaMemcpyAsync");
-    check(cudaEventRecord(to_host_[checked(lane)], down_), "cudaEventRecord");
+    check(cudaEventRecord(to_host_[lane_index(lane)], down_), "cudaEventRecord");
   }
   void start_to_device(int lane, void* device, const void* host, std::size_t bytes) override {
     check(cudaMemcpyAsync(device, host, bytes, cudaMemcpyHostToDevice, up_), "cudaMemcpyAsync");
-    check(cudaEventRecord(to_device_[checked(lane)], up_), "cudaEventRecord");
+    check(cudaEventRecord(to_device_[lane_index(lane)], up_), "cudaEventRecord");
   }
   void wait_to_host(int lane) override {
-    check(cudaEventSynchronize(to_host_[checked(lane)]), "cudaEventSynchronize");
+    check(cudaEventSynchronize(to_host_[lane_index(lane)]), "cudaEventSynchronize");
   }
   void wait_to_device(int lane) override {
-    check(cudaEventSynchronize(to_device_[checked(lane)]), "cudaEventSynchronize");
+    check(cudaEventSynchronize(to_device_[lane_index(lane)]), "cudaEventSynchronize");
   }
 
  private:
-  static constexpr int lanes = 8;
-  static int checked(int lane) {
-    if (lane < 0 || lane >= lanes) throw RuntimeFailure("an asynchronous copy lane out of range");
-    return lane;
-  }
   cudaStream_t compute_stream_;
   cudaStream_t down_ = nullptr, up_ = nullptr;
   cudaEvent_t ready_ = nullptr;

@@ -44,20 +44,15 @@ class LoopbackCopier final : public AsyncCopier {
  public:
   Allocator& host_memory() override { return host_memory_; }
   void start_to_host(int lane, void* destination, const void* device, std::size_t bytes) override {
-    to_host_[checked(lane)] = copy(untagged(destination), host(device), bytes);
+    to_host_[lane_index(lane)] = copy(untagged(destination), host(device), bytes);
   }
   void start_to_device(int lane, void* device, const void* source, std::size_t bytes) override {
-    to_device_[checked(lane)] = copy(host(device), untagged(source), bytes);
+    to_device_[lane_index(lane)] = copy(host(device), untagged(source), bytes);
   }
-  void wait_to_host(int lane) override { finish(to_host_[checked(lane)]); }
-  void wait_to_device(int lane) override { finish(to_device_[checked(lane)]); }
+  void wait_to_host(int lane) override { finish(to_host_[lane_index(lane)]); }
+  void wait_to_device(int lane) override { finish(to_device_[lane_index(lane)]); }
 
  private:
-  static constexpr int lanes = 8;
-  static int checked(int lane) {
-    if (lane < 0 || lane >= lanes) misuse("an asynchronous copy lane out of range");
-    return lane;
-  }
   static std::future<void> copy(void* destination, const void* source, std::size_t bytes) {
     return std::async(std::launch::async, [=] { std::memcpy(destination, source, bytes); });
   }

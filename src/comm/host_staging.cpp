@@ -18,6 +18,8 @@ std::size_t sum(const std::vector<std::size_t>& counts) {
 // The pipeline's copies of one all-reduce between its device buffers and the slots: in the
 // background on the device's copier (one lane per slot) where there is one, else at once (a
 // chunk's copy is then complete when its start returns).
+static_assert(staging_slots <= AsyncCopier::lanes, "one copier lane per staging slot");
+
 class SlotCopier final : public ChunkCopier {
  public:
   SlotCopier(Allocator& device, AsyncCopier* background, const Operation& operation,
@@ -51,7 +53,9 @@ class SlotCopier final : public ChunkCopier {
  private:
   static int lane(std::size_t chunk) { return static_cast<int>(chunk % staging_slots); }
   std::size_t first(std::size_t chunk) const { return chunk * chunk_bytes_; }
-  std::size_t bytes(std::size_t chunk) const { return std::min(chunk_bytes_, total_bytes_ - first(chunk)); }
+  std::size_t bytes(std::size_t chunk) const {
+    return std::min(chunk_bytes_, total_bytes_ - first(chunk));
+  }
 
   Allocator& device_;
   AsyncCopier* background_;
@@ -73,7 +77,8 @@ std::byte* HostStaging::slot(int index, std::size_t bytes) {
   bytes = std::max<std::size_t>(bytes, 1);  // never a null slot, even for an empty message
   if (copier_) {
     Buffer& buffer = copier_slots_[static_cast<std::size_t>(index)];
-    if (buffer.bytes() < bytes) buffer = copier_->host_memory().allocate(MemoryState::comm_buffers, bytes);
+    if (buffer.bytes() < bytes)
+      buffer = copier_->host_memory().allocate(MemoryState::comm_buffers, bytes);
     return buffer.as<std::byte>();
   }
   std::vector<std::byte>& plain = plain_slots_[static_cast<std::size_t>(index)];
@@ -88,7 +93,7 @@ bool HostStaging::stages(const Operation& operation) const {
 
 void StagedOperation::finish() {
   device_->copy_host_to_any(static_cast<std::byte*>(destination_) + down_offset_,
-            static_cast<const std::byte*>(host_.receive) + down_offset_, down_bytes_);
+                            static_cast<const std::byte*>(host_.receive) + down_offset_, down_bytes_);
 }
 
 void HostStaging::all_reduce(const Operation& operation,

@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <new>
+#include <stdexcept>
 
 namespace mlptrain {
 
@@ -85,6 +86,11 @@ void Allocator::copy_host_to_any(void* destination, const void* host, std::size_
   } else if (bytes > 0) {
     std::memcpy(destination, host, bytes);
   }
+}
+
+std::size_t AsyncCopier::lane_index(int lane) {
+  if (lane < 0 || lane >= lanes) throw std::out_of_range("asynchronous copy lane out of range");
+  return static_cast<std::size_t>(lane);
 }
 
 HostAllocator::~HostAllocator() {

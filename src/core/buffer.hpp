@@ -91,12 +91,17 @@ class Allocator {
 // reach it at full speed). Host staging's chunk pipeline runs one lane per slot.
 class AsyncCopier {
  public:
+  static constexpr int lanes = 8;
   virtual ~AsyncCopier() = default;
   virtual Allocator& host_memory() = 0;
   virtual void start_to_host(int lane, void* host, const void* device, std::size_t bytes) = 0;
   virtual void start_to_device(int lane, void* device, const void* host, std::size_t bytes) = 0;
   virtual void wait_to_host(int lane) = 0;
   virtual void wait_to_device(int lane) = 0;
+
+ protected:
+  // `lane` as an index into per-lane state; one out of range is a bug, not bad input (throws).
+  static std::size_t lane_index(int lane);
 };
 
 // 64-byte aligned host memory, cached by size.
