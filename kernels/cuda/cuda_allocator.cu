@@ -7,6 +7,7 @@
 
 #include <array>
 #include <map>
+#include <vector>
 #include <new>
 #include <vector>
 
@@ -92,7 +93,12 @@ class PinnedHostAllocator final : public Allocator {
 // compute stream's work so far: the kernels that wrote the data.
 class CudaCopier final : public AsyncCopier {
  public:
-  CudaCopier(cudaStream_t compute_stream) : compute_stream_(compute_stream) {
+  CudaCopier(int lanes, cudaStream_t compute_stream)
+      : AsyncCopier(lanes),
+        compute_stream_(compute_stream),
+        to_host_(static_cast<std::size_t>(lanes)),
+        to_device_(to_host_.size()) {
+    check(cudaGetDevice(&device_), "cudaGetDevice");
     check(cudaStreamCreateWithFlags(&down_, cudaStreamNonBlocking), "cudaStreamCreate");
     check(cudaStreamCreateWithFlags(&up_, cudaStreamNonBlocking), "cudaStreamCreate");
     for (auto* events : {&to_host_, &to_device_})
@@ -114,12 +120,14 @@ class CudaCopier final : public AsyncCopier {
 
   Allocator& host_memory() override { return pinned_; }
   void start_to_host(int lane, void* host, const void* device, std::size_t bytes) override {
+    bind_thread();
     check(cudaEventRecord(ready_, compute_stream_), "cudaEventRecord");
     check(cudaStreamWaitEvent(down_, ready_, 0), "cudaStreamWaitEvent");
     check(cudaMemcpyAsync(host, device, bytes, cudaMemcpyDeviceToHost, down_), "cudaMemcpyAsync");
     check(cudaEventRecord(to_host_[lane_index(lane)], down_), "cudaEventRecord");
   }
   void start_to_device(int lane, void* device, const void* host, std::size_t bytes) override {
+    bind_thread();
     check(cudaMemcpyAsync(device, host, bytes, cudaMemcpyHostToDevice, up_), "cudaMemcpyAsync");
     check(cudaEventRecord(to_device_[lane_index(lane)], up_), "cudaEventRecord");
   }
@@ -129,12 +137,20 @@ class CudaCopier final : public AsyncCopier {
   void wait_to_device(int lane) override {
     check(cudaEventSynchronize(to_device_[lane_index(lane)]), "cudaEventSynchronize");
   }
+  void order_device_after_to_device(int lane) override {
+    bind_thread();
+    check(cudaStreamWaitEvent(compute_stream_, to_device_[lane_index(lane)], 0), "cudaStreamWaitEvent");
+  }
 
  private:
+  // The calling thread's current device is the copier's (a thread of its own starts on device 0).
+  void bind_thread() const { check(cudaSetDevice(device_), "cudaSetDevice"); }
+
+  int device_ = 0;
   cudaStream_t compute_stream_;
   cudaStream_t down_ = nullptr, up_ = nullptr;
   cudaEvent_t ready_ = nullptr;
-  std::array<cudaEvent_t, lanes> to_host_{}, to_device_{};
+  std::vector<cudaEvent_t> to_host_, to_device_;
   MemoryLedger ledger_;  // staging memory is the host's, not the device's
   PinnedHostAllocator pinned_{ledger_};
 };
@@ -144,8 +160,8 @@ class CudaAllocator final : public Allocator {
   CudaAllocator(MemoryLedger& ledger, cudaStream_t compute_stream)
       : Allocator(ledger), compute_stream_(compute_stream) {}
   Device device() const override { return Device::cuda; }
-  std::unique_ptr<AsyncCopier> make_async_copier() override {
-    return std::make_unique<CudaCopier>(compute_stream_);
+  std::unique_ptr<AsyncCopier> make_async_copier(int lanes) override {
+    return std::make_unique<CudaCopier>(lanes, compute_stream_);
   }
 
   void zero(void* data, std::size_t bytes) override {

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <future>
+#include <vector>
 
 namespace mlptrain {
 
@@ -42,6 +43,8 @@ T* untagged(T* pointer) {
 // copies with MPI here too, and a missing wait shows up as a wrong result.
 class LoopbackCopier final : public AsyncCopier {
  public:
+  explicit LoopbackCopier(int lanes)
+      : AsyncCopier(lanes), to_host_(static_cast<std::size_t>(lanes)), to_device_(to_host_.size()) {}
   Allocator& host_memory() override { return host_memory_; }
   void start_to_host(int lane, void* destination, const void* device, std::size_t bytes) override {
     to_host_[lane_index(lane)] = copy(untagged(destination), host(device), bytes);
@@ -51,6 +54,8 @@ class LoopbackCopier final : public AsyncCopier {
   }
   void wait_to_host(int lane) override { finish(to_host_[lane_index(lane)]); }
   void wait_to_device(int lane) override { finish(to_device_[lane_index(lane)]); }
+  // The host runs the loopback device's work, so it waits itself.
+  void order_device_after_to_device(int lane) override { wait_to_device(lane); }
 
  private:
   static std::future<void> copy(void* destination, const void* source, std::size_t bytes) {
@@ -61,13 +66,15 @@ class LoopbackCopier final : public AsyncCopier {
   }
   MemoryLedger ledger_;  // staging memory is the host's, not the device's
   HostAllocator host_memory_{ledger_};
-  std::array<std::future<void>, lanes> to_host_, to_device_;
+  std::vector<std::future<void>> to_host_, to_device_;
 };
 
 class LoopbackAllocator final : public HostAllocator {
  public:
   using HostAllocator::HostAllocator;
-  std::unique_ptr<AsyncCopier> make_async_copier() override { return std::make_unique<LoopbackCopier>(); }
+  std::unique_ptr<AsyncCopier> make_async_copier(int lanes) override {
+    return std::make_unique<LoopbackCopier>(lanes);
+  }
   Device device() const override { return Device::loopback; }
   void zero(void* data, std::size_t bytes) override { Allocator::zero(host(data), bytes); }
   void copy_to_device(void* device, const void* source, std::size_t bytes) override {

@@ -18,8 +18,6 @@ std::size_t sum(const std::vector<std::size_t>& counts) {
 // The pipeline's copies of one all-reduce between its device buffers and the slots: in the
 // background on the device's copier (one lane per slot) where there is one, else at once (a
 // chunk's copy is then complete when its start returns).
-static_assert(staging_slots <= AsyncCopier::lanes, "one copier lane per staging slot");
-
 class SlotCopier final : public ChunkCopier {
  public:
   SlotCopier(Allocator& device, AsyncCopier* background, const Operation& operation,
@@ -69,7 +67,7 @@ class SlotCopier final : public ChunkCopier {
 HostStaging::HostStaging(Allocator& device, std::size_t chunk_bytes)
     : device_(device),
       chunk_bytes_(std::max<std::size_t>(chunk_bytes, 64)),
-      copier_(device.make_async_copier()),
+      copier_(device.make_async_copier(staging_slots)),
       copier_slots_(staging_slots),
       plain_slots_(staging_slots) {}
 

@@ -88,8 +88,8 @@ void Allocator::copy_host_to_any(void* destination, const void* host, std::size_
   }
 }
 
-std::size_t AsyncCopier::lane_index(int lane) {
-  if (lane < 0 || lane >= lanes) throw std::out_of_range("asynchronous copy lane out of range");
+std::size_t AsyncCopier::lane_index(int lane) const {
+  if (lane < 0 || lane >= lanes_) throw std::out_of_range("asynchronous copy lane out of range");
   return static_cast<std::size_t>(lane);
 }
 

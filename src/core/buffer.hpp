@@ -71,9 +71,9 @@ class Allocator {
   // state kept in host memory such as offloaded optimizer moments).
   void copy_any_to_host(void* host, const void* source, std::size_t bytes);
   void copy_host_to_any(void* destination, const void* host, std::size_t bytes);
-  // Copies that run in the background between this device's memory and host memory of its own,
-  // or null where copies are only synchronous (the host's memory needs none).
-  virtual std::unique_ptr<AsyncCopier> make_async_copier() { return nullptr; }
+  // Copies that run in the background between this device's memory and host memory, in `lanes`
+  // lanes, or null where copies are only synchronous (the host's memory needs none).
+  virtual std::unique_ptr<AsyncCopier> make_async_copier(int /*lanes*/) { return nullptr; }
 
  protected:
   virtual void* obtain(std::size_t bytes) = 0;
@@ -87,21 +87,30 @@ class Allocator {
 
 // A device's background copies, in lanes: each lane has at most one copy each way in flight,
 // started after all the device's work queued before it and waited for by lane. The host side of
-// every copy must lie in memory from host_memory() (page-locked on a GPU, where its copy engines
-// reach it at full speed). Host staging's chunk pipeline runs one lane per slot.
+// every copy should be page-locked memory, from host_memory() or another pinned allocator (on a
+// GPU its copy engines reach only that at full speed). Host staging's chunk pipeline runs one
+// lane per slot; the offloaded optimizer update one per piece of the state. Lanes may be driven
+// from different threads, one thread per lane at a time.
 class AsyncCopier {
  public:
-  static constexpr int lanes = 8;
+  explicit AsyncCopier(int lanes) : lanes_(lanes) {}
   virtual ~AsyncCopier() = default;
+  int lanes() const { return lanes_; }
   virtual Allocator& host_memory() = 0;
   virtual void start_to_host(int lane, void* host, const void* device, std::size_t bytes) = 0;
   virtual void start_to_device(int lane, void* device, const void* host, std::size_t bytes) = 0;
   virtual void wait_to_host(int lane) = 0;
   virtual void wait_to_device(int lane) = 0;
+  // The device's work queued from now on runs after the lane's copy to the device. A GPU orders
+  // that on its own, so the host goes on at once; elsewhere the host waits for the copy.
+  virtual void order_device_after_to_device(int lane) = 0;
 
  protected:
   // `lane` as an index into per-lane state; one out of range is a bug, not bad input (throws).
-  static std::size_t lane_index(int lane);
+  std::size_t lane_index(int lane) const;
+
+ private:
+  int lanes_;
 };
 
 // 64-byte aligned host memory, cached by size.

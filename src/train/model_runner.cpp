@@ -73,6 +73,7 @@ void ModelRunner::layer_forward(MicroBatchActivations& activations, std::size_t 
                    .rows = activations.rows,
                    .parameters = &view,
                    .input = input};
+  if (forward_gate_) forward_gate_(event.layer);
   strategies_.before_layer_forward(event);
   event.pre = activations.pre[local].floats();
   if (moe_layers_[local]) {

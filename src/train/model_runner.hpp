@@ -5,6 +5,7 @@
 // before going through it, so a micro-batch holds about 2 sqrt(2n) layer outputs instead of 2n.
 #pragma once
 
+#include <functional>
 #include <optional>
 #include <vector>
 
@@ -70,6 +71,9 @@ class ModelRunner {
   // what their routing sends them: balanced routing before any training forward, afterwards the
   // most a training micro-batch kept.
   ActivationProfile activation_profile(std::int64_t rows, LossKind loss_kind) const;
+  // Called with a layer's index before each forward of it reads its parameters (whose values
+  // may still be arriving: an offloaded update runs into the next forward).
+  void set_forward_gate(std::function<void(int layer)> gate) { forward_gate_ = std::move(gate); }
   // Local layers per recomputed segment (0 without recomputation).
   std::size_t segment_length() const { return recompute_ ? segment_length_ : 0; }
 
@@ -104,6 +108,7 @@ class ModelRunner {
   Kernels& kernels_;
   Allocator& allocator_;
   StrategyStack& strategies_;
+  std::function<void(int layer)> forward_gate_;
   // Per local layer: a Linear layer's views, or an MoE layer's shape (its parameters are in
   // moe_layers_).
   std::vector<LinearLayer> layers_;

@@ -2,17 +2,18 @@
 // DESIGN.md §2.1, and the pieces of global-norm clipping: every rank sums the squares of the
 // gradients it owns (each element is owned by one rank), the trainer sums those over the world.
 // With --offload the moments live in host memory and the update runs there (ZeRO-Offload's
-// split): each step the runs' values and gradients come down, the host's kernels update them,
-// and the values go back up.
+// split), overlapping the next forward (offloaded_update.hpp).
 #pragma once
 
 #include <cstdint>
+#include <memory>
 
 #include "core/buffer.hpp"
 #include "core/config.hpp"
 #include "kernels/kernels.hpp"
 #include "model/state_runs.hpp"
 #include "train/compute_device.hpp"
+#include "train/offloaded_update.hpp"
 
 namespace mlptrain {
 
@@ -37,20 +38,28 @@ class AdamW {
                                  Field field = Field::grads);
   static void scale_grads(Kernels& kernels, const std::vector<StateRun>& runs, float factor);
 
-  // One update of every run as optimizer step `step` (counting from 1). Returns the sum of
-  // squares of the owned gradients it read.
+  // One update of every run (the placement's updated runs) as optimizer step `step` (counting
+  // from 1). Returns the sum of squares of the owned gradients it read. Offloaded, the values
+  // are in flux when it returns: see wait_for_layer and finish_update.
   double update(Kernels& kernels, const std::vector<StateRun>& runs, double learning_rate,
-                std::int64_t step) const;
+                std::int64_t step);
+  // The device's work queued from now on sees `layer`'s updated values.
+  void wait_for_layer(int layer) {
+    if (offloaded_) offloaded_->wait_for_layer(layer);
+  }
+  // How many pieces an offloaded update moves and updates one after the other (0: not offloaded).
+  std::size_t offloaded_pieces() const { return offloaded_ ? offloaded_->pieces() : 0; }
+  // Every updated value is in place.
+  void finish_update() {
+    if (offloaded_) offloaded_->finish();
+  }
 
  private:
-  double update_on_host(const std::vector<StateRun>& runs, const AdamWStep& settings) const;
-
   const Config& config_;
-  Allocator& device_;
-  HostSide* offload_;
   Buffer exp_avg_;
   Buffer exp_avg_sq_;
   Buffer host_values_, host_grads_;  // offloaded: indexed like the moments
+  std::unique_ptr<OffloadedUpdate> offloaded_;
 };
 
 }  // namespace mlptrain

@@ -107,6 +107,7 @@ class Trainer {
   std::vector<std::byte> host_samples_[3];
   int first_layer_ = 0;
   int last_layer_ = 0;
+  bool values_read_after_step_ = false;  // a strategy reads the updated values at once
 };
 
 Trainer::Trainer(const Config& config, MPI_Comm world_comm, const CommSettings& comm)
@@ -179,6 +180,11 @@ Trainer::Trainer(const Config& config, MPI_Comm world_comm, const CommSettings& 
       kernels, allocator, *parameters_, specs_, first_layer_, last_layer_, *strategies_,
       MoeSettings{.capacity_factor = config.capacity_factor, .aux_loss_coef = config.aux_loss_coef},
       config.recompute);
+  // An offloaded update runs into the next forward, which waits for each layer's values; a
+  // strategy that shards the state reads them all right after the step (it gathers them).
+  if (offload != nullptr)
+    runner_->set_forward_gate([this](int layer) { optimizer_->wait_for_layer(layer); });
+  values_read_after_step_ = strategies_->state_placement().has_value();
   order_ = std::make_unique<SampleOrder>(data.train_size, config.shuffle,
                                          static_cast<std::uint64_t>(config.seed));
   batch_ = {.global_batch = config.global_batch,
@@ -255,6 +261,12 @@ std::string Trainer::describe_run() const {
     text += fmt::format("\nrecompute: the local layers form segments of {}; forward keeps each "
                         "segment's input and backward recomputes the rest",
                         runner_->segment_length());
+  if (device_.offload)
+    text += fmt::format("\noffload: AdamW's moments and update in host memory, {} piece(s) a step, {}",
+                        optimizer_->offloaded_pieces(),
+                        values_read_after_step_ ? "done within the step (the sharded state is gathered "
+                                                  "right after it)"
+                                                : "each sent back while the next forward runs");
   for (const std::string& note : strategies_->notes()) text += "\n" + note;
   return text;
 }
@@ -431,6 +443,7 @@ StepRecord Trainer::train_step(std::int64_t step) {
     stop_on_read_problem(totals[3]);
     if (!finite()) stop_unless_skipping(step, totals[0], totals[2]);
   }
+  if (values_read_after_step_) optimizer_->finish_update();
   strategies_->after_optimizer_step(event);
   record_span(trace_.get(), "optimizer", optimizer_start_ms, now_ms());
 
@@ -494,6 +507,7 @@ CheckpointScope Trainer::checkpoint_scope() {
 }
 
 void Trainer::save(std::int64_t step) {
+  optimizer_->finish_update();
   // A checkpoint is only ever written of finite parameters.
   double square_sum = AdamW::owned_square_sum(*device_.kernels, placement_.updated, AdamW::Field::values);
   world_sum(&square_sum, 1);
@@ -542,6 +556,7 @@ void Trainer::train() {
       last_saved = record.step;
     }
   }
+  optimizer_->finish_update();
   watchdog.disarm();
   const std::int64_t final_step = std::max<std::int64_t>(start, config_.steps);
   if (!config_.checkpoint_dir.empty() && last_saved != final_step &&

@@ -1,12 +1,14 @@
 """--offload: the optimizer state and the AdamW update in host memory, off the device. Checked on
 the loopback device (the same host kernels update the same numbers, so every layout must match
 its run without offload bit for bit), with the moments reported in host memory as predicted and
-absent from the device, and checkpoints that move between offloaded and plain runs."""
+absent from the device, and checkpoints that move between offloaded and plain runs. The update
+runs into the next forward (one piece per layer) unless a strategy shards the state, and the
+forward waits for each layer's values: without that wait the losses differ."""
 import unittest
 
 import numpy as np
 
-from common import TrainingTestCase
+from common import TrainingTestCase, run
 
 SHAPE = ["--layers", 6, "--hidden", 32, "--input-dim", 16, "--output-dim", 8,
          "--global-batch", 32, "--micro-batches", 4, "--lr", "3e-3", "--log-every", 0,
@@ -44,6 +46,16 @@ class Offload(TrainingTestCase):
         for state in ("params", "grads"):
             placement = summary["placement"][state]
             self.assertEqual(placement["predicted_bytes"], placement["measured_bytes"], state)
+
+    def test_the_update_overlaps_the_next_forward_unless_the_state_is_sharded(self):
+        for ranks, layout, expected in [
+                (1, [], "6 piece(s) a step, each sent back while the next forward runs"),
+                (2, ["--pp", 2], "3 piece(s) a step, each sent back while the next forward runs"),
+                (2, ["--dp", 2, "--zero", 3], "done within the step")]:
+            with self.subTest(layout=layout):
+                output = run(SHAPE + layout + ["--offload", "--steps", 1], ranks).stdout
+                self.assertIn("offload: AdamW's moments and update in host memory, ", output)
+                self.assertIn(expected, output)
 
     def test_checkpoints_move_between_offloaded_and_plain_runs(self):
         self.assert_resumes_across_layouts(

@@ -211,7 +211,7 @@ TEST(CudaAllocator, ChargesTheLedgerAndReusesFreedBlocks) {
 TEST(CudaAllocator, CopiesInTheBackgroundThroughPinnedMemory) {
   MemoryLedger ledger;
   auto allocator = make_cuda_allocator(ledger, nullptr);
-  auto copier = allocator->make_async_copier();
+  auto copier = allocator->make_async_copier(2);
   ASSERT_NE(copier, nullptr);
   const std::size_t count = std::size_t{1} << 20, bytes = count * sizeof(float);
   Buffer device = allocator->allocate_floats(MemoryState::workspace, count);
