@@ -1,14 +1,16 @@
 """The experiment scripts end to end on tiny models: every experiment reports its progress, writes
 a JSON Lines file whose rows carry the fields its plot and README table need and a PNG plot; the
 memory experiment's predicted model state equals the measured one; PyTorch's comparison runs
-where PyTorch is installed and is refused with one line where it is not."""
+where PyTorch is installed and is refused with one line where it is not; MPI against NCCL runs
+where a GPU is present, is skipped with the reason where none is, and runs its MPI half on the
+loopback device when asked."""
 import json
 import os
 import subprocess
 import sys
 import unittest
 
-from common import SOURCE_ROOT, TrainingTestCase
+from common import MLPTRAIN, SOURCE_ROOT, TrainingTestCase
 
 SCRIPT = os.path.join(SOURCE_ROOT, "scripts", "experiments.py")
 FIELDS = {"scaling": {"kind", "strategy", "ranks", "step_ms", "speedup", "efficiency"},
@@ -16,11 +18,17 @@ FIELDS = {"scaling": {"kind", "strategy", "ranks", "step_ms", "speedup", "effici
           "comm": {"layout", "ranks", "comm_predicted_bytes", "comm_measured_bytes"},
           "pipeline": {"schedule", "micro_batches", "bubble", "ideal_bubble", "stage0_activation_bytes"},
           "recompute": {"layers", "recompute", "activation_bytes", "step_ms"},
-          "pytorch": {"peer", "width", "ranks", "step_ms"}}
+          "pytorch": {"peer", "width", "ranks", "step_ms"},
+          "transport": {"part", "ranks"}}
 
 
 def torch_available():
     return subprocess.run([sys.executable, "-c", "import torch"], capture_output=True).returncode == 0
+
+
+def gpu_usable():
+    return subprocess.run([MLPTRAIN, "--device", "cuda", "--steps", "1", "--log-every", "0"],
+                          capture_output=True).returncode == 0
 
 
 class Experiments(TrainingTestCase):
@@ -37,7 +45,8 @@ class Experiments(TrainingTestCase):
     def test_every_experiment_writes_rows_and_a_plot(self):
         result = self.experiments("all")
         self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
-        names = [name for name in FIELDS if name != "pytorch" or torch_available()]
+        names = [name for name in FIELDS if (name != "pytorch" or torch_available()) and
+                 (name != "transport" or gpu_usable())]
         for name in names:
             with self.subTest(experiment=name):
                 self.assertIn(f"{name}: run 1 of ", result.stdout)
@@ -61,6 +70,30 @@ class Experiments(TrainingTestCase):
             refused = self.experiments("pytorch")
             self.assertNotEqual(refused.returncode, 0)
             self.assertIn("needs PyTorch", refused.stderr)
+        if "transport" not in names:
+            self.assertIn("skipping transport: it needs a GPU: mlptrain: error: --device cuda", result.stdout)
+            refused = self.experiments("transport")
+            self.assertNotEqual(refused.returncode, 0)
+            self.assertEqual(refused.stderr.count("\n"), 1, refused.stderr)
+            self.assertIn("transport needs a GPU", refused.stderr)
+
+    def test_transport_runs_its_mpi_half_on_the_loopback_device(self):
+        result = self.experiments("transport", "--transport-device", "loopback")
+        self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
+        self.assertIn("transport: no NCCL runs: mlptrain: error: --comm nccl", result.stdout)
+        rows = self.rows("transport")
+        benched = {(r["path"], r["ranks"]) for r in rows if r["part"] == "commbench"}
+        self.assertEqual(benched, {("mpi-host", 1), ("mpi-host", 2), ("mpi-staged", 1), ("mpi-staged", 2)})
+        for row in rows:
+            if row["part"] == "commbench":
+                self.assertEqual([p["bytes"] for p in row["points"]], [1024, 4096, 16384, 65536])
+                self.assertTrue(all(p["correct"] and p["algbw_gbps"] > 0 for p in row["points"]))
+        trained = [r for r in rows if r["part"] == "training"]
+        self.assertEqual({r["comm"] for r in trained}, {"mpi"})
+        self.assertEqual(len(trained), 5)
+        self.assertTrue(all(r["step_ms"] > 0 for r in trained))
+        with open(self.path("transport.png"), "rb") as handle:
+            self.assertEqual(handle.read(8), b"\x89PNG\r\n\x1a\n")
 
 
 if __name__ == "__main__":
