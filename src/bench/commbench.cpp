@@ -46,6 +46,13 @@ struct Settings {
 
 const std::vector<std::string> all_collectives = {"all_reduce", "reduce_scatter", "all_gather",
                                                   "all_to_all", "broadcast", "send_recv"};
+// Not collectives: each rank's background copies between its device buffer and page-locked host
+// memory (the device's copier, as host staging uses it), timed beside them on the device paths.
+const std::vector<std::string> device_copies = {"copy_to_host", "copy_to_device"};
+
+bool is_copy(const std::string& name) {
+  return std::find(device_copies.begin(), device_copies.end(), name) != device_copies.end();
+}
 
 // "256M", "64K", "8" -> bytes.
 std::int64_t parse_bytes(const std::string& text) {
@@ -72,7 +79,8 @@ Settings parse(int argc, char** argv) {
   options.add_options()
       ("help", "print this help")
       ("collectives", po::value(&collectives)->default_value(collectives),
-       "comma-separated: all_reduce, reduce_scatter, all_gather, all_to_all, broadcast, send_recv, or all")
+       "comma-separated: all_reduce, reduce_scatter, all_gather, all_to_all, broadcast, send_recv, or all; "
+       "on a device path also copy_to_host, copy_to_device (each rank's pinned copies)")
       ("path", po::value(&settings.path)->default_value(settings.path), "mpi-host | mpi-staged | nccl")
       ("device", po::value(&settings.device)->default_value(settings.device),
        "device of mpi-staged buffers: cuda | loopback (the CPU behind device-style memory); nccl needs cuda")
@@ -104,18 +112,21 @@ Settings parse(int argc, char** argv) {
   if (settings.step_factor < 2) throw UsageError("--step-factor must be at least 2");
   if (settings.iterations < 1 || settings.warmup < 0)
     throw UsageError("--iterations must be at least 1 and --warmup at least 0");
+  if (settings.path != "mpi-host" && settings.path != "mpi-staged" && settings.path != "nccl")
+    throw UsageError(fmt::format("unknown --path '{}' (mpi-host, mpi-staged or nccl)", settings.path));
   if (collectives == "all") {
     settings.collectives = all_collectives;
   } else {
     std::stringstream list(collectives);
     for (std::string name; std::getline(list, name, ',');) {
-      if (std::find(all_collectives.begin(), all_collectives.end(), name) == all_collectives.end())
+      if (std::find(all_collectives.begin(), all_collectives.end(), name) == all_collectives.end() &&
+          !is_copy(name))
         throw UsageError(fmt::format("unknown collective '{}' in --collectives", name));
+      if (is_copy(name) && settings.path == "mpi-host")
+        throw UsageError(fmt::format("{} times a device's copies: it needs --path mpi-staged or nccl", name));
       settings.collectives.push_back(name);
     }
   }
-  if (settings.path != "mpi-host" && settings.path != "mpi-staged" && settings.path != "nccl")
-    throw UsageError(fmt::format("unknown --path '{}' (mpi-host, mpi-staged or nccl)", settings.path));
   if (settings.device != "cuda" && settings.device != "loopback")
     throw UsageError(fmt::format("unknown --device '{}' (cuda or loopback)", settings.device));
   if (settings.path == "nccl" && settings.device != "cuda")
@@ -129,11 +140,13 @@ float value(int rank, std::size_t element) {
 }
 
 // One collective at one size: buffers, the operation, and what this rank must hold afterwards.
-// With a device, the operation runs on device copies of the buffers.
+// With a device, the operation runs on device copies of the buffers (a copy moves the send
+// buffer to pinned memory, or pinned memory to the receive buffer, through `copier`).
 class Case {
  public:
-  Case(const std::string& collective, std::int64_t bytes, Communicator& group, Allocator* device)
-      : collective_(collective), group_(group), device_(device) {
+  Case(const std::string& collective, std::int64_t bytes, Communicator& group, Allocator* device,
+       AsyncCopier* copier)
+      : collective_(collective), group_(group), device_(device), copier_(copier) {
     const int ranks = group.size(), rank = group.rank();
     const bool per_rank = collective == "reduce_scatter" || collective == "all_gather" ||
                           collective == "all_to_all";
@@ -147,6 +160,7 @@ class Case {
       send_device_ = device_->allocate(MemoryState::comm_buffers, send_.size() * 4);
       receive_device_ = device_->allocate(MemoryState::comm_buffers, receive_.size() * 4);
     }
+    if (is_copy(collective)) pinned_ = copier_->host_memory().allocate(MemoryState::comm_buffers, whole * 4);
     const auto n = static_cast<std::size_t>(ranks);
     const auto r = static_cast<std::size_t>(rank);
     for (std::size_t index = 0; index < expected_.size(); ++index) {
@@ -161,6 +175,8 @@ class Case {
         sum = value(static_cast<int>(index / count_), r * count_ + index % count_);
       } else if (collective == "broadcast") {
         sum = value(0, index);
+      } else if (is_copy(collective)) {
+        sum = value(rank, index);
       } else {  // send_recv around the ring: from the previous rank
         sum = value(static_cast<int>((r + n - 1) % n), index);
       }
@@ -177,6 +193,9 @@ class Case {
     for (std::size_t index = 0; index < send_.size(); ++index) send_[index] = value(rank, index);
     for (std::size_t index = 0; index < receive_.size(); ++index)
       receive_[index] = collective_ == "broadcast" && rank == 0 ? value(0, index) : -1.0f;
+    if (!pinned_.empty())
+      for (std::size_t index = 0; index < receive_.size(); ++index)
+        pinned_.floats()[index] = collective_ == "copy_to_device" ? value(rank, index) : -1.0f;
     if (device_ == nullptr) return;
     device_->copy_to_device(send_device_.as<void>(), send_.data(), send_.size() * 4);
     device_->copy_to_device(receive_device_.as<void>(), receive_.data(), receive_.size() * 4);
@@ -186,7 +205,13 @@ class Case {
     const int ranks = group_.size(), rank = group_.rank();
     float* send = device_ != nullptr ? send_device_.floats() : send_.data();
     float* receive = device_ != nullptr ? receive_device_.floats() : receive_.data();
-    if (collective_ == "all_reduce") {
+    if (collective_ == "copy_to_host") {
+      copier_->start_to_host(0, pinned_.floats(), send, static_cast<std::size_t>(bytes_));
+      copier_->wait_to_host(0);
+    } else if (collective_ == "copy_to_device") {
+      copier_->start_to_device(0, receive, pinned_.floats(), static_cast<std::size_t>(bytes_));
+      copier_->wait_to_device(0);
+    } else if (collective_ == "all_reduce") {
       group_.run({.op = CommOp::all_reduce, .send = send, .receive = receive, .count = count_});
     } else if (collective_ == "reduce_scatter") {
       group_.reduce_scatter(send, receive, count_);
@@ -207,6 +232,8 @@ class Case {
   }
 
   bool correct() {
+    if (collective_ == "copy_to_host")
+      return std::equal(expected_.begin(), expected_.end(), pinned_.floats());
     if (device_ != nullptr)
       device_->copy_to_host(receive_.data(), receive_device_.as<void>(), receive_.size() * 4);
     return receive_ == expected_;
@@ -216,7 +243,7 @@ class Case {
   double bus_factor() const {
     const double n = group_.size();
     if (collective_ == "all_reduce") return 2 * (n - 1) / n;
-    if (collective_ == "broadcast" || collective_ == "send_recv") return 1;
+    if (collective_ == "broadcast" || collective_ == "send_recv" || is_copy(collective_)) return 1;
     return (n - 1) / n;
   }
 
@@ -227,7 +254,8 @@ class Case {
   std::int64_t bytes_ = 0;
   std::vector<float> send_, receive_, expected_;
   Allocator* device_ = nullptr;
-  Buffer send_device_, receive_device_;
+  AsyncCopier* copier_ = nullptr;
+  Buffer send_device_, receive_device_, pinned_;
 };
 
 void measure(const Settings& settings, Communicator& world, Allocator* device) {
@@ -240,9 +268,10 @@ void measure(const Settings& settings, Communicator& world, Allocator* device) {
                 "busbw_GB/s", "correct");
   }
   int failures = 0;
+  const std::unique_ptr<AsyncCopier> copier = device != nullptr ? device->make_async_copier(1) : nullptr;
   for (const std::string& collective : settings.collectives) {
     for (std::int64_t size = settings.min_bytes; size <= settings.max_bytes; size *= settings.step_factor) {
-      Case current(collective, size, world, device);
+      Case current(collective, size, world, device, copier.get());
       if (current.empty()) continue;  // smaller than one float per rank
       current.fill();
       for (int iteration = 0; iteration < settings.warmup; ++iteration) current.run();

@@ -1,8 +1,9 @@
 """commbench on the MPI host path and on the host-staged path over loopback device buffers: every
 collective at 2 and 4 ranks gives exactly the expected result at every size, with sizes in nccl-tests' convention and bus bandwidth the algorithm
 bandwidth times nccl-tests' bus factor; the plot script draws its output; bad flags get one line
-and exit 2 on every rank. Where a GPU is present, the NCCL path at world size 1 is exact too
-(elsewhere that test says why it skips)."""
+and exit 2 on every rank. The device paths' pinned copies are exact too, and the GPU speed script
+(scripts/bench_gpu.py) runs end to end on loopback. Where a GPU is present, the NCCL path at world
+size 1 is exact too (elsewhere that test says why it skips)."""
 import json
 import os
 import shutil
@@ -58,6 +59,34 @@ class Commbench(TrainingTestCase):
                 with open(picture, "rb") as handle:
                     self.assertEqual(handle.read(8), b"\x89PNG\r\n\x1a\n")
 
+    def test_device_copies_are_exact(self):
+        result = commbench(["--path", "mpi-staged", "--device", "loopback", "--collectives",
+                            "copy_to_host,copy_to_device", "--min-bytes", "4", "--max-bytes", "1M",
+                            "--step-factor", "16", "--iterations", "2", "--json"], 2)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        rows = [json.loads(line) for line in result.stdout.splitlines()]
+        self.assertEqual([(r["collective"], r["bytes"]) for r in rows],
+                         [(c, 4 * 16 ** i) for c in ("copy_to_host", "copy_to_device") for i in range(5)])
+        for row in rows:
+            self.assertTrue(row["correct"], row)
+            self.assertEqual(row["busbw_gbps"], row["algbw_gbps"])
+
+    def test_gpu_speed_script_runs_on_loopback(self):
+        result = subprocess.run([sys.executable, os.path.join(SOURCE_ROOT, "scripts", "bench_gpu.py"),
+                                 "--device", "loopback", "--tiny", "--rounds", "1", "--output-dir", self.directory],
+                                capture_output=True, text=True, timeout=300)
+        self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
+        with open(self.path("step.json")) as handle:
+            step = json.load(handle)["fp32"]
+        self.assertGreater(step["gemm_ms_per_step"], 0)
+        self.assertAlmostEqual(step["step_over_gemm"], step["step_ms"] / step["gemm_ms_per_step"])
+        with open(self.path("staging.json")) as handle:
+            staging = json.load(handle)
+        self.assertEqual([row["ranks"] for row in staging["world_sizes"]], [1, 2])
+        for row in staging["world_sizes"]:
+            bound = min(row["copy_to_host_gbps"], row["copy_to_device_gbps"], row["mpi_host_all_reduce_gbps"])
+            self.assertAlmostEqual(row["chunked_over_bound"], row["staged_chunked_gbps"] / bound)
+
     def test_table_output(self):
         result = commbench(["--collectives", "all_reduce,send_recv", "--max-bytes", "64", "--iterations", "1"], 2)
         self.assertEqual(result.returncode, 0, result.stderr)
@@ -68,6 +97,7 @@ class Commbench(TrainingTestCase):
     def test_bad_input_is_one_line_and_exit_2(self):
         for arguments, words in [(["--path", "nccl", "--device", "loopback"], ["--path nccl", "needs --device cuda"]),
                                  (["--path", "gpu"], ["unknown --path 'gpu'"]),
+                                 (["--collectives", "copy_to_host"], ["copy_to_host", "needs --path mpi-staged"]),
                                  (["--path", "mpi-staged", "--device", "tpu"], ["unknown --device 'tpu'"]),
                                  (["--collectives", "all_reduce,gossip"], ["unknown collective 'gossip'"]),
                                  (["--max-bytes", "12Q"], ["'12Q' is not a size"]),

@@ -1,0 +1,116 @@
+#!/usr/bin/env python3
+"""The GPU path's speed figures, each measured side by side in one run (only ratios measured
+together mean anything):
+
+  step     one process, hidden 8192, batch 8192, fp32 and TF32 (--tf32): mlptrain's step time
+           against the time of the same GEMMs alone (build/layerbench on the same GPU, the same
+           shapes; target <= 1.25x), and the share of the step taken by the other kernels
+           (bias+GELU forward and backward, AdamW; target <= 10 %)
+  staging  the host-staged all-reduce of 256 MiB at 1 to 4 ranks on one GPU (commbench
+           mpi-staged): its bandwidth against min(pinned copy bandwidth down, up, MPI's host
+           all-reduce bandwidth) measured in the same run (target >= 0.8), and the chunked
+           pipeline (4 MiB chunks) against unchunked staging (target >= 1.5x)
+
+Writes OUTPUT_DIR/step.json and OUTPUT_DIR/staging.json (default results/gpu/). With --device
+loopback and --tiny it runs the same code without a GPU (the test suite does): that checks the
+script, and measures nothing about a GPU."""
+import argparse
+import os
+import statistics
+import sys
+
+from benchlib import BUILD, ROOT, run_json, train, write_result
+
+PROGRAMS = os.path.dirname(os.environ.get("MLPTRAIN", os.path.join(BUILD, "mlptrain")))
+
+
+def layer_times(device, rows, width, out, tf32, repeats):
+    flags = ["--device", device] + (["--tf32"] if tf32 else [])
+    return run_json([os.path.join(PROGRAMS, "layerbench"), str(rows), str(width), str(out), str(repeats)] + flags)[0]
+
+
+def step_figures(args, tf32):
+    """mlptrain's step against its GEMMs and other kernels, timed on the same device."""
+    rows, width, layers = args.batch, args.hidden, args.layers
+    hidden = layer_times(args.device, rows, width, width, tf32, args.repeats)
+    last = layer_times(args.device, rows, width, 10, tf32, args.repeats)
+    gemms = ("forward_gemm_ms", "weight_grad_gemm_ms", "input_grad_gemm_ms")
+    # Layer 0 needs no input gradient; the last layer maps to the 10 classes (no GELU).
+    gemm_ms = (sum(hidden[k] for k in gemms) * (layers - 1) - hidden["input_grad_gemm_ms"] +
+               sum(last[k] for k in gemms))
+    other_ms = ((hidden["bias_gelu_forward_ms"] + hidden["gelu_backward_ms"] + hidden["adamw_ms"]) * (layers - 1)
+                + last["adamw_ms"])
+    step_ms, _ = train(1, ["--dataset", "mixture", "--layers", layers, "--hidden", width, "--input-dim", width,
+                           "--output-dim", 10, "--global-batch", rows, "--steps", args.steps,
+                           "--device", args.device] + (["--tf32"] if tf32 else []), f"gpu-step-{int(tf32)}")
+    return {"gemm_ms_per_step": gemm_ms, "other_kernels_ms_per_step": other_ms, "step_ms": step_ms,
+            "step_over_gemm": step_ms / gemm_ms, "other_kernels_share_of_step": other_ms / step_ms,
+            "layerbench_hidden_layer": hidden, "layerbench_last_layer": last}
+
+
+def commbench(args, ranks, path, collectives, chunk_bytes=None):
+    command = ["mpiexec.mpich", "-n", str(ranks), os.path.join(PROGRAMS, "commbench"), "--path", path,
+               "--collectives", ",".join(collectives), "--min-bytes", args.message, "--max-bytes", args.message,
+               "--iterations", str(args.repeats), "--warmup", "2", "--json"]
+    if path != "mpi-host":
+        command += ["--device", args.device]
+    if chunk_bytes is not None:
+        command += ["--chunk-bytes", chunk_bytes]
+    rows = run_json(command)
+    if not all(row["correct"] for row in rows):
+        sys.exit(f"bench_gpu: commbench gave wrong results: {rows}")
+    return {row["collective"]: row["algbw_gbps"] for row in rows}
+
+
+def staging_figures(args, ranks):
+    copies = commbench(args, ranks, "mpi-staged", ["copy_to_host", "copy_to_device"])
+    host = commbench(args, ranks, "mpi-host", ["all_reduce"])["all_reduce"]
+    chunked = commbench(args, ranks, "mpi-staged", ["all_reduce"], args.chunk)["all_reduce"]
+    whole = commbench(args, ranks, "mpi-staged", ["all_reduce"], "0")["all_reduce"]
+    bound = min(copies["copy_to_host"], copies["copy_to_device"], host)
+    return {"ranks": ranks, "copy_to_host_gbps": copies["copy_to_host"],
+            "copy_to_device_gbps": copies["copy_to_device"], "mpi_host_all_reduce_gbps": host,
+            "staged_chunked_gbps": chunked, "staged_unchunked_gbps": whole,
+            "chunked_over_bound": chunked / bound, "chunked_over_unchunked": chunked / whole}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", choices=("cuda", "loopback"), default="cuda")
+    parser.add_argument("--tiny", action="store_true", help="small sizes: a smoke run of the script")
+    parser.add_argument("--rounds", type=int, default=3, help="staging measurements per world size (median)")
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--output-dir", default=os.path.join(ROOT, "results", "gpu"))
+    args = parser.parse_args()
+    args.hidden, args.batch, args.layers = (64, 64, 3) if args.tiny else (8192, 8192, 4)
+    args.message, args.chunk = ("1M", "64K") if args.tiny else ("256M", "4M")
+    args.repeats = 3 if args.tiny else 10
+    world_sizes = [1, 2] if args.tiny else [1, 2, 3, 4]
+
+    step = {"model": {"layers": args.layers, "hidden": args.hidden, "input": args.hidden, "classes": 10,
+                      "batch": args.batch, "device": args.device},
+            "fp32": step_figures(args, False),
+            "targets": {"step_over_gemm": "<= 1.25", "other_kernels_share_of_step": "<= 0.10"}}
+    if args.device == "cuda":
+        step["tf32"] = step_figures(args, True)
+    write_result(os.path.join(args.output_dir, "step.json"), step)
+
+    rows = []
+    for ranks in world_sizes:
+        rounds = [staging_figures(args, ranks) for _ in range(args.rounds)]
+        rows.append({key: statistics.median(r[key] for r in rounds) for key in rounds[0]} | {"rounds": rounds})
+        print(f"bench_gpu: staging at {ranks} rank(s): {rows[-1]['chunked_over_bound']:.2f} of the bound, "
+              f"{rows[-1]['chunked_over_unchunked']:.2f}x unchunked", flush=True)
+    write_result(os.path.join(args.output_dir, "staging.json"),
+                 {"message_bytes": args.message, "chunk_bytes": args.chunk, "device": args.device,
+                  "world_sizes": rows,
+                  "targets": {"chunked_over_bound": ">= 0.8", "chunked_over_unchunked": ">= 1.5"}})
+    for precision in ("fp32", "tf32"):
+        if precision in step:
+            figures = step[precision]
+            print(f"bench_gpu: {precision} step {figures['step_ms']:.2f} ms, GEMMs {figures['gemm_ms_per_step']:.2f} ms "
+                  f"({figures['step_over_gemm']:.2f}x), other kernels {100 * figures['other_kernels_share_of_step']:.1f} %")
+
+
+if __name__ == "__main__":
+    main()
