@@ -9,7 +9,6 @@
 #include <map>
 #include <vector>
 #include <new>
-#include <vector>
 
 #include "core/error.hpp"
 #include "kernels/cuda/cuda_backend.hpp"

@@ -89,8 +89,9 @@ class Allocator {
 // started after all the device's work queued before it and waited for by lane. The host side of
 // every copy should be page-locked memory, from host_memory() or another pinned allocator (on a
 // GPU its copy engines reach only that at full speed). Host staging's chunk pipeline runs one
-// lane per slot; the offloaded optimizer update one per piece of the state. Lanes may be driven
-// from different threads, one thread per lane at a time.
+// lane per slot; the offloaded optimizer update one per piece of the state. Copies to the device
+// may be started and ordered from another thread than the one starting copies to the host, one
+// thread per lane at a time.
 class AsyncCopier {
  public:
   explicit AsyncCopier(int lanes) : lanes_(lanes) {}
