@@ -42,6 +42,7 @@ class TeacherDataset final : public Dataset {
   }
 
   const DatasetInfo& info() const override { return info_; }
+  bool readable_from_any_thread() const override { return true; }  // a pure function of the index
 
   void read(Split split, std::span<const std::int64_t> indices, float* inputs, float* targets,
             std::int32_t*) override {
@@ -90,6 +91,7 @@ class MixtureDataset final : public Dataset {
   }
 
   const DatasetInfo& info() const override { return info_; }
+  bool readable_from_any_thread() const override { return true; }  // a pure function of the index
 
   void read(Split split, std::span<const std::int64_t> indices, float* inputs, float*,
             std::int32_t* labels) override {

@@ -24,6 +24,7 @@
 #include "train/optimizer.hpp"
 #include "train/options.hpp"
 #include "train/report.hpp"
+#include "train/sample_feed.hpp"
 #include "train/schedule_executor.hpp"
 #include "train/trace_file.hpp"
 #include "train/watchdog.hpp"
@@ -44,7 +45,15 @@ class Trainer {
   // the failure is noted, the step goes on, and its world sum carries the news (see
   // stop_on_read_problem), so every rank stops with the same error.
   void read_samples(Split split, const std::vector<std::int64_t>& indices,
-                    MicroBatchActivations& activations);
+                    MicroBatchActivations& activations) {
+    feed_->read(split, indices, {&activations.input, &activations.targets, &activations.labels});
+  }
+  // This rank's samples of a training micro-batch.
+  std::vector<std::int64_t> train_samples(std::int64_t step, int micro_batch) const {
+    return order_->samples(batch_.first_position(step, micro_batch, groups_->place().dp),
+                           batch_.local_size());
+  }
+  bool read_problem() const { return feed_->problem().has_value(); }
   void stop_on_read_problem(double ranks_with_problems);
   // A non-finite loss or gradient norm (world sums): stops every rank unless --on-nan skip.
   void stop_unless_skipping(std::int64_t step, double loss_sum, double square_sum) const;
@@ -95,16 +104,14 @@ class Trainer {
   std::unique_ptr<ModelRunner> runner_;
   std::unique_ptr<AdamW> optimizer_;
   std::unique_ptr<SampleOrder> order_;
+  std::unique_ptr<SampleFeed> feed_;
   std::unique_ptr<Reporter> reporter_;
   double trace_origin_ms_ = 0;
   std::unique_ptr<ScheduleExecutor> executor_;
   BatchLayout batch_;
   std::vector<Action> schedule_;
   MemoryByState run_peak_{};
-  std::optional<std::string> read_problem_;
   std::int64_t skip_step_sum_at_ = -1;
-  // Where samples are read when the activations live in a device's memory.
-  std::vector<std::byte> host_samples_[3];
   int first_layer_ = 0;
   int last_layer_ = 0;
   bool values_read_after_step_ = false;  // a strategy reads the updated values at once
@@ -187,6 +194,12 @@ Trainer::Trainer(const Config& config, MPI_Comm world_comm, const CommSettings& 
   values_read_after_step_ = strategies_->state_placement().has_value();
   order_ = std::make_unique<SampleOrder>(data.train_size, config.shuffle,
                                          static_cast<std::uint64_t>(config.seed));
+  const bool loss_here = runner_->computes_loss();
+  feed_ = std::make_unique<SampleFeed>(
+      *dataset_, allocator,
+      SampleParts{.inputs = runner_->reads_inputs(),
+                  .targets = loss_here && loss_kind_ == LossKind::mse,
+                  .labels = loss_here && loss_kind_ == LossKind::cross_entropy});
   batch_ = {.global_batch = config.global_batch,
             .micro_batches = config.micro_batches,
             .data_parallel = config.dp};
@@ -343,35 +356,6 @@ void Trainer::read_moe_totals(const std::vector<double>& totals, StepRecord& rec
   }
 }
 
-void Trainer::read_samples(Split split, const std::vector<std::int64_t>& indices,
-                           MicroBatchActivations& activations) {
-  if (!runner_->reads_inputs() && !runner_->computes_loss()) return;
-  // Samples land in the activations directly in host memory, else on the host first.
-  const bool direct = device_.memory->device() == Device::cpu;
-  Buffer* read[3] = {runner_->reads_inputs() ? &activations.input : nullptr, &activations.targets,
-                     &activations.labels};
-  void* destination[3] = {};
-  for (int part = 0; part < 3; ++part) {
-    if (read[part] == nullptr || read[part]->empty()) continue;
-    host_samples_[part].resize(direct ? 0 : read[part]->bytes());
-    destination[part] = direct ? read[part]->as<void>() : host_samples_[part].data();
-  }
-  try {
-    dataset_->read(split, indices, static_cast<float*>(destination[0]),
-                   static_cast<float*>(destination[1]), static_cast<std::int32_t*>(destination[2]));
-  } catch (const Error& error) {
-    if (!read_problem_) read_problem_ = error.what();
-    // The step still runs on this rank: on zeros, not on whatever the buffers held (labels out
-    // of range would index outside the logits).
-    for (int part = 0; part < 3; ++part)
-      if (destination[part] != nullptr) std::memset(destination[part], 0, read[part]->bytes());
-  }
-  if (!direct)
-    for (int part = 0; part < 3; ++part)
-      if (destination[part] != nullptr)
-        device_.memory->copy_to_device(read[part]->as<void>(), destination[part], read[part]->bytes());
-}
-
 void Trainer::stop_unless_skipping(std::int64_t step, double loss_sum, double square_sum) const {
   if (config_.on_nan == "skip") return;
   throw AgreedError(ExitCode::runtime_failure,
@@ -384,7 +368,7 @@ void Trainer::stop_unless_skipping(std::int64_t step, double loss_sum, double sq
 
 void Trainer::stop_on_read_problem(double ranks_with_problems) {
   if (ranks_with_problems == 0) return;
-  const auto message = first_problem(groups_->world(), read_problem_);
+  const auto message = first_problem(groups_->world(), feed_->problem());
   throw AgreedError(ExitCode::runtime_failure, message.value_or("reading the data failed"));
 }
 
@@ -404,8 +388,11 @@ StepRecord Trainer::train_step(std::int64_t step) {
        .loss_samples = config_.global_batch,
        .rows = [&](int) { return batch_.local_size(); },
        .read = [&](int micro_batch, MicroBatchActivations& activations) {
-         const std::int64_t first = batch_.first_position(step, micro_batch, groups_->place().dp);
-         read_samples(Split::train, order_->samples(first, activations.rows), activations);
+         read_samples(Split::train, train_samples(step, micro_batch), activations);
+         // The next micro-batch's samples, read while the device computes this one.
+         const bool last = micro_batch + 1 == config_.micro_batches;
+         if (feed_->reads_ahead() && (!last || step + 1 < config_.steps))
+           feed_->read_ahead(Split::train, train_samples(last ? step + 1 : step, last ? 0 : micro_batch + 1));
        }});
   const double synchronize_start_ms = now_ms();
   strategies_->synchronize_gradients(event);
@@ -415,7 +402,7 @@ StepRecord Trainer::train_step(std::int64_t step) {
   // The step's world sums: loss, correct predictions, squared gradient norm, read failures, and
   // what MoE layers report.
   std::vector<double> totals = {counts_loss() ? local.loss_sum : 0.0,
-                                counts_loss() ? local.correct : 0.0, 0.0, read_problem_ ? 1.0 : 0.0};
+                                counts_loss() ? local.correct : 0.0, 0.0, read_problem() ? 1.0 : 0.0};
   const MoeStatistics moe = runner_->take_moe_statistics();
   append_moe_totals(totals, moe);
   const double learning_rate = scheduled_learning_rate(config_, step);
@@ -489,7 +476,7 @@ void Trainer::evaluate(StepRecord& record) {
        }});
   record_span(trace_.get(), "evaluate", start_ms, now_ms());
   double totals[3] = {counts_loss() ? local.loss_sum : 0.0, counts_loss() ? local.correct : 0.0,
-                      read_problem_ ? 1.0 : 0.0};
+                      read_problem() ? 1.0 : 0.0};
   world_sum(totals, 3);
   stop_on_read_problem(totals[2]);
   record.eval_loss = totals[0] / loss_normalizer(loss_kind_, test_size, specs_.back().out_features);
