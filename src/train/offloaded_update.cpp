@@ -8,41 +8,31 @@ namespace mlptrain {
 
 namespace {
 
-struct Span {
-  float* values;
-  float* grads;
-  std::size_t moment_offset;
-  std::size_t count;
-  int layer;
-};
+int values_lane(std::size_t piece) { return static_cast<int>(2 * piece); }
+int grads_lane(std::size_t piece) { return static_cast<int>(2 * piece + 1); }
 
-// Runs of one layer that follow each other in values, gradients and moments at once, merged:
-// what one copy each way moves (usually a layer's weight and bias).
-std::vector<Span> layer_spans(const std::vector<StateRun>& runs) {
-  std::vector<Span> spans;
+}  // namespace
+
+std::vector<OffloadedUpdate::Piece> OffloadedUpdate::layer_pieces(const std::vector<StateRun>& runs) {
+  std::vector<Piece> pieces;
   for (const StateRun& run : runs) {
     const auto count = static_cast<std::size_t>(run.count);
     if (count == 0) continue;
     const int layer = run.tensor != nullptr ? run.tensor->layer : 0;
-    if (!spans.empty()) {
-      Span& last = spans.back();
+    if (!pieces.empty()) {
+      Piece& last = pieces.back();
       if (last.layer == layer && last.values + last.count == run.values &&
           last.grads + last.count == run.grads && last.moment_offset + last.count == run.moment_offset) {
         last.count += count;
         continue;
       }
     }
-    spans.push_back({run.values, run.grads, run.moment_offset, count, layer});
+    pieces.push_back({run.values, run.grads, run.moment_offset, count, layer});
   }
   // Forward order: the next forward reads the first layer first.
-  std::stable_sort(spans.begin(), spans.end(), [](const Span& a, const Span& b) { return a.layer < b.layer; });
-  return spans;
+  std::stable_sort(pieces.begin(), pieces.end(), [](const Piece& a, const Piece& b) { return a.layer < b.layer; });
+  return pieces;
 }
-
-int values_lane(std::size_t piece) { return static_cast<int>(2 * piece); }
-int grads_lane(std::size_t piece) { return static_cast<int>(2 * piece + 1); }
-
-}  // namespace
 
 OffloadedUpdate::OffloadedUpdate(Allocator& device, Kernels& host_kernels,
                                  const std::vector<StateRun>& runs, float* host_values,
@@ -51,9 +41,8 @@ OffloadedUpdate::OffloadedUpdate(Allocator& device, Kernels& host_kernels,
       host_values_(host_values),
       host_grads_(host_grads),
       exp_avg_(exp_avg),
-      exp_avg_sq_(exp_avg_sq) {
-  for (const Span& span : layer_spans(runs))
-    pieces_.push_back({span.values, span.grads, span.moment_offset, span.count, span.layer});
+      exp_avg_sq_(exp_avg_sq),
+      pieces_(layer_pieces(runs)) {
   copier_ = device.make_async_copier(static_cast<int>(std::max<std::size_t>(2 * pieces_.size(), 1)));
   if (!copier_) throw std::logic_error("offloading needs a device with background copies");
 }

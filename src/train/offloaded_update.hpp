@@ -50,6 +50,9 @@ class OffloadedUpdate {
     std::size_t count;
     int layer;
   };
+  // Runs of one layer that follow each other in values, gradients and moments at once, merged
+  // (what one copy each way moves: usually a layer's weight and bias), in forward order.
+  static std::vector<Piece> layer_pieces(const std::vector<StateRun>& runs);
   void update_pieces(AdamWStep settings);  // the host thread
 
   Kernels& host_kernels_;
