@@ -6,12 +6,36 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "core/buffer.hpp"
+#include "core/data_type.hpp"
 
 namespace mlptrain {
 
 enum class Transpose { no, yes };
+
+// One GEMM, c = alpha * op(a) op(b) + beta * c, row-major, with op(a) [m, k], op(b) [k, n] and
+// c [m, n] (leading dimensions in elements). a and b hold `input` elements: fp32, or bf16 or fp16,
+// whose products are exact in fp32. Products are accumulated in fp32 whatever the input; c holds
+// `output` elements: fp32, or the input's half type, the fp32 result rounded once to nearest even.
+struct Gemm {
+  Transpose transpose_a = Transpose::no;
+  Transpose transpose_b = Transpose::no;
+  std::int64_t m = 0;
+  std::int64_t n = 0;
+  std::int64_t k = 0;
+  float alpha = 1.0f;
+  const void* a = nullptr;
+  std::int64_t lda = 0;
+  const void* b = nullptr;
+  std::int64_t ldb = 0;
+  float beta = 0.0f;
+  void* c = nullptr;
+  std::int64_t ldc = 0;
+  DataType input = DataType::float32;
+  DataType output = DataType::float32;
+};
 
 // One AdamW update, as torch.optim.AdamW computes it (hyper-parameters in double, as Python
 // floats are); `step` counts from 1.
@@ -33,11 +57,23 @@ class Kernels {
  public:
   virtual ~Kernels() = default;
   virtual Device device() const = 0;
+  // The libraries and instruction sets behind these kernels, for the start of a run.
+  virtual std::string description() const = 0;
 
-  // c = alpha * op(a) * op(b) + beta * c with op(a) [m, k], op(b) [k, n], c [m, n].
-  virtual void gemm(Transpose transpose_a, Transpose transpose_b, std::int64_t m, std::int64_t n,
-                    std::int64_t k, float alpha, const float* a, std::int64_t lda, const float* b,
-                    std::int64_t ldb, float beta, float* c, std::int64_t ldc) = 0;
+  virtual void gemm(const Gemm& gemm) = 0;
+  // An fp32 GEMM: c = alpha * op(a) * op(b) + beta * c with op(a) [m, k], op(b) [k, n], c [m, n].
+  void gemm(Transpose transpose_a, Transpose transpose_b, std::int64_t m, std::int64_t n,
+            std::int64_t k, float alpha, const float* a, std::int64_t lda, const float* b,
+            std::int64_t ldb, float beta, float* c, std::int64_t ldc) {
+    gemm(Gemm{.transpose_a = transpose_a, .transpose_b = transpose_b, .m = m, .n = n, .k = k,
+              .alpha = alpha, .a = a, .lda = lda, .b = b, .ldb = ldb, .beta = beta, .c = c,
+              .ldc = ldc});
+  }
+
+  // destination[i] = source[i] converted between fp32, bf16 and fp16 (to a 16-bit float: rounded
+  // to nearest even, subnormals kept, NaN kept NaN; see core/half_float.hpp). Equal types copy.
+  virtual void convert(const void* source, DataType source_type, void* destination,
+                       DataType destination_type, std::size_t count) = 0;
 
   // pre[r, :] += bias; activated = GELU(pre) (exact, erf form).
   virtual void bias_gelu_forward(float* pre, const float* bias, float* activated,
@@ -90,5 +126,10 @@ class Kernels {
 };
 
 std::unique_ptr<Kernels> make_cpu_kernels();
+
+// Sets how many threads the CPU kernels' GEMMs use (OpenMP, as oneDNN is built here) on the
+// calling thread, which runs them, unless OMP_NUM_THREADS is set: the user's choice wins.
+// Returns the count in effect.
+int set_cpu_gemm_threads(int threads);
 
 }  // namespace mlptrain

@@ -12,7 +12,8 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BUILD = os.path.join(ROOT, "build")
 PROGRAM = os.environ.get("MLPTRAIN", os.path.join(BUILD, "mlptrain"))
-ENVIRONMENT = dict(os.environ, OPENBLAS_NUM_THREADS="1")
+# One GEMM thread per rank (oneDNN threads with OpenMP; the PyTorch peer computes with OpenBLAS).
+ENVIRONMENT = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
 
 
 def arguments(description, rounds, steps, result_file):

@@ -1,15 +1,20 @@
-// The CPU backend: GEMM through OpenBLAS (one thread per rank, set by the launcher's environment),
-// elementwise ops as plain loops over vector_math's branch-free functions so that the compiler
-// vectorizes them, and reductions over fixed lanes of double partial sums, which vectorize
-// without reassociation flags and give the same sum wherever the data sits in memory.
-#include <cblas.h>
+// The CPU backend: GEMMs through oneDNN (onednn_matmul.hpp), elementwise ops as plain loops over
+// vector_math's branch-free functions so that the compiler vectorizes them, and reductions over
+// fixed lanes of double partial sums, which vectorize without reassociation flags and give the
+// same sum wherever the data sits in memory.
+#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <fmt/format.h>
+#include <stdexcept>
+#include <vector>
 
+#include "core/half_float.hpp"
 #include "core/vector_math.hpp"
+#include "kernels/cpu/onednn_matmul.hpp"
 #include "kernels/kernels.hpp"
 
 namespace mlptrain {
@@ -35,28 +40,60 @@ double lane_sum(std::size_t count, Term term) {
 inline float gelu(float x) { return x * vm::normal_cdf(x); }
 inline float gelu_derivative(float x) { return vm::normal_cdf(x) + x * vm::normal_pdf(x); }
 
+// One conversion loop per pair of types, each a plain loop over core/half_float.hpp's branch-free
+// conversions, so each vectorizes.
+template <typename From, typename To, typename Convert>
+void convert_loop(const void* source, void* destination, std::size_t count, Convert convert) {
+  const From* __restrict in = static_cast<const From*>(source);
+  To* __restrict out = static_cast<To*>(destination);
+  for (std::size_t i = 0; i < count; ++i) out[i] = convert(in[i]);
+}
+
+void convert_elements(const void* source, DataType from, void* destination, DataType to,
+                      std::size_t count) {
+  using Bits = std::uint16_t;
+  if (from == to) {
+    if (count > 0) std::memmove(destination, source, count * size_of(from));
+  } else if (from == DataType::float32 && to == DataType::bfloat16) {
+    convert_loop<float, Bits>(source, destination, count, round_to_bfloat16);
+  } else if (from == DataType::float32 && to == DataType::float16) {
+    convert_loop<float, Bits>(source, destination, count, round_to_float16);
+  } else if (from == DataType::bfloat16 && to == DataType::float32) {
+    convert_loop<Bits, float>(source, destination, count, bfloat16_to_float);
+  } else if (from == DataType::float16 && to == DataType::float32) {
+    convert_loop<Bits, float>(source, destination, count, float16_to_float);
+  } else if (is_half(from) && is_half(to)) {  // through fp32, which holds either exactly
+    const Bits* in = static_cast<const Bits*>(source);
+    Bits* out = static_cast<Bits*>(destination);
+    for (std::size_t i = 0; i < count; ++i)
+      out[i] = from == DataType::bfloat16 ? round_to_float16(bfloat16_to_float(in[i]))
+                                          : round_to_bfloat16(float16_to_float(in[i]));
+  } else {
+    throw std::logic_error(fmt::format("no conversion from {} to {}", data_type_name(from),
+                                       data_type_name(to)));
+  }
+}
+
 class CpuKernels final : public Kernels {
  public:
   Device device() const override { return Device::cpu; }
 
-  void gemm(Transpose transpose_a, Transpose transpose_b, std::int64_t m, std::int64_t n,
-            std::int64_t k, float alpha, const float* a, std::int64_t lda, const float* b,
-            std::int64_t ldb, float beta, float* c, std::int64_t ldc) override {
-    if (m == 0 || n == 0) return;
-    if (k == 0) {  // c = beta * c, with zeros (not 0 * garbage) when beta is 0, as BLAS does
-      for (std::int64_t row = 0; row < m; ++row) {
-        if (beta == 0.0f) {
-          fill(c + row * ldc, static_cast<std::size_t>(n), 0.0f);
-        } else {
-          scale(c + row * ldc, static_cast<std::size_t>(n), beta);
-        }
-      }
+  std::string description() const override {
+    return fmt::format("{}; {} GEMM thread(s)", matmul_.description(), omp_get_max_threads());
+  }
+
+  void gemm(const Gemm& gemm) override {
+    if (gemm.m == 0 || gemm.n == 0) return;
+    if (gemm.k == 0) {  // c = beta * c, with zeros (not 0 * garbage) when beta is 0, as BLAS does
+      scale_matrix(gemm);
       return;
     }
-    cblas_sgemm(CblasRowMajor, transpose_a == Transpose::yes ? CblasTrans : CblasNoTrans,
-                transpose_b == Transpose::yes ? CblasTrans : CblasNoTrans, static_cast<int>(m),
-                static_cast<int>(n), static_cast<int>(k), alpha, a, static_cast<int>(lda), b,
-                static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
+    matmul_.run(gemm);
+  }
+
+  void convert(const void* source, DataType source_type, void* destination,
+               DataType destination_type, std::size_t count) override {
+    convert_elements(source, source_type, destination, destination_type, count);
   }
 
   void bias_gelu_forward(float* pre, const float* bias, float* activated, std::int64_t rows,
@@ -248,14 +285,35 @@ class CpuKernels final : public Kernels {
     const float* __restrict in = source;
     for (std::size_t i = 0; i < count; ++i) out[i] += in[i];
   }
+
+ private:
+  // c = beta * c row by row, in c's element type.
+  void scale_matrix(const Gemm& gemm) {
+    const std::size_t element = size_of(gemm.output);
+    for (std::int64_t row = 0; row < gemm.m; ++row) {
+      void* c_row = static_cast<char*>(gemm.c) + static_cast<std::size_t>(row * gemm.ldc) * element;
+      const auto columns = static_cast<std::size_t>(gemm.n);
+      if (gemm.beta == 0.0f) {
+        std::memset(c_row, 0, columns * element);
+      } else if (gemm.beta != 1.0f) {
+        std::vector<float> widened(columns);
+        convert_elements(c_row, gemm.output, widened.data(), DataType::float32, columns);
+        scale(widened.data(), columns, gemm.beta);
+        convert_elements(widened.data(), DataType::float32, c_row, gemm.output, columns);
+      }
+    }
+  }
+
+  OneDnnMatmul matmul_;
 };
 
 }  // namespace
 
-std::unique_ptr<Kernels> make_cpu_kernels() {
-  // One BLAS thread per rank unless the user asks otherwise: ranks already fill the cores.
-  if (std::getenv("OPENBLAS_NUM_THREADS") == nullptr) openblas_set_num_threads(1);
-  return std::make_unique<CpuKernels>();
+std::unique_ptr<Kernels> make_cpu_kernels() { return std::make_unique<CpuKernels>(); }
+
+int set_cpu_gemm_threads(int threads) {
+  if (std::getenv("OMP_NUM_THREADS") == nullptr) omp_set_num_threads(std::max(1, threads));
+  return omp_get_max_threads();
 }
 
 }  // namespace mlptrain

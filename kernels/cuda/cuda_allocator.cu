@@ -12,15 +12,11 @@
 
 #include "core/error.hpp"
 #include "kernels/cuda/cuda_backend.hpp"
+#include "kernels/cuda/cuda_check.hpp"
 
 namespace mlptrain {
 
 namespace {
-
-void check(cudaError_t status, const char* what) {
-  if (status != cudaSuccess)
-    throw RuntimeFailure(std::string("CUDA: ") + what + " failed: " + cudaGetErrorString(status));
-}
 
 // Runs `operation` with the whole device idle before and after it.
 template <typename Operation>

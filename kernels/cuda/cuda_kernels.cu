@@ -12,225 +12,28 @@
 
 #include <algorithm>
 #include <cmath>
+#include <stdexcept>
 #include <string>
 
 #include "core/error.hpp"
 #include "kernels/cuda/cuda_backend.hpp"
+#include "kernels/cuda/cuda_check.hpp"
+#include "kernels/cuda/device_kernels.cuh"
 
 namespace mlptrain {
 
-namespace {
-
-void check(cudaError_t status, const char* what) {
-  if (status != cudaSuccess)
-    throw RuntimeFailure(std::string("CUDA: ") + what + " failed: " + cudaGetErrorString(status));
-}
-
-void check(cublasStatus_t status, const char* what) {
+// Beside check(cudaError_t) of cuda_check.hpp, as an overload of it.
+inline void check(cublasStatus_t status, const char* what) {
   if (status != CUBLAS_STATUS_SUCCESS)
     throw RuntimeFailure(std::string("cuBLAS: ") + what + " failed (status " +
                          std::to_string(static_cast<int>(status)) + ")");
 }
 
-constexpr int block_threads = 256;
-
-// Enough blocks to cover `count` elements with grid-stride loops, capped: more would only queue.
-int blocks_for(std::int64_t count) {
-  return static_cast<int>(std::clamp<std::int64_t>((count + block_threads - 1) / block_threads, 1, 8192));
-}
-
-__device__ float normal_cdf(float x) { return 0.5f * (1.0f + erff(x * 0.70710678118654752f)); }
-__device__ float normal_pdf(float x) { return 0.39894228040143268f * expf(-0.5f * x * x); }
-
-// The sum of every thread's `value` over the block, in shared memory; valid in thread 0. Every
-// thread of the block must call it.
-__device__ double block_sum(double value) {
-  __shared__ double partial[block_threads];
-  partial[threadIdx.x] = value;
-  __syncthreads();
-  for (int half = block_threads / 2; half > 0; half /= 2) {
-    if (threadIdx.x < half) partial[threadIdx.x] += partial[threadIdx.x + half];
-    __syncthreads();
-  }
-  return partial[0];
-}
-
-// Adds the block's sum of `value` into *total: one atomic per block.
-__device__ void block_sum_into(double value, double* total) {
-  const double sum = block_sum(value);
-  if (threadIdx.x == 0) atomicAdd(total, sum);
-}
-
-#define GRID_STRIDE(index, count)                                                              \
-  for (std::int64_t index = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; \
-       index < (count); index += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
-
-__global__ void bias_gelu_forward_kernel(float* pre, const float* bias, float* activated,
-                                         std::int64_t rows, std::int64_t cols) {
-  GRID_STRIDE(i, rows * cols) {
-    const float value = pre[i] + bias[i % cols];
-    pre[i] = value;
-    activated[i] = value * normal_cdf(value);
-  }
-}
-
-__global__ void bias_add_kernel(float* data, const float* bias, std::int64_t rows, std::int64_t cols) {
-  GRID_STRIDE(i, rows * cols) data[i] += bias[i % cols];
-}
-
-__global__ void gelu_backward_kernel(const float* grad_activated, const float* pre, float* grad_pre,
-                                     std::int64_t count) {
-  GRID_STRIDE(i, count) {
-    const float x = pre[i];
-    grad_pre[i] = grad_activated[i] * (normal_cdf(x) + x * normal_pdf(x));
-  }
-}
-
-// One thread per column, rows in order (coalesced: neighbouring threads read neighbouring columns).
-__global__ void column_sums_kernel(const float* data, float* sums, bool accumulate, std::int64_t rows,
-                                   std::int64_t cols) {
-  GRID_STRIDE(col, cols) {
-    float total = accumulate ? sums[col] : 0.0f;
-    for (std::int64_t row = 0; row < rows; ++row) total += data[row * cols + col];
-    sums[col] = total;
-  }
-}
-
-__global__ void mse_kernel(const float* prediction, const float* target, float* grad, std::int64_t count,
-                           float factor, double* total) {
-  double sum = 0;
-  GRID_STRIDE(i, count) {
-    if (grad != nullptr) grad[i] = factor * (prediction[i] - target[i]);
-    const double error = static_cast<double>(prediction[i]) - target[i];
-    sum += error * error;
-  }
-  block_sum_into(sum, total);
-}
-
-// One thread per row: class counts are small. totals[0] += loss, totals[1] += correct rows.
-__global__ void cross_entropy_kernel(const float* logits, const std::int32_t* labels, float* grad,
-                                     std::int64_t rows, std::int64_t cols, float grad_scale,
-                                     double* totals) {
-  double loss = 0, correct = 0;
-  GRID_STRIDE(row, rows) {
-    const float* row_logits = logits + row * cols;
-    std::int64_t best = 0;
-    for (std::int64_t col = 1; col < cols; ++col)
-      if (row_logits[col] > row_logits[best]) best = col;  // ties keep the lower index
-    const float largest = row_logits[best];
-    double normalizer = 0;
-    for (std::int64_t col = 0; col < cols; ++col) normalizer += exp(static_cast<double>(row_logits[col] - largest));
-    const std::int32_t label = labels[row];
-    loss += log(normalizer) - (row_logits[label] - largest);
-    correct += best == label ? 1 : 0;
-    if (grad != nullptr)
-      for (std::int64_t col = 0; col < cols; ++col) {
-        const double probability = exp(static_cast<double>(row_logits[col] - largest)) / normalizer;
-        grad[row * cols + col] = grad_scale * static_cast<float>(probability - (col == label ? 1 : 0));
-      }
-  }
-  block_sum_into(loss, &totals[0]);
-  block_sum_into(correct, &totals[1]);
-}
-
-__global__ void softmax_rows_kernel(float* data, std::int64_t rows, std::int64_t cols) {
-  GRID_STRIDE(row, rows) {
-    float* values = data + row * cols;
-    float largest = values[0];
-    for (std::int64_t col = 1; col < cols; ++col) largest = fmaxf(largest, values[col]);
-    double total = 0;
-    for (std::int64_t col = 0; col < cols; ++col) total += exp(static_cast<double>(values[col] - largest));
-    for (std::int64_t col = 0; col < cols; ++col)
-      values[col] = static_cast<float>(exp(static_cast<double>(values[col] - largest)) / total);
-  }
-}
-
-__global__ void softmax_backward_rows_kernel(const float* probabilities, const float* grad_probabilities,
-                                             float* grad_logits, std::int64_t rows, std::int64_t cols) {
-  GRID_STRIDE(row, rows) {
-    const float* p = probabilities + row * cols;
-    const float* g = grad_probabilities + row * cols;
-    double inner = 0;
-    for (std::int64_t col = 0; col < cols; ++col) inner += static_cast<double>(p[col]) * g[col];
-    float* out = grad_logits + row * cols;  // may be grad_probabilities: each element read first
-    for (std::int64_t col = 0; col < cols; ++col) out[col] = static_cast<float>(p[col] * (g[col] - inner));
-  }
-}
-
-__global__ void gather_rows_kernel(const float* source, const std::int32_t* indices, const float* scales,
-                                   float* destination, std::int64_t rows, std::int64_t cols) {
-  GRID_STRIDE(i, rows * cols) {
-    const std::int64_t row = i / cols, col = i % cols;
-    const float factor = scales != nullptr ? scales[row] : 1.0f;
-    destination[i] = factor * source[static_cast<std::int64_t>(indices[row]) * cols + col];
-  }
-}
-
-// One thread per column, rows in order: destination rows may repeat, and the CPU's order of
-// additions is kept, so the sums agree bit for bit.
-__global__ void scatter_add_rows_kernel(const float* source, const std::int32_t* indices, const float* scales,
-                                        float* destination, std::int64_t rows, std::int64_t cols) {
-  GRID_STRIDE(col, cols) {
-    for (std::int64_t row = 0; row < rows; ++row) {
-      const float factor = scales != nullptr ? scales[row] : 1.0f;
-      destination[static_cast<std::int64_t>(indices[row]) * cols + col] += factor * source[row * cols + col];
-    }
-  }
-}
-
-// One block per row.
-__global__ void row_dots_kernel(const float* a, const std::int32_t* indices, const float* b, float* dots,
-                                std::int64_t cols) {
-  const std::int64_t row = blockIdx.x;
-  const float* left = a + static_cast<std::int64_t>(indices[row]) * cols;
-  const float* right = b + row * cols;
-  double sum = 0;
-  for (std::int64_t col = threadIdx.x; col < cols; col += blockDim.x) sum += static_cast<double>(left[col]) * right[col];
-  const double total = block_sum(sum);
-  if (threadIdx.x == 0) dots[row] = static_cast<float>(total);
-}
-
-struct AdamWScalars {
-  float step_size, correction2_sqrt, decay, beta1, beta2, one_minus_beta1, one_minus_beta2, eps;
-};
-
-__global__ void adamw_kernel(float* params, const float* grads, float* exp_avg, float* exp_avg_sq,
-                             std::int64_t count, AdamWScalars s, double* squared_gradients) {
-  double sum = 0;
-  GRID_STRIDE(i, count) {
-    const float gradient = grads[i];
-    const float first = exp_avg[i] * s.beta1 + s.one_minus_beta1 * gradient;
-    const float second = exp_avg_sq[i] * s.beta2 + s.one_minus_beta2 * gradient * gradient;
-    exp_avg[i] = first;
-    exp_avg_sq[i] = second;
-    const float denominator = sqrtf(second) / s.correction2_sqrt + s.eps;
-    params[i] = params[i] * s.decay - s.step_size * (first / denominator);
-    sum += static_cast<double>(gradient) * gradient;
-  }
-  block_sum_into(sum, squared_gradients);
-}
-
-__global__ void sum_of_squares_kernel(const float* data, std::int64_t count, double* total) {
-  double sum = 0;
-  GRID_STRIDE(i, count) sum += static_cast<double>(data[i]) * data[i];
-  block_sum_into(sum, total);
-}
-
-__global__ void scale_kernel(float* data, std::int64_t count, float factor) {
-  GRID_STRIDE(i, count) data[i] *= factor;
-}
-
-__global__ void fill_kernel(float* data, std::int64_t count, float value) {
-  GRID_STRIDE(i, count) data[i] = value;
-}
-
-__global__ void add_kernel(float* destination, const float* source, std::int64_t count) {
-  GRID_STRIDE(i, count) destination[i] += source[i];
-}
+namespace {
 
 class CudaKernels final : public Kernels {
  public:
-  CudaKernels(int device, bool tf32) {
+  CudaKernels(int device, bool tf32) : tf32_(tf32) {
     check(cudaSetDevice(device), "cudaSetDevice");
     check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
     check(cublasCreate(&blas_), "cublasCreate");
@@ -254,16 +57,51 @@ class CudaKernels final : public Kernels {
   Device device() const override { return Device::cuda; }
   cudaStream_t stream() const { return stream_; }
 
-  void gemm(Transpose transpose_a, Transpose transpose_b, std::int64_t m, std::int64_t n, std::int64_t k,
-            float alpha, const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float beta,
-            float* c, std::int64_t ldc) override {
-    if (m == 0 || n == 0) return;
+  std::string description() const override {
+    int version = 0;
+    cublasGetVersion(blas_, &version);
+    return "cuBLAS " + std::to_string(version) + (tf32_ ? ", fp32 GEMMs on TF32 tensor cores" : "");
+  }
+
+  void gemm(const Gemm& gemm) override {
+    if (gemm.m == 0 || gemm.n == 0) return;
     // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: swap the operands.
     const auto operation = [](Transpose t) { return t == Transpose::yes ? CUBLAS_OP_T : CUBLAS_OP_N; };
-    check(cublasSgemm(blas_, operation(transpose_b), operation(transpose_a), static_cast<int>(n),
-                      static_cast<int>(m), static_cast<int>(k), &alpha, b, static_cast<int>(ldb), a,
-                      static_cast<int>(lda), &beta, c, static_cast<int>(ldc)),
-          "cublasSgemm");
+    // Products accumulate in fp32 whatever the inputs; fp32 inputs may use TF32 when asked.
+    const cublasComputeType_t compute = gemm.input == DataType::float32 && tf32_
+                                            ? CUBLAS_COMPUTE_32F_FAST_TF32
+                                            : CUBLAS_COMPUTE_32F;
+    check(cublasGemmEx(blas_, operation(gemm.transpose_b), operation(gemm.transpose_a),
+                       static_cast<int>(gemm.n), static_cast<int>(gemm.m), static_cast<int>(gemm.k),
+                       &gemm.alpha, gemm.b, library_type(gemm.input), static_cast<int>(gemm.ldb), gemm.a,
+                       library_type(gemm.input), static_cast<int>(gemm.lda), &gemm.beta, gemm.c,
+                       library_type(gemm.output), static_cast<int>(gemm.ldc), compute, CUBLAS_GEMM_DEFAULT),
+          "cublasGemmEx");
+  }
+
+  void convert(const void* source, DataType source_type, void* destination,
+               DataType destination_type, std::size_t count) override {
+    const auto elements = static_cast<std::int64_t>(count);
+    if (source_type == destination_type) {
+      if (count > 0)
+        check(cudaMemcpyAsync(destination, source, count * size_of(source_type), cudaMemcpyDeviceToDevice,
+                              stream_),
+              "cudaMemcpyAsync");
+    } else if (source_type == DataType::float32 && destination_type == DataType::bfloat16) {
+      launch(float_to_bfloat16_kernel, elements, static_cast<const float*>(source),
+             static_cast<__nv_bfloat16*>(destination), elements);
+    } else if (source_type == DataType::bfloat16 && destination_type == DataType::float32) {
+      launch(bfloat16_to_float_kernel, elements, static_cast<const __nv_bfloat16*>(source),
+             static_cast<float*>(destination), elements);
+    } else if (source_type == DataType::float32 && destination_type == DataType::float16) {
+      launch(float_to_float16_kernel, elements, static_cast<const float*>(source),
+             static_cast<__half*>(destination), elements);
+    } else if (source_type == DataType::float16 && destination_type == DataType::float32) {
+      launch(float16_to_float_kernel, elements, static_cast<const __half*>(source),
+             static_cast<float*>(destination), elements);
+    } else {
+      throw std::logic_error("the CUDA backend converts between fp32 and one 16-bit float at a time");
+    }
   }
 
   void bias_gelu_forward(float* pre, const float* bias, float* activated, std::int64_t rows,
@@ -376,6 +214,15 @@ class CudaKernels final : public Kernels {
     return totals_host_;
   }
 
+  static cudaDataType_t library_type(DataType type) {
+    switch (type) {
+      case DataType::bfloat16: return CUDA_R_16BF;
+      case DataType::float16: return CUDA_R_16F;
+      default: return CUDA_R_32F;
+    }
+  }
+
+  bool tf32_ = false;
   cudaStream_t stream_ = nullptr;
   cublasHandle_t blas_ = nullptr;
   double* totals_device_ = nullptr;  // the reductions' sums

@@ -96,11 +96,18 @@ class LoopbackAllocator final : public HostAllocator {
 class LoopbackKernels final : public Kernels {
  public:
   Device device() const override { return Device::loopback; }
+  std::string description() const override { return cpu_->description(); }
 
-  void gemm(Transpose transpose_a, Transpose transpose_b, std::int64_t m, std::int64_t n,
-            std::int64_t k, float alpha, const float* a, std::int64_t lda, const float* b,
-            std::int64_t ldb, float beta, float* c, std::int64_t ldc) override {
-    cpu_->gemm(transpose_a, transpose_b, m, n, k, alpha, host(a), lda, host(b), ldb, beta, host(c), ldc);
+  void gemm(const Gemm& gemm) override {
+    Gemm on_host = gemm;
+    on_host.a = host(gemm.a);
+    on_host.b = host(gemm.b);
+    on_host.c = host(gemm.c);
+    cpu_->gemm(on_host);
+  }
+  void convert(const void* source, DataType source_type, void* destination,
+               DataType destination_type, std::size_t count) override {
+    cpu_->convert(host(source), source_type, host(destination), destination_type, count);
   }
   void bias_gelu_forward(float* pre, const float* bias, float* activated, std::int64_t rows,
                          std::int64_t cols) override {

@@ -1,9 +1,11 @@
 // layerbench: times one Linear layer's kernels as the trainer calls them (forward GEMM, the two
 // backward GEMMs, bias+GELU forward and backward, AdamW over the layer's parameters) on a device
-// (the CPU by default; --device cuda [--tf32] or loopback), and prints one JSON object. The speed
-// scripts set these beside whole training steps measured in the same run.
+// (the CPU by default; --device cuda [--tf32] or loopback), and prints one JSON object per GEMM
+// input type (--dtype fp32,bf16: fp32 accumulation and output either way). On the CPU each object
+// also holds the same GEMMs timed through oneDNN's own interface, the library's rate beside ours.
+// The speed scripts set these beside whole training steps measured in the same run.
 //
-// usage: layerbench [ROWS IN OUT [REPEATS]] [--device cpu|cuda|loopback] [--tf32]
+// usage: layerbench [ROWS IN OUT [REPEATS]] [--device cpu|cuda|loopback] [--tf32] [--dtype LIST]
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -11,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "bench/library_gemm.hpp"
 #include "comm/consensus.hpp"
 #include "comm/mpi_program.hpp"
 #include "core/error.hpp"
@@ -36,23 +39,44 @@ double best_ms(int repeats, Body&& body, Finish&& finish) {
   return best;
 }
 
+// One GEMM shape of a layer's step (forward, weight gradient or input gradient).
+struct GemmShape {
+  const char* name;
+  Transpose transpose_a, transpose_b;
+  long m, n, k, lda, ldb, ldc;
+};
+
+DataType gemm_input(const std::string& name) {
+  if (name == "fp32") return DataType::float32;
+  if (name == "bf16") return DataType::bfloat16;
+  if (name == "fp16") return DataType::float16;
+  throw UsageError("--dtype: unknown type '" + name + "' (choose fp32, bf16 or fp16)");
+}
+
 void run(const std::vector<std::string>& arguments) {
   std::vector<long> numbers = {256, 1024, 1024, 20};  // rows, in, out, repeats
   std::size_t position = 0;
   Config config;
+  std::vector<DataType> inputs;
   for (std::size_t index = 0; index < arguments.size(); ++index) {
     const std::string& argument = arguments[index];
     if (argument == "--device" && index + 1 < arguments.size()) {
       config.device = arguments[++index];
     } else if (argument == "--tf32") {
       config.tf32 = true;
+    } else if (argument == "--dtype" && index + 1 < arguments.size()) {
+      std::string list = arguments[++index] + ",";
+      for (std::size_t comma; (comma = list.find(',')) != std::string::npos; list.erase(0, comma + 1))
+        inputs.push_back(gemm_input(list.substr(0, comma)));
     } else if (position < numbers.size() && !argument.empty() &&
                argument.find_first_not_of("0123456789") == std::string::npos) {
       numbers[position++] = std::stol(argument);
     } else {
-      throw UsageError("usage: layerbench [ROWS IN OUT [REPEATS]] [--device cpu|cuda|loopback] [--tf32]");
+      throw UsageError("usage: layerbench [ROWS IN OUT [REPEATS]] [--device cpu|cuda|loopback] [--tf32] "
+                       "[--dtype fp32,bf16,fp16]");
     }
   }
+  if (inputs.empty()) inputs.push_back(DataType::float32);
   if (config.device != "cpu" && config.device != "cuda" && config.device != "loopback")
     throw UsageError("--device must be cpu, cuda or loopback");
   if (config.tf32 && config.device != "cuda") throw UsageError("--tf32 needs --device cuda");
@@ -78,21 +102,9 @@ void run(const std::vector<std::string>& arguments) {
     float probe = 0;
     memory.copy_to_host(&probe, act.floats(), sizeof(float));
   };
-
-  const double flops = 2.0 * static_cast<double>(rows) * static_cast<double>(in) * static_cast<double>(out);
   const auto time = [&](auto&& body) { return best_ms(repeats, body, finish); };
-  const double forward = time([&] {
-    kernels.gemm(Transpose::no, Transpose::yes, rows, out, in, 1, x.floats(), in, w.floats(), in, 0,
-                 pre.floats(), out);
-  });
-  const double weight_grad = time([&] {
-    kernels.gemm(Transpose::yes, Transpose::no, out, in, rows, 1, grad.floats(), out, x.floats(), in,
-                 0, grad_w.floats(), in);
-  });
-  const double input_grad = time([&] {
-    kernels.gemm(Transpose::no, Transpose::no, rows, in, out, 1, grad.floats(), out, w.floats(), in,
-                 0, grad_x.floats(), in);
-  });
+
+  // The elementwise kernels and AdamW, on fp32 as the trainer runs them.
   const double gelu_forward =
       time([&] { kernels.bias_gelu_forward(pre.floats(), bias.floats(), act.floats(), rows, out); });
   const double gelu_backward = time([&] {
@@ -103,15 +115,56 @@ void run(const std::vector<std::string>& arguments) {
   const double adamw = time([&] {
     kernels.adamw(w.floats(), grad_w.floats(), m.floats(), v.floats(), parameters, AdamWStep{});
   });
-  const double gemm_ms = forward + weight_grad + input_grad;
-  const nlohmann::json result = {
-      {"device", config.device}, {"tf32", config.tf32},
-      {"rows", rows}, {"in", in}, {"out", out},
-      {"forward_gemm_ms", forward}, {"weight_grad_gemm_ms", weight_grad},
-      {"input_grad_gemm_ms", input_grad}, {"gemm_gflops", 3 * flops / gemm_ms / 1e6},
-      {"bias_gelu_forward_ms", gelu_forward}, {"gelu_backward_ms", gelu_backward},
-      {"adamw_ms", adamw}, {"adamw_gbytes_per_s", 28.0 * static_cast<double>(parameters) / adamw / 1e6}};
-  std::puts(result.dump().c_str());
+
+  // The three GEMMs of the layer's step: pre = x W^T, dW = grad^T x, dx = grad W.
+  const GemmShape shapes[] = {
+      {"forward", Transpose::no, Transpose::yes, rows, out, in, in, in, out},
+      {"weight_grad", Transpose::yes, Transpose::no, out, in, rows, out, in, in},
+      {"input_grad", Transpose::no, Transpose::no, rows, in, out, out, in, in}};
+  const void* operands[][2] = {{x.floats(), w.floats()}, {grad.floats(), x.floats()}, {grad.floats(), w.floats()}};
+  float* results[] = {pre.floats(), grad_w.floats(), grad_x.floats()};
+  const double flops = 2.0 * static_cast<double>(rows) * static_cast<double>(in) * static_cast<double>(out);
+  for (DataType input : inputs) {
+    // Half inputs are the fp32 operands rounded (their values do not change the time).
+    Buffer half_a[3], half_b[3];
+    nlohmann::json result = {{"device", config.device}, {"tf32", config.tf32}, {"dtype", data_type_name(input)},
+                             {"rows", rows}, {"in", in}, {"out", out}, {"kernels", kernels.description()}};
+    double gemm_ms = 0, library_ms = 0;
+    for (std::size_t index = 0; index < 3; ++index) {
+      const GemmShape& shape = shapes[index];
+      Gemm gemm{.transpose_a = shape.transpose_a, .transpose_b = shape.transpose_b, .m = shape.m, .n = shape.n,
+                .k = shape.k, .a = operands[index][0], .lda = shape.lda, .b = operands[index][1],
+                .ldb = shape.ldb, .c = results[index], .ldc = shape.ldc, .input = input};
+      if (input != DataType::float32) {
+        const auto a_count = static_cast<std::size_t>(shape.m * shape.k), b_count = static_cast<std::size_t>(shape.k * shape.n);
+        half_a[index] = memory.allocate(MemoryState::workspace, a_count * size_of(input));
+        half_b[index] = memory.allocate(MemoryState::workspace, b_count * size_of(input));
+        kernels.convert(gemm.a, DataType::float32, half_a[index].as<void>(), input, a_count);
+        kernels.convert(gemm.b, DataType::float32, half_b[index].as<void>(), input, b_count);
+        gemm.a = half_a[index].as<void>();
+        gemm.b = half_b[index].as<void>();
+      }
+      const double ms = time([&] { kernels.gemm(gemm); });
+      result[std::string(shape.name) + "_gemm_ms"] = ms;
+      gemm_ms += ms;
+      if (config.device != "cpu") continue;
+      if (const auto library = time_library_gemm(gemm, repeats)) {
+        result[std::string("library_") + shape.name + "_gemm_ms"] = library->best_ms;
+        result["library_implementation"] = library->implementation;
+        library_ms += library->best_ms;
+      } else {
+        result["library_implementation"] = nullptr;  // none for these inputs: ours widen them
+      }
+    }
+    result["gemm_gflops"] = 3 * flops / gemm_ms / 1e6;
+    if (library_ms > 0 && !result["library_implementation"].is_null()) {
+      result["library_gemm_gflops"] = 3 * flops / library_ms / 1e6;
+      result["gemm_over_library"] = gemm_ms / library_ms;
+    }
+    result.update({{"bias_gelu_forward_ms", gelu_forward}, {"gelu_backward_ms", gelu_backward},
+                   {"adamw_ms", adamw}, {"adamw_gbytes_per_s", 28.0 * static_cast<double>(parameters) / adamw / 1e6}});
+    std::puts(result.dump().c_str());
+  }
 }
 
 }  // namespace

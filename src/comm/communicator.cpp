@@ -8,17 +8,6 @@
 
 namespace mlptrain {
 
-std::size_t size_of(DataType type) {
-  switch (type) {
-    case DataType::float32: return 4;
-    case DataType::float64: return 8;
-    case DataType::int32: return 4;
-    case DataType::int64: return 8;
-    case DataType::uint8: return 1;
-  }
-  return 0;
-}
-
 std::int64_t Operation::ledger_bytes(int group_size) const {
   const auto element_bytes = static_cast<std::int64_t>(size_of(type));
   const auto elements = static_cast<std::int64_t>(count);

@@ -1,5 +1,5 @@
 // One process group's communication. Every operation is described by an Operation value and
-// handed to the backend (MPI now, NCCL later) through two entry points, blocking and non-blocking;
+// handed to a backend (MPI, or NCCL on GPUs) through two entry points, blocking and non-blocking;
 // this base class records each completed operation in the comm ledger under the group's name, so
 // no backend and no caller can forget to.
 #pragma once
@@ -13,23 +13,11 @@
 
 #include "comm/comm_ledger.hpp"
 #include "core/buffer.hpp"
+#include "core/data_type.hpp"
 
 namespace mlptrain {
 
-enum class DataType { float32, float64, int32, int64, uint8 };
 enum class ReduceOp { sum, max, min };
-
-std::size_t size_of(DataType type);
-
-template <typename T>
-constexpr DataType data_type_of();
-template <> constexpr DataType data_type_of<float>() { return DataType::float32; }
-template <> constexpr DataType data_type_of<double>() { return DataType::float64; }
-template <> constexpr DataType data_type_of<std::int32_t>() { return DataType::int32; }
-template <> constexpr DataType data_type_of<std::int64_t>() { return DataType::int64; }
-template <> constexpr DataType data_type_of<std::uint64_t>() { return DataType::int64; }
-template <> constexpr DataType data_type_of<std::uint8_t>() { return DataType::uint8; }
-template <> constexpr DataType data_type_of<char>() { return DataType::uint8; }
 
 // What `count` means per op: all_reduce and broadcast, the buffer; reduce_scatter, the elements
 // each rank receives; all_gather, the elements each rank contributes; all_to_all, the elements

@@ -5,6 +5,8 @@
 #include <climits>
 #include <cstring>
 #include <functional>
+#include <stdexcept>
+#include <string>
 #include <utility>
 
 #include "core/error.hpp"
@@ -20,11 +22,17 @@ MPI_Datatype mpi_type(DataType type) {
     case DataType::int32: return MPI_INT32_T;
     case DataType::int64: return MPI_INT64_T;
     case DataType::uint8: return MPI_UINT8_T;
+    // 16-bit floats move as their bits; MPI has no arithmetic on them.
+    case DataType::bfloat16:
+    case DataType::float16: return MPI_UINT16_T;
   }
   return MPI_DATATYPE_NULL;
 }
 
-MPI_Op mpi_op(ReduceOp reduce) {
+MPI_Op mpi_op(ReduceOp reduce, DataType type) {
+  if (is_half(type))
+    throw std::logic_error("the MPI communicator cannot reduce " + std::string(data_type_name(type)) +
+                           " elements");
   switch (reduce) {
     case ReduceOp::sum: return MPI_SUM;
     case ReduceOp::max: return MPI_MAX;
@@ -203,11 +211,11 @@ void MpiCommunicator::run_host(const Operation& operation) {
   switch (operation.op) {
     case CommOp::all_reduce:
       MPI_Allreduce(send_or_in_place(operation), operation.receive, count, type,
-                    mpi_op(operation.reduce), comm_);
+                    mpi_op(operation.reduce, operation.type), comm_);
       return;
     case CommOp::reduce_scatter:
       MPI_Reduce_scatter_block(send_or_in_place(operation), operation.receive, count, type,
-                               mpi_op(operation.reduce), comm_);
+                               mpi_op(operation.reduce, operation.type), comm_);
       if (in_place(operation)) move_to_own_block(operation, rank_);
       return;
     case CommOp::all_gather:
@@ -261,11 +269,11 @@ std::unique_ptr<MpiPending> MpiCommunicator::start_host(const Operation& operati
   switch (operation.op) {
     case CommOp::all_reduce:
       MPI_Iallreduce(send_or_in_place(operation), operation.receive, count, type,
-                     mpi_op(operation.reduce), comm_, request);
+                     mpi_op(operation.reduce, operation.type), comm_, request);
       break;
     case CommOp::reduce_scatter:
       MPI_Ireduce_scatter_block(send_or_in_place(operation), operation.receive, count, type,
-                                mpi_op(operation.reduce), comm_, request);
+                                mpi_op(operation.reduce, operation.type), comm_, request);
       if (in_place(operation))
         pending->on_completion = [operation, rank = rank_] { move_to_own_block(operation, rank); };
       break;

@@ -2,6 +2,9 @@
 #include "train/compute_device.hpp"
 
 #include <fmt/format.h>
+#include <sched.h>
+
+#include <algorithm>
 
 #include "comm/gpu_placement.hpp"
 #include "comm/mpi_communicator.hpp"
@@ -48,10 +51,19 @@ ComputeDevice open_cuda(const Config& config, MPI_Comm world, MemoryLedger& ledg
 #endif
 }
 
+// The rank's share of the cores it may run on: ranks on one node split them evenly.
+int cpu_share(MPI_Comm world) {
+  cpu_set_t allowed;
+  const int cores = sched_getaffinity(0, sizeof(allowed), &allowed) == 0 ? CPU_COUNT(&allowed) : 1;
+  return std::max(1, cores / node_place(world).local_ranks);
+}
+
 }  // namespace
 
 ComputeDevice open_compute_device(const Config& config, MPI_Comm world, MemoryLedger& ledger,
                                   MemoryLedger& host_ledger) {
+  // The CPU's GEMMs (the trainer's, or the host side's of a GPU run) use the rank's cores.
+  set_cpu_gemm_threads(cpu_share(world));
   if (config.device == "cuda") return open_cuda(config, world, ledger, host_ledger);
   ComputeDevice device;
   if (config.device == "loopback") {
@@ -64,7 +76,7 @@ ComputeDevice open_compute_device(const Config& config, MPI_Comm world, MemoryLe
   } else {
     device.memory = std::make_unique<HostAllocator>(ledger);
     device.kernels = make_cpu_kernels();
-    device.description = "CPU";
+    device.description = "CPU, " + device.kernels->description();
   }
   return device;
 }

@@ -26,7 +26,7 @@ def command(arguments, ranks=1):
 
 def run(arguments, ranks=1, timeout=300, check=True, environment=None):
     """Runs mlptrain (with extra environment variables if given); returns the CompletedProcess."""
-    environment = dict(os.environ, OPENBLAS_NUM_THREADS="1", **(environment or {}))
+    environment = dict(os.environ, OMP_NUM_THREADS="1", **(environment or {}))
     result = subprocess.run(command(arguments, ranks), capture_output=True, text=True,
                             timeout=timeout, env=environment)
     if check and result.returncode != 0:

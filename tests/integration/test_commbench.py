@@ -19,7 +19,7 @@ COLLECTIVES = ["all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broa
 
 def commbench(arguments, ranks):
     return subprocess.run([MPIEXEC, "-n", str(ranks), COMMBENCH] + arguments, capture_output=True,
-                          text=True, timeout=120, env=dict(os.environ, OPENBLAS_NUM_THREADS="1"))
+                          text=True, timeout=120, env=dict(os.environ, OMP_NUM_THREADS="1"))
 
 
 def bus_factor(collective, ranks):

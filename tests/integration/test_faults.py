@@ -24,7 +24,7 @@ class Faults(TrainingTestCase):
         launcher = subprocess.Popen([MPIEXEC, "-n", "2", MLPTRAIN] + ARGUMENTS +
                                     ["--steps", "100000000", "--checkpoint-dir", directory],
                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                    env=dict(os.environ, OPENBLAS_NUM_THREADS="1"))
+                                    env=dict(os.environ, OMP_NUM_THREADS="1"))
         try:
             deadline = time.monotonic() + 60
             while time.monotonic() < deadline:

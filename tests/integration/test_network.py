@@ -27,7 +27,7 @@ class Network(TrainingTestCase):
         launcher = subprocess.Popen([MPIEXEC, "-n", str(ranks), MLPTRAIN] + [str(a) for a in arguments] +
                                     ["--metrics", metrics, "--checkpoint-dir", checkpoints],
                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                                    env=dict(os.environ, OPENBLAS_NUM_THREADS="1", **NETWORK))
+                                    env=dict(os.environ, OMP_NUM_THREADS="1", **NETWORK))
         try:
             _, errors = launcher.communicate(timeout=WORK_TIME_LIMIT_S)
             self.assertEqual(launcher.returncode, 0, errors)

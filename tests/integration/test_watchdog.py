@@ -14,7 +14,7 @@ ARGUMENTS = ["--layers", "3", "--hidden", "16", "--global-batch", "16", "--log-e
 
 class Watchdog(TrainingTestCase):
     def test_reports_where_the_ranks_diverged(self):
-        environment = dict(os.environ, MLPTRAIN_TEST_SKIP_STEP_SUM="1:3", OPENBLAS_NUM_THREADS="1")
+        environment = dict(os.environ, MLPTRAIN_TEST_SKIP_STEP_SUM="1:3", OMP_NUM_THREADS="1")
         started = time.monotonic()
         result = subprocess.run([MPIEXEC, "-n", "2", MLPTRAIN] + ARGUMENTS + ["--steps", "10", "--timeout", "2"],
                                 capture_output=True, text=True, timeout=60, env=environment)
