@@ -7,6 +7,8 @@
 #include <span>
 #include <string>
 
+#include "core/config.hpp"
+
 namespace mlptrain {
 
 enum class TargetKind { regression, classification };
@@ -34,14 +36,13 @@ class Dataset {
 };
 
 struct DataOptions {
-  std::string name;  // teacher | mixture | hdf5
+  DatasetKind kind = DatasetKind::teacher;
   std::string path;  // hdf5 only
   std::int64_t input_dim = 0;   // 0: the dataset's default
   std::int64_t output_dim = 0;  // 0: the dataset's default
 };
 
-// Throws UsageError for an unknown dataset, a missing or malformed file, or dimensions that
-// contradict the file.
+// Throws UsageError for a missing or malformed file, or dimensions that contradict the file.
 std::unique_ptr<Dataset> open_dataset(const DataOptions& options);
 
 // The built-in generators (synthetic.cpp) and the file reader (hdf5_dataset.cpp).

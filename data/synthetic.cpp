@@ -4,6 +4,7 @@
 // have fixed train and test sizes and a fixed generator seed, so the data never depends on --seed.
 #include <algorithm>
 #include <cmath>
+#include <stdexcept>
 #include <vector>
 
 #include "core/error.hpp"
@@ -128,16 +129,16 @@ std::unique_ptr<Dataset> make_mixture_dataset(std::int64_t input_dim, std::int64
 }
 
 std::unique_ptr<Dataset> open_dataset(const DataOptions& options) {
-  if (options.name == "teacher")
-    return make_teacher_dataset(options.input_dim > 0 ? options.input_dim : 32,
-                                options.output_dim > 0 ? options.output_dim : 4);
-  if (options.name == "mixture")
-    return make_mixture_dataset(options.input_dim > 0 ? options.input_dim : 32,
-                                options.output_dim > 0 ? options.output_dim : 10);
-  if (options.name == "hdf5")
-    return open_hdf5_dataset(options.path, options.input_dim, options.output_dim);
-  throw UsageError("--dataset: unknown dataset '" + options.name +
-                   "' (choose teacher, mixture or hdf5)");
+  switch (options.kind) {
+    case DatasetKind::teacher:
+      return make_teacher_dataset(options.input_dim > 0 ? options.input_dim : 32,
+                                  options.output_dim > 0 ? options.output_dim : 4);
+    case DatasetKind::mixture:
+      return make_mixture_dataset(options.input_dim > 0 ? options.input_dim : 32,
+                                  options.output_dim > 0 ? options.output_dim : 10);
+    case DatasetKind::hdf5: return open_hdf5_dataset(options.path, options.input_dim, options.output_dim);
+  }
+  throw std::logic_error("unknown dataset kind");
 }
 
 }  // namespace mlptrain

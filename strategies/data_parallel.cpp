@@ -18,14 +18,44 @@ namespace {
 // Buckets of about this size give overlap without many small messages.
 constexpr std::size_t bucket_capacity_bytes = 4u << 20;
 
-struct Bucket {
-  int first_layer = 0;  // the bucket is complete once this layer's backward is done
+// A bucket as the layout gives it: what it sums over which group, and the layer whose backward
+// completes it.
+struct BucketRange {
+  int first_layer = 0;
   FlatRange range;
+  GroupKind group = GroupKind::data;
+};
+
+// The buckets of a rank's layers, last layer first (the order backward fills them). Pure: the
+// strategy reduces these, and the cost model counts them.
+std::vector<BucketRange> gradient_buckets(const std::vector<ParameterTensor>& tensors, int unit_multiple,
+                                          LayerRange layers, const GridShape& shape) {
+  std::vector<BucketRange> buckets;
+  for (int layer = layers.last - 1; layer >= layers.first; --layer) {
+    const std::vector<ReplicaSegment> segments = replica_segments(tensors, layer, unit_multiple, shape);
+    for (auto segment = segments.rbegin(); segment != segments.rend(); ++segment) {
+      if (group_size(shape, segment->group) == 1) continue;  // experts held by one rank: nothing to sum
+      BucketRange* bucket = buckets.empty() ? nullptr : &buckets.back();
+      if (bucket != nullptr && bucket->group == segment->group &&
+          segment->range.offset + segment->range.count == bucket->range.offset &&
+          bucket->range.count * sizeof(float) < bucket_capacity_bytes) {
+        bucket->first_layer = layer;
+        bucket->range = {segment->range.offset, bucket->range.count + segment->range.count};
+      } else {
+        buckets.push_back({.first_layer = layer, .range = segment->range, .group = segment->group});
+      }
+    }
+  }
+  return buckets;
+}
+
+struct Bucket {
+  BucketRange layout;
   Communicator* group = nullptr;
   Request request;
 };
 
-class DataParallel final : public Strategy {
+class DataParallel final : public Strategy, public LayerHooks {
  public:
   explicit DataParallel(const StrategyContext& context) : parameters_(context.parameters) {
     // Gradients go where the group reduces fastest (in place in shared memory on one node).
@@ -33,35 +63,19 @@ class DataParallel final : public Strategy {
     parameters_.reallocate_grads([&](std::size_t bytes) {
       return data.allocate_collective_memory(context.allocator, MemoryState::grads, bytes);
     });
-    const GridShape& shape = context.groups.shape();
-    for (int layer = context.last_layer - 1; layer >= context.first_layer; --layer) {
-      const std::vector<ReplicaSegment> segments = replica_segments(parameters_, layer, shape);
-      for (auto segment = segments.rbegin(); segment != segments.rend(); ++segment) {
-        Communicator& group = context.groups.group(segment->group);
-        if (group.size() == 1) continue;  // experts held by one rank: nothing to sum
-        Bucket* bucket = buckets_.empty() ? nullptr : &buckets_.back();
-        if (bucket != nullptr && bucket->group == &group &&
-            segment->range.offset + segment->range.count == bucket->range.offset &&
-            bucket->range.count * sizeof(float) < bucket_capacity_bytes) {
-          bucket->first_layer = layer;
-          bucket->range = {segment->range.offset, bucket->range.count + segment->range.count};
-        } else {
-          buckets_.push_back({.first_layer = layer, .range = segment->range, .group = &group});
-        }
-      }
-    }
+    for (const BucketRange& range : gradient_buckets(parameters_.tensors(), parameters_.unit_multiple(),
+                                                     context.local, context.groups.shape()))
+      buckets_.push_back({.layout = range, .group = &context.groups.group(range.group)});
   }
-
-  std::string_view name() const override { return "data_parallel"; }
 
   void before_layer_backward(LayerEvent&) override { progress(); }
 
   void after_layer_backward(LayerEvent& event) override {
     if (event.last_micro_batch()) {
       for (Bucket& bucket : buckets_) {
-        if (bucket.first_layer != event.layer) continue;
-        bucket.request = bucket.group->all_reduce_async(parameters_.grads() + bucket.range.offset,
-                                                        bucket.range.count);
+        if (bucket.layout.first_layer != event.layer) continue;
+        bucket.request = bucket.group->all_reduce_async(parameters_.grads() + bucket.layout.range.offset,
+                                                        bucket.layout.range.count);
       }
     }
     progress();
@@ -69,13 +83,6 @@ class DataParallel final : public Strategy {
 
   void synchronize_gradients(const StepEvent&) override {
     for (Bucket& bucket : buckets_) bucket.request.wait();
-  }
-
-  void predict(PlacementPrediction& prediction) const override {
-    prediction.modes[3] = "S";  // each rank holds the activations of its own samples
-    for (const Bucket& bucket : buckets_)
-      prediction.comm(CommOp::all_reduce) +=
-          static_cast<std::int64_t>(bucket.range.count * sizeof(float));
   }
 
  private:
@@ -96,8 +103,17 @@ std::unique_ptr<Strategy> create(const StrategyContext& context) {
   return std::make_unique<DataParallel>(context);
 }
 
+void predict(const RankLayout& layout, Prediction& prediction) {
+  Prediction::shard(prediction.activations);  // each rank holds the activations of its own samples
+  for (const BucketRange& bucket : gradient_buckets(layout.tensors, layout.plan.unit_multiple, layout.layers, layout.shape))
+    prediction.comm(CommOp::all_reduce) += static_cast<std::int64_t>(bucket.range.count * sizeof(float));
+}
+
+constexpr Role roles[] = {Role::reduces_gradients};
+
 }  // namespace
 
-extern const StrategyRegistration data_parallel_registration{"data_parallel", wanted, create};
+extern const StrategyRegistration data_parallel_registration{
+    .name = "data_parallel", .roles = roles, .wanted = wanted, .create = create, .predict = predict};
 
 }  // namespace mlptrain

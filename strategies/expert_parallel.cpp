@@ -23,23 +23,8 @@ namespace {
 class ExpertParallel final : public Strategy, public ExpertExchange {
  public:
   explicit ExpertParallel(const StrategyContext& context)
-      : config_(context.config), data_(context.groups.group(GroupKind::data)),
-        expert_(context.groups.group(GroupKind::expert)) {
-    for (int layer = context.first_layer; layer < context.last_layer; ++layer)
-      if (context.layers[static_cast<std::size_t>(layer)].moe()) ++local_moe_layers_;
-  }
+      : data_(context.groups.group(GroupKind::data)), expert_(context.groups.group(GroupKind::expert)) {}
 
-  std::string_view name() const override { return "expert_parallel"; }
-
-  std::string note() const override {
-    const int experts = config_.experts, ranks = expert_.size();
-    return fmt::format("experts: routing over the global micro-batch of {} data-parallel ranks; "
-                       "{} of the {} experts of each MoE layer on each of the {} rank(s) of an "
-                       "expert-parallel group, expert gradients summed over {} rank(s)",
-                       data_.size(), experts / ranks, experts, ranks, data_.size() / ranks);
-  }
-
-  ExpertExchange* expert_exchange() override { return this; }
   int data_ranks() const override { return data_.size(); }
   int data_rank() const override { return data_.rank(); }
   int expert_ranks() const override { return expert_.size(); }
@@ -54,24 +39,9 @@ class ExpertParallel final : public Strategy, public ExpertExchange {
     expert_.all_to_all_variable(send, send_floats, receive, receive_floats);
   }
 
-  void predict(PlacementPrediction& prediction) const override {
-    // Per MoE layer and micro-batch: one gather of 2E + 1 statistics per rank; with the experts
-    // split, four exchanges of about k rows per token when routing is balanced (the summary
-    // replaces this by what the routing counts give).
-    const std::int64_t passes = static_cast<std::int64_t>(local_moe_layers_) * config_.micro_batches;
-    prediction.comm(CommOp::all_gather) += passes * (2 * config_.experts + 1) * 8 * data_.size();
-    if (expert_.size() > 1) {
-      const std::int64_t rows = config_.global_batch / config_.micro_batches / config_.dp;
-      prediction.comm(CommOp::all_to_all) +=
-          passes * 4 * config_.top_k * rows * config_.hidden * static_cast<std::int64_t>(sizeof(float));
-    }
-  }
-
  private:
-  const Config& config_;
   Communicator& data_;
   Communicator& expert_;
-  int local_moe_layers_ = 0;
 };
 
 bool wanted(const Config& config, const GridShape& shape) {
@@ -81,22 +51,55 @@ bool wanted(const Config& config, const GridShape& shape) {
 // Experts split on their first dimension over the EP group: rank j holds [j E/X, (j+1) E/X).
 void plan(const Config&, const GridShape& shape, const GridCoordinates& place, ParameterPlan& plan) {
   if (shape.ep == 1) return;
-  plan.split = [previous = plan.split, rank = place.ep, size = shape.ep](ParameterTensor& tensor) {
-    if (previous) previous(tensor);
+  plan.splits.push_back([rank = place.ep, size = shape.ep](ParameterTensor& tensor) {
     if (!tensor.expert) return;
     const std::int64_t experts = tensor.global_shape[0];
     tensor.local_start[0] = experts * rank / size;
     tensor.local_shape[0] = experts / size;
-  };
+  });
 }
 
 std::unique_ptr<Strategy> create(const StrategyContext& context) {
   return std::make_unique<ExpertParallel>(context);
 }
 
+int local_moe_layers(const RankLayout& layout) {
+  int count = 0;
+  for (int layer = layout.layers.first; layer < layout.layers.last; ++layer)
+    count += layout.model[static_cast<std::size_t>(layer)].moe() ? 1 : 0;
+  return count;
+}
+
+void predict(const RankLayout& layout, Prediction& prediction) {
+  // Per MoE layer and micro-batch: one gather of 2E + 1 statistics per rank; with the experts
+  // split, four exchanges of about k rows per token when routing is balanced (the summary
+  // replaces this by what the routing counts give).
+  const Config& config = layout.config;
+  const std::int64_t passes = static_cast<std::int64_t>(local_moe_layers(layout)) * config.micro_batches;
+  prediction.comm(CommOp::all_gather) += passes * (2 * config.experts + 1) * 8 * layout.shape.dp;
+  if (layout.shape.ep > 1)
+    prediction.comm(CommOp::all_to_all) +=
+        passes * 4 * config.top_k * layout.rows * config.hidden * static_cast<std::int64_t>(sizeof(float));
+}
+
+std::string describe(const RankLayout& layout) {
+  const int experts = layout.config.experts, ranks = layout.shape.ep;
+  return fmt::format("experts: routing over the global micro-batch of {} data-parallel ranks; {} of the {} "
+                     "experts of each MoE layer on each of the {} rank(s) of an expert-parallel group, "
+                     "expert gradients summed over {} rank(s)",
+                     layout.shape.dp, experts / ranks, experts, ranks, layout.shape.dp / ranks);
+}
+
+constexpr Role roles[] = {Role::exchanges_experts, Role::splits_tensors};
+
 }  // namespace
 
-extern const StrategyRegistration expert_parallel_registration{"expert_parallel", wanted, create,
-                                                               plan};
+extern const StrategyRegistration expert_parallel_registration{.name = "expert_parallel",
+                                                               .roles = roles,
+                                                               .wanted = wanted,
+                                                               .create = create,
+                                                               .plan = plan,
+                                                               .predict = predict,
+                                                               .describe = describe};
 
 }  // namespace mlptrain

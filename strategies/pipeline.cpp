@@ -1,7 +1,7 @@
 // Pipeline parallelism: the layers split into P contiguous stages of about equal cost (the first
 // and last layers have other shapes, so a stage's cost is its multiply-adds per sample, not its
 // layer count), one stage per rank of the pipeline group. The strategy supplies each stage's
-// schedule (1F1B or GPipe, strategies/schedule.hpp) and moves the tensors across stage
+// schedule (1F1B or GPipe, schedule/schedule.hpp) and moves the tensors across stage
 // boundaries with non-blocking sends and receives on the pipeline group: a micro-batch's output
 // activations forward, its input gradients backward. Ranks of a stage that share a
 // tensor-parallel group exchange their own slices with the same slices of the next stage, and
@@ -15,41 +15,18 @@ namespace mlptrain {
 
 namespace {
 
-PipelineKind pipeline_kind(const Config& config) {
-  return config.schedule == "gpipe" ? PipelineKind::gpipe : PipelineKind::one_f_one_b;
-}
-
 std::vector<LayerRange> stages_of(const std::vector<LayerSpec>& model, int stages) {
   std::vector<std::int64_t> costs;
   for (const LayerSpec& layer : model) costs.push_back(layer_cost(layer));
   return balanced_stages(costs, stages);
 }
 
-class Pipeline final : public Strategy {
+class Pipeline final : public Strategy, public StageTransfers {
  public:
   explicit Pipeline(const StrategyContext& context)
-      : config_(context.config), group_(context.groups.group(GroupKind::pipeline)),
-        layers_(context.layers), kind_(pipeline_kind(context.config)), stage_(group_.rank()),
-        stages_(group_.size()) {}
+      : group_(context.groups.group(GroupKind::pipeline)), stage_(group_.rank()) {}
 
-  std::string_view name() const override { return "pipeline"; }
-
-  std::string note() const override {
-    std::string ranges;
-    for (const LayerRange& range : stages_of(layers_, stages_))
-      ranges += fmt::format("{}{}-{}", ranges.empty() ? "" : ", ", range.first, range.last - 1);
-    const int micro_batches = config_.micro_batches;
-    return fmt::format("pipeline of {} stages (layers {}), {} schedule over {} micro-batch(es): "
-                       "ideal bubble (P-1)/(M+P-1) = {:.3f}",
-                       stages_, ranges, config_.schedule, micro_batches,
-                       static_cast<double>(stages_ - 1) / (micro_batches + stages_ - 1));
-  }
-
-  std::optional<std::vector<Action>> schedule(int micro_batches, bool training) const override {
-    return pipeline_schedule(kind_, stages_, stage_, micro_batches, training);
-  }
-
-  std::optional<Request> start_transfer(const TransferEvent& event) override {
+  Request start_transfer(const TransferEvent& event) override {
     const bool to_next = event.kind == ActionKind::send_activations;
     const bool from_next = event.kind == ActionKind::receive_gradients;
     const bool sends = to_next || event.kind == ActionKind::send_gradients;
@@ -71,20 +48,9 @@ class Pipeline final : public Strategy {
     return group_.start(operation);
   }
 
-  // The loop predicts the transfers and the activations from the schedule it executes.
-  void predict(PlacementPrediction& prediction) const override {
-    // Each stage holds its own layers' parameters, gradients and optimizer state.
-    for (std::size_t state = 0; state < 3; ++state)
-      if (prediction.modes[state] == "R") prediction.modes[state] = "S";
-  }
-
  private:
-  const Config& config_;
   Communicator& group_;
-  const std::vector<LayerSpec>& layers_;
-  const PipelineKind kind_;
   const int stage_;
-  const int stages_;
 };
 
 bool wanted(const Config&, const GridShape& shape) { return shape.pp > 1; }
@@ -98,9 +64,41 @@ LayerRange stage_layers(const std::vector<LayerSpec>& model, const GridShape& sh
   return stages_of(model, shape.pp)[static_cast<std::size_t>(place.pp)];
 }
 
+std::vector<Action> stage_schedule(const Config& config, const GridShape& shape, const GridCoordinates& place,
+                                   int micro_batches, bool training) {
+  return pipeline_schedule(config.schedule, shape.pp, place.pp, micro_batches, training);
+}
+
+// The loop predicts the transfers and the activations from the schedule it executes; each stage
+// holds its own layers' parameters, gradients and optimizer state.
+void predict(const RankLayout&, Prediction& prediction) {
+  Prediction::shard(prediction.params);
+  Prediction::shard(prediction.grads);
+  Prediction::shard(prediction.optimizer);
+}
+
+std::string describe(const RankLayout& layout) {
+  const int stages = layout.shape.pp, micro_batches = layout.config.micro_batches;
+  std::string ranges;
+  for (const LayerRange& range : stages_of(layout.model, stages))
+    ranges += fmt::format("{}{}-{}", ranges.empty() ? "" : ", ", range.first, range.last - 1);
+  return fmt::format("pipeline of {} stages (layers {}), {} schedule over {} micro-batch(es): ideal bubble "
+                     "(P-1)/(M+P-1) = {:.3f}",
+                     stages, ranges, choice_name(layout.config.schedule), micro_batches,
+                     static_cast<double>(stages - 1) / (micro_batches + stages - 1));
+}
+
+constexpr Role roles[] = {Role::owns_schedule};
+
 }  // namespace
 
-extern const StrategyRegistration pipeline_registration{"pipeline", wanted, create, nullptr,
-                                                        stage_layers};
+extern const StrategyRegistration pipeline_registration{.name = "pipeline",
+                                                        .roles = roles,
+                                                        .wanted = wanted,
+                                                        .create = create,
+                                                        .layers = stage_layers,
+                                                        .schedule = stage_schedule,
+                                                        .predict = predict,
+                                                        .describe = describe};
 
 }  // namespace mlptrain

@@ -21,4 +21,17 @@ std::span<const StrategyRegistration> strategy_registry() {
   return registry;
 }
 
+std::string_view role_name(Role role) {
+  switch (role) {
+    case Role::reduces_gradients: return "sums gradients over replicas";
+    case Role::owns_schedule: return "orders the step";
+    case Role::shards_state: return "places the training state";
+    case Role::exchanges_experts: return "connects MoE layers to their experts";
+    case Role::splits_tensors: return "splits tensors";
+  }
+  return "?";
+}
+
+bool exclusive(Role role) { return role != Role::splits_tensors; }
+
 }  // namespace mlptrain

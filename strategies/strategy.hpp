@@ -1,10 +1,15 @@
-// The hook interface through which parallel strategies plug into the common training loop. The
-// loop calls every active strategy at fixed points of a step, in registration order; a strategy
-// composes with others by acting only on its own process group and its own part of the state.
-// The loop knows strategies only through this header.
+// How a parallel strategy plugs into the common training loop. A strategy is a registration (what
+// it is called, when it takes part, the roles it plays, and pure functions the run asks before
+// anything is allocated: the parameter layout, the layers a rank runs, its terms of the cost model
+// and a sentence for the start of the run) plus an object made once the parameters exist, which
+// implements the capabilities its roles need:
+//   LayerHooks      calls at fixed points around each layer and step (any number of strategies)
+//   StageTransfers  moves tensors across stage boundaries, as the schedule says (one)
+//   StateSharding   places the training state when it is sharded (one)
+//   ExpertExchange  connects MoE layers to their global micro-batch and experts (one)
+// The loop knows strategies only through this header and the stack (train/strategy_stack.hpp).
 #pragma once
 
-#include <array>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -13,21 +18,22 @@
 #include <string_view>
 #include <vector>
 
-#include "comm/comm_ledger.hpp"
 #include "comm/process_groups.hpp"
 #include "core/buffer.hpp"
 #include "core/config.hpp"
+#include "cost/rank_layout.hpp"
+#include "cost/prediction.hpp"
 #include "kernels/kernels.hpp"
 #include "model/linear.hpp"
 #include "model/model_spec.hpp"
 #include "model/moe.hpp"
 #include "model/parameter_store.hpp"
 #include "model/state_runs.hpp"
-#include "strategies/schedule.hpp"
+#include "schedule/schedule.hpp"
 
 namespace mlptrain {
 
-// What a strategy may use; everything is owned by the trainer and outlives the strategies.
+// What a strategy object may use; everything is owned by the run and outlives the strategies.
 struct StrategyContext {
   const Config& config;
   const ProcessGroups& groups;
@@ -35,15 +41,19 @@ struct StrategyContext {
   Allocator& allocator;
   ParameterStore& parameters;
   const std::vector<LayerSpec>& layers;  // the whole model
-  int first_layer = 0;                   // this rank's layers are [first_layer, last_layer)
-  int last_layer = 0;
+  LayerRange local;                      // this rank's layers
 };
 
-// One layer of one micro-batch. Pointers are this rank's local tensors ([rows, features]); those
-// not yet computed at the hook's point are null. `parameters` is the layer's view of its weights,
-// bias and their gradients: a before-hook may point it elsewhere for this use (a gathered copy of
-// sharded parameters, a transient gradient buffer), and may make the gradients overwrite instead
-// of accumulate.
+// One layer of one micro-batch. The runner holds the layer's input ([rows, in], this rank's local
+// tensors) and, in backward, where d loss / d input goes; the layer computes on `layer_input`
+// ([layer_rows, in]), which is the same unless a before-hook substitutes another input and row
+// count (rows gathered from a group, say): the runner then allocates the layer's outputs for
+// layer_rows rows, the next layer receives that many, and in backward the layer writes d loss /
+// d layer_input into `layer_grad_input`, which the substituting strategy maps back into
+// grad_input in its after-hook. Pointers not yet computed at the hook's point are null.
+// `parameters` is the layer's view of its weights, bias and their gradients: a before-hook may
+// point it elsewhere for this use (a gathered copy of sharded parameters, a transient gradient
+// buffer), and may make the gradients overwrite instead of accumulate.
 struct LayerEvent {
   int layer = 0;
   int micro_batch = 0;
@@ -53,14 +63,23 @@ struct LayerEvent {
   // the same computation, so the same hooks, but the layer's backward follows right after.
   bool recomputing = false;
   std::int64_t rows = 0;
+  const float* input = nullptr;
+  float* grad_input = nullptr;  // null for the model's first layer
+  std::int64_t layer_rows = 0;
+  const float* layer_input = nullptr;
+  float* layer_grad_input = nullptr;
   LinearLayer* parameters = nullptr;
   bool accumulate_grads = false;  // add into the gradients (later micro-batches) or overwrite
-  const float* input = nullptr;
-  float* pre = nullptr;           // x W^T, then + b
+  float* pre = nullptr;           // x W^T, then + b ([layer_rows, out])
   float* output = nullptr;        // the layer's output (GELU(pre) or pre); forward only
-  const float* grad_output = nullptr;
-  float* grad_input = nullptr;    // null for the model's first layer
+  const float* grad_output = nullptr;  // backward: d loss / d output ([layer_rows, out])
   bool last_micro_batch() const { return micro_batch == micro_batches - 1; }
+  // A before-hook's substitution of what the layer computes on.
+  void substitute_input(const float* input_rows, std::int64_t row_count, float* grad_rows = nullptr) {
+    layer_input = input_rows;
+    layer_rows = row_count;
+    layer_grad_input = grad_input != nullptr ? grad_rows : nullptr;
+  }
 };
 
 // A pipeline boundary: one micro-batch's tensor ([rows, features], this rank's local slice)
@@ -77,24 +96,15 @@ struct StepEvent {
   std::int64_t step = 0;  // 0-based index of the optimizer step being taken
 };
 
-// A prediction of this rank's memory by state and communication per step (DESIGN.md §2.4). The
-// trainer fills in what follows from the model and batch; strategies adjust it for what they do.
-inline constexpr std::array<MemoryState, 4> placement_states = {
-    MemoryState::params, MemoryState::grads, MemoryState::optimizer, MemoryState::activations};
-
-struct PlacementPrediction {
-  std::array<std::string, 4> modes = {"R", "R", "R", "R"};  // per placement_states entry
-  std::array<std::int64_t, 4> bytes{};
-  std::array<std::int64_t, comm_op_count> comm_bytes_per_step{};
-
-  std::int64_t& comm(CommOp op) { return comm_bytes_per_step[static_cast<int>(op)]; }
-};
-
+// Owns a strategy's objects; what it can do is in the capabilities it implements.
 class Strategy {
  public:
   virtual ~Strategy() = default;
-  virtual std::string_view name() const = 0;
+};
 
+class LayerHooks {
+ public:
+  virtual ~LayerHooks() = default;
   virtual void before_step(const StepEvent&) {}
   virtual void before_layer_forward(LayerEvent&) {}
   // Between the matrix product and bias/activation: pre holds x W^T.
@@ -106,37 +116,50 @@ class Strategy {
   // After the last backward: every gradient must be final when this returns.
   virtual void synchronize_gradients(const StepEvent&) {}
   virtual void after_optimizer_step(const StepEvent&) {}
-
-  // The strategy that splits the model into stages orders a step's work (else one micro-batch's
-  // forward and backward after the other) and moves data across its boundaries: the transfer
-  // starts now, and the loop waits for the request before it touches the memory.
-  virtual std::optional<std::vector<Action>> schedule(int /*micro_batches*/, bool /*training*/) const {
-    return std::nullopt;
-  }
-  virtual std::optional<Request> start_transfer(const TransferEvent&) { return std::nullopt; }
-
-  // The strategy that spreads a global micro-batch or the experts over ranks connects MoE
-  // layers to them (else each rank's micro-batch is the global one and it holds every expert).
-  virtual ExpertExchange* expert_exchange() { return nullptr; }
-
-  virtual void predict(PlacementPrediction&) const {}
-  // Where the rank's state lives when the strategy shards it (else the store's runs are used).
-  virtual std::optional<StatePlacement> state_placement() const { return std::nullopt; }
-  // A sentence for the start of the run, if the strategy has something to say.
-  virtual std::string note() const { return {}; }
 };
 
-// A strategy's entry in the registry: when it takes part, how it wants parameter memory laid out
-// and which layers this rank runs (both optional, and called before the parameter store
-// exists), and how to make it.
+// The transfers the schedule's send and receive actions start: the transfer starts now, and the
+// loop waits for the request before it touches the memory.
+class StageTransfers {
+ public:
+  virtual ~StageTransfers() = default;
+  virtual Request start_transfer(const TransferEvent& event) = 0;
+};
+
+// Where the rank's training state lives when it is sharded (else the store's runs are used).
+class StateSharding {
+ public:
+  virtual ~StateSharding() = default;
+  virtual StatePlacement state_placement() const = 0;
+};
+
+// The roles a strategy plays. Exclusive roles have one owner per run; the others compose.
+enum class Role {
+  reduces_gradients,  // sums gradients over replicas (exclusive)
+  owns_schedule,      // splits the layers into stages and orders the step (exclusive)
+  shards_state,       // places the training state (exclusive)
+  exchanges_experts,  // connects MoE layers to their experts (exclusive)
+  splits_tensors,     // narrows tensors to this rank's slices (composes)
+};
+std::string_view role_name(Role role);
+bool exclusive(Role role);
+
 struct StrategyRegistration {
   std::string_view name;
+  std::span<const Role> roles;
   bool (*wanted)(const Config& config, const GridShape& shape);
   std::unique_ptr<Strategy> (*create)(const StrategyContext& context);
+  // Pure, called before any memory exists (the planner calls them for layouts it never runs).
   void (*plan)(const Config& config, const GridShape& shape, const GridCoordinates& place,
                ParameterPlan& plan) = nullptr;
   LayerRange (*layers)(const std::vector<LayerSpec>& model, const GridShape& shape,
                        const GridCoordinates& place) = nullptr;
+  std::vector<Action> (*schedule)(const Config& config, const GridShape& shape,
+                                  const GridCoordinates& place, int micro_batches, bool training) = nullptr;
+  // Adds the strategy's closed-form terms to a rank's prediction.
+  void (*predict)(const RankLayout& layout, Prediction& prediction) = nullptr;
+  // A sentence for the start of the run.
+  std::string (*describe)(const RankLayout& layout) = nullptr;
 };
 
 // Every strategy, in the order their hooks run.

@@ -1,9 +1,8 @@
 // ZeRO stages 1-3 on the data-parallel group (Rajbhandari et al., "ZeRO: memory optimizations
-// toward training trillion parameter models", 2020). Each layer is a unit whose flat range is
-// padded to a multiple of the group size N and split into N equal shards; rank r owns shard r of
-// every unit: its optimizer state (all stages), its gradients (stages 2 and 3) and its parameters
-// (stage 3). A rank updates only what it owns; the loop and the optimizer see that through the
-// placement of the state (StateRun), never through this file.
+// toward training trillion parameter models", 2020), over the units of zero_units.hpp: rank r of
+// N owns shard r of every unit: its optimizer state (all stages), its gradients (stages 2 and 3)
+// and its parameters (stage 3). A rank updates only what it owns; the loop and the optimizer see
+// that through the placement of the state (StateRun), never through this file.
 //   stage 1: full gradients accumulate locally; when a unit's last micro-batch is done, its
 //            gradients are reduce-scattered (in place: each rank's own block gets the sum); after
 //            the optimizer, each unit's parameters are all-gathered, overlapping the next forward.
@@ -29,21 +28,11 @@
 #include <stdexcept>
 
 #include "strategies/strategy.hpp"
+#include "strategies/zero_units.hpp"
 
 namespace mlptrain {
 
 namespace {
-
-struct Unit {
-  int layer = 0;
-  bool moe = false;              // kept whole (see above): nothing below applies
-  bool recomputed = false;       // --recompute runs its forward again in backward
-  FlatRange full;                // padded range in the store's layout
-  std::size_t shard_size = 0;    // full.count / N
-  std::size_t shard_offset = 0;  // where this unit's shard sits in the shard buffers
-  std::size_t weight_at = 0;     // the weight's and the bias's places within the unit
-  std::size_t bias_at = 0;
-};
 
 // A unit's full gradients of one micro-batch, being reduce-scattered (stages 2 and 3; in stage 3
 // the buffer is the unit's gathered parameter buffer).
@@ -60,12 +49,9 @@ struct GatheredParameters {
   Request request;
 };
 
-class Zero final : public Strategy {
+class Zero final : public Strategy, public LayerHooks, public StateSharding {
  public:
   explicit Zero(const StrategyContext& context);
-
-  std::string_view name() const override { return "zero"; }
-  std::string note() const override;
 
   void before_layer_forward(LayerEvent& event) override;
   void after_layer_forward(LayerEvent& event) override;
@@ -74,12 +60,11 @@ class Zero final : public Strategy {
   void synchronize_gradients(const StepEvent& event) override;
   void after_optimizer_step(const StepEvent& event) override;
 
-  void predict(PlacementPrediction& prediction) const override;
-  std::optional<StatePlacement> state_placement() const override;
+  StatePlacement state_placement() const override;
 
  private:
   std::size_t unit_index(int layer) const { return static_cast<std::size_t>(layer - first_layer_); }
-  std::size_t shard_start(const Unit& unit) const { return unit.full.offset + rank_ * unit.shard_size; }
+  std::size_t shard_start(const ZeroUnit& unit) const { return unit.full.offset + rank_ * unit.shard_size; }
   bool communicates() const { return group_.size() > 1; }
   // Non-blocking collectives move only inside MPI calls (or when tested): poll between layers.
   void progress();
@@ -95,7 +80,6 @@ class Zero final : public Strategy {
   float* take_gradient_buffer();
   void finish_oldest_reduction();
 
-  const Config& config_;
   Communicator& group_;
   Kernels& kernels_;
   ParameterStore& parameters_;
@@ -104,10 +88,10 @@ class Zero final : public Strategy {
   const int first_layer_;
   const int tensor_rank_;  // place in the tensor-parallel group (which replica counts what)
   const int tensor_size_;
-  std::vector<Unit> units_;
-  std::size_t shard_total_ = 0;
-  std::size_t largest_unit_ = 0;
-  std::size_t padded_total_ = 0;
+  const GridShape& shape_;
+  const GridCoordinates& place_;
+  const ZeroLayout layout_;
+  const std::vector<ZeroUnit>& units_ = layout_.units;
 
   Buffer shard_values_;     // stage 3
   Buffer shard_grads_;      // stages 2 and 3: the shard accumulator
@@ -118,55 +102,28 @@ class Zero final : public Strategy {
 
   std::vector<Request> gradient_reductions_;  // stage 1, per unit
   std::vector<Request> parameter_gathers_;    // stages 1 and 2, per unit
-  const GridShape& shape_;
-  const GridCoordinates& place_;
-  // MoE units: what each all-reduce covers and over which group, and the requests in flight.
-  struct WholeSegment {
-    int layer = 0;
-    FlatRange range;
-    Communicator* replicas = nullptr;
-  };
-  std::vector<WholeSegment> whole_segments_;
+  // MoE units: each whole segment's group and its all-reduce in flight.
+  std::vector<Communicator*> whole_groups_;
   std::vector<Request> whole_reductions_;
-  std::size_t whole_total_ = 0;
   std::deque<ReducingGradients> reducing_;     // stages 2 and 3, oldest first
   std::map<std::size_t, GatheredParameters> gathered_;  // stage 3
 };
 
 Zero::Zero(const StrategyContext& context)
-    : config_(context.config),
-      group_(context.groups.group(GroupKind::data)),
+    : group_(context.groups.group(GroupKind::data)),
       kernels_(context.kernels),
       parameters_(context.parameters),
       stage_(context.config.zero),
       rank_(static_cast<std::size_t>(group_.rank())),
-      first_layer_(context.first_layer),
+      first_layer_(context.local.first),
       tensor_rank_(context.groups.place().tp),
       tensor_size_(context.groups.shape().tp),
       shape_(context.groups.shape()),
-      place_(context.groups.place()) {
-  const auto ranks = static_cast<std::size_t>(group_.size());
-  for (int layer = context.first_layer; layer < context.last_layer; ++layer) {
-    const FlatRange full = parameters_.unit_range(layer);
-    if (context.layers[static_cast<std::size_t>(layer)].moe()) {
-      units_.push_back({.layer = layer, .moe = true, .full = full});
-      for (const ReplicaSegment& segment : replica_segments(parameters_, layer, shape_)) {
-        Communicator& replicas = context.groups.group(segment.group);
-        if (replicas.size() > 1) whole_segments_.push_back({layer, segment.range, &replicas});
-      }
-      whole_total_ += full.count;
-      continue;
-    }
-    const std::string base = layer_path(layer, context.config.layers);
-    // Recomputation drops (and so runs again) exactly the GELU layers' pre-activations.
-    const bool recomputed = context.config.recompute && context.layers[static_cast<std::size_t>(layer)].gelu;
-    units_.push_back({layer, false, recomputed, full, full.count / ranks, shard_total_,
-                      parameters_.tensor(base + "/weight").offset - full.offset,
-                      parameters_.tensor(base + "/bias").offset - full.offset});
-    shard_total_ += full.count / ranks;
-    largest_unit_ = std::max(largest_unit_, full.count);
-    padded_total_ += full.count;
-  }
+      place_(context.groups.place()),
+      layout_(zero_layout(parameters_.tensors(), parameters_.unit_multiple(), context.layers, context.local,
+                          context.config.recompute, shape_)) {
+  for (const WholeSegment& segment : layout_.whole_segments)
+    whole_groups_.push_back(&context.groups.group(segment.group));
   Allocator& allocator = context.allocator;
   const auto collective = [&](MemoryState state, std::size_t count) {
     return group_.allocate_collective_memory(allocator, state, count * sizeof(float));
@@ -182,36 +139,27 @@ Zero::Zero(const StrategyContext& context)
     });
   // Padding is summed and gathered but never written by the layers: it starts (and stays) zero.
   if (stage_ == 1) kernels_.fill(parameters_.grads(), parameters_.size(), 0.0f);
-  if (stage_ >= 2) shard_grads_ = allocator.allocate_floats(MemoryState::grads, shard_total_);
+  if (stage_ >= 2) shard_grads_ = allocator.allocate_floats(MemoryState::grads, layout_.shard_total);
   if (stage_ == 2) {
     gradient_slots_ = 2;
-    gradient_pool_ = collective(MemoryState::comm_buffers, gradient_slots_ * largest_unit_);
+    gradient_pool_ = collective(MemoryState::comm_buffers, gradient_slots_ * layout_.largest_unit);
     gradient_pool_.fill_zero();
   }
   if (stage_ == 3) {
-    shard_values_ = allocator.allocate_floats(MemoryState::params, shard_total_);
+    shard_values_ = allocator.allocate_floats(MemoryState::params, layout_.shard_total);
     shard_values_.fill_zero();
-    parameter_pool_ = collective(MemoryState::comm_buffers, 2 * largest_unit_);
+    parameter_pool_ = collective(MemoryState::comm_buffers, 2 * layout_.largest_unit);
     parameter_pool_.fill_zero();
   }
   gradient_reductions_.resize(units_.size());
   parameter_gathers_.resize(units_.size());
-  whole_reductions_.resize(whole_segments_.size());
+  whole_reductions_.resize(layout_.whole_segments.size());
 }
 
-std::string Zero::note() const {
-  if (!communicates())
-    return fmt::format("ZeRO stage {} on a data-parallel group of one rank: nothing is sharded",
-                       stage_);
-  return fmt::format("ZeRO stage {}: optimizer state{}{} sharded over {} ranks", stage_,
-                     stage_ >= 2 ? ", gradients" : "", stage_ == 3 ? ", parameters" : "",
-                     group_.size());
-}
-
-std::optional<StatePlacement> Zero::state_placement() const {
+StatePlacement Zero::state_placement() const {
   StatePlacement placement;
-  placement.moment_count = shard_total_;
-  for (const Unit& unit : units_) {
+  placement.moment_count = layout_.shard_total;
+  for (const ZeroUnit& unit : units_) {
     if (unit.moe) {  // whole, moments after the shards
       for (const ParameterTensor& tensor : parameters_.tensors()) {
         if (tensor.layer != unit.layer) continue;
@@ -253,7 +201,7 @@ void Zero::progress() {
 }
 
 void Zero::bind_values(LayerEvent& event, float* unit_values) const {
-  const Unit& unit = units_[unit_index(event.layer)];
+  const ZeroUnit& unit = units_[unit_index(event.layer)];
   event.parameters->weight = unit_values + unit.weight_at;
   event.parameters->bias = unit_values + unit.bias_at;
 }
@@ -263,7 +211,7 @@ float* Zero::free_parameter_slot() {
   // on their way out (else they are waited for). Forward and backward hold one unit and take
   // the other slot for the next; recomputation holds backward's prefetched unit and cycles the
   // recomputed ones through the other.
-  const auto slot = [&](std::size_t index) { return parameter_pool_.floats() + index * largest_unit_; };
+  const auto slot = [&](std::size_t index) { return parameter_pool_.floats() + index * layout_.largest_unit; };
   const auto reducing_in = [&](const float* buffer) {
     return std::any_of(reducing_.begin(), reducing_.end(),
                        [buffer](const ReducingGradients& reducing) { return reducing.buffer == buffer; });
@@ -282,7 +230,7 @@ float* Zero::free_parameter_slot() {
 
 void Zero::prefetch(std::size_t index) {
   if (index >= units_.size() || gathered_.contains(index)) return;
-  const Unit& unit = units_[index];
+  const ZeroUnit& unit = units_[index];
   float* buffer = free_parameter_slot();
   kernels_.copy(buffer + rank_ * unit.shard_size, shard_values_.floats() + unit.shard_offset,
                 unit.shard_size);
@@ -301,7 +249,7 @@ float* Zero::gathered(std::size_t index) {
 void Zero::finish_oldest_reduction() {
   ReducingGradients& oldest = reducing_.front();
   oldest.request.wait();
-  const Unit& unit = units_[oldest.unit];
+  const ZeroUnit& unit = units_[oldest.unit];
   const float* own_block = oldest.buffer + rank_ * unit.shard_size;
   float* accumulator = shard_grads_.floats() + unit.shard_offset;
   if (oldest.micro_batch == 0) {
@@ -316,7 +264,7 @@ float* Zero::take_gradient_buffer() {
   // Buffers are handed out in turn and freed in the same order, so the next one is free once
   // fewer reductions than buffers are in flight.
   while (reducing_.size() >= gradient_slots_) finish_oldest_reduction();
-  float* buffer = gradient_pool_.floats() + next_gradient_slot_ * largest_unit_;
+  float* buffer = gradient_pool_.floats() + next_gradient_slot_ * layout_.largest_unit;
   next_gradient_slot_ = (next_gradient_slot_ + 1) % gradient_slots_;
   return buffer;
 }
@@ -355,13 +303,13 @@ void Zero::before_layer_backward(LayerEvent& event) {
 
 void Zero::after_layer_backward(LayerEvent& event) {
   const std::size_t index = unit_index(event.layer);
-  const Unit& unit = units_[index];
+  const ZeroUnit& unit = units_[index];
   if (unit.moe) {
     if (event.last_micro_batch())
-      for (std::size_t index = 0; index < whole_segments_.size(); ++index) {
-        const WholeSegment& segment = whole_segments_[index];
+      for (std::size_t index = 0; index < layout_.whole_segments.size(); ++index) {
+        const WholeSegment& segment = layout_.whole_segments[index];
         if (segment.layer != unit.layer) continue;
-        whole_reductions_[index] = segment.replicas->all_reduce_async(
+        whole_reductions_[index] = whole_groups_[index]->all_reduce_async(
             parameters_.grads() + segment.range.offset, segment.range.count);
       }
   } else if (stage_ == 1) {
@@ -392,24 +340,6 @@ void Zero::after_optimizer_step(const StepEvent&) {
         parameters_.values() + units_[index].full.offset, units_[index].shard_size);
 }
 
-void Zero::predict(PlacementPrediction& prediction) const {
-  prediction.modes = {stage_ == 3 ? "SG" : "R", stage_ >= 2 ? "S" : "R", "S", "S"};
-  const auto bytes = [](std::size_t count) { return static_cast<std::int64_t>(count * sizeof(float)); };
-  if (stage_ >= 2) prediction.bytes[1] += bytes(shard_total_);  // the unit buffers are comm_buffers
-  if (stage_ == 3) prediction.bytes[0] += bytes(shard_total_);
-  for (const WholeSegment& segment : whole_segments_)
-    prediction.comm(CommOp::all_reduce) += bytes(segment.range.count);
-  if (!communicates()) return;
-  const std::int64_t everything = bytes(padded_total_);
-  const std::int64_t micro_batches = config_.micro_batches;
-  prediction.comm(CommOp::reduce_scatter) += stage_ == 1 ? everything : micro_batches * everything;
-  prediction.comm(CommOp::all_gather) += stage_ == 3 ? 2 * micro_batches * everything : everything;
-  // Stage 3 gathers each recomputed unit once more per micro-batch, for its second forward.
-  if (stage_ == 3)
-    for (const Unit& unit : units_)
-      if (unit.recomputed) prediction.comm(CommOp::all_gather) += micro_batches * bytes(unit.full.count);
-}
-
 bool wanted(const Config& config, const GridShape&) { return config.zero > 0; }
 
 void plan(const Config& config, const GridShape& shape, const GridCoordinates&, ParameterPlan& plan) {
@@ -422,8 +352,49 @@ std::unique_ptr<Strategy> create(const StrategyContext& context) {
   return std::make_unique<Zero>(context);
 }
 
+void predict(const RankLayout& layout, Prediction& prediction) {
+  const int stage = layout.config.zero;
+  const ZeroLayout zero = zero_layout(layout.tensors, layout.plan.unit_multiple, layout.model, layout.layers,
+                                      layout.config.recompute, layout.shape);
+  const auto bytes = [](std::size_t count) { return static_cast<std::int64_t>(count * sizeof(float)); };
+  prediction.params.mode = stage == 3 ? PlacementMode::sharded_gathered : PlacementMode::replicated;
+  prediction.grads.mode = stage >= 2 ? PlacementMode::sharded : PlacementMode::replicated;
+  prediction.optimizer.mode = prediction.activations.mode = PlacementMode::sharded;
+  // The shards (the unit buffers in flight are comm_buffers) and the moments of what it updates.
+  if (stage >= 2) prediction.grads.bytes += bytes(zero.shard_total);
+  if (stage == 3) prediction.params.bytes += bytes(zero.shard_total);
+  prediction.optimizer.bytes = 2 * bytes(zero.shard_total + zero.whole_elements);
+  for (const WholeSegment& segment : zero.whole_segments)
+    prediction.comm(CommOp::all_reduce) += bytes(segment.range.count);
+  if (layout.shape.dp == 1) return;
+  const std::int64_t everything = bytes(zero.padded_total);
+  const std::int64_t micro_batches = layout.config.micro_batches;
+  prediction.comm(CommOp::reduce_scatter) += stage == 1 ? everything : micro_batches * everything;
+  prediction.comm(CommOp::all_gather) += stage == 3 ? 2 * micro_batches * everything : everything;
+  // Stage 3 gathers each recomputed unit once more per micro-batch, for its second forward.
+  if (stage == 3)
+    for (const ZeroUnit& unit : zero.units)
+      if (unit.recomputed) prediction.comm(CommOp::all_gather) += micro_batches * bytes(unit.full.count);
+}
+
+std::string describe(const RankLayout& layout) {
+  const int stage = layout.config.zero, ranks = layout.shape.dp;
+  if (ranks == 1)
+    return fmt::format("ZeRO stage {} on a data-parallel group of one rank: nothing is sharded", stage);
+  return fmt::format("ZeRO stage {}: optimizer state{}{} sharded over {} ranks", stage,
+                     stage >= 2 ? ", gradients" : "", stage == 3 ? ", parameters" : "", ranks);
+}
+
+constexpr Role roles[] = {Role::reduces_gradients, Role::shards_state};
+
 }  // namespace
 
-extern const StrategyRegistration zero_registration{"zero", wanted, create, plan};
+extern const StrategyRegistration zero_registration{.name = "zero",
+                                                    .roles = roles,
+                                                    .wanted = wanted,
+                                                    .create = create,
+                                                    .plan = plan,
+                                                    .predict = predict,
+                                                    .describe = describe};
 
 }  // namespace mlptrain

@@ -323,7 +323,9 @@ int main(int argc, char** argv) {
     } else {
       // Device buffers on a communicator of their own: MPI staging them through host memory, or
       // NCCL.
-      const Config config{.device = settings.device, .comm = settings.path == "nccl" ? "nccl" : "mpi"};
+      Config config;
+      config.device = settings.device == "cuda" ? Device::cuda : Device::loopback;
+      config.comm = settings.path == "nccl" ? CommBackend::nccl : CommBackend::mpi;
       MemoryLedger memory, host_memory;
       CommLedger ledger;
       ComputeDevice device;
@@ -338,7 +340,7 @@ int main(int argc, char** argv) {
       agree_or_throw(world, [&] {
         MPI_Comm comm = MPI_COMM_NULL;
         MPI_Comm_dup(MPI_COMM_WORLD, &comm);
-        communicator = communicator_factory(config, device, ledger, false)(comm, "world");
+        communicator = communicator_factory(config, device, ledger, {.shared_memory = false})(comm, "world");
       });
       measure(settings, *communicator, device.memory.get());
     }

@@ -61,7 +61,9 @@ void run(const std::vector<std::string>& arguments) {
   for (std::size_t index = 0; index < arguments.size(); ++index) {
     const std::string& argument = arguments[index];
     if (argument == "--device" && index + 1 < arguments.size()) {
-      config.device = arguments[++index];
+      const auto device = parse_choice<Device>(arguments[++index]);
+      if (!device) throw UsageError("--device must be " + choice_list<Device>());
+      config.device = *device;
     } else if (argument == "--tf32") {
       config.tf32 = true;
     } else if (argument == "--dtype" && index + 1 < arguments.size()) {
@@ -77,9 +79,7 @@ void run(const std::vector<std::string>& arguments) {
     }
   }
   if (inputs.empty()) inputs.push_back(DataType::float32);
-  if (config.device != "cpu" && config.device != "cuda" && config.device != "loopback")
-    throw UsageError("--device must be cpu, cuda or loopback");
-  if (config.tf32 && config.device != "cuda") throw UsageError("--tf32 needs --device cuda");
+  if (config.tf32 && config.device != Device::cuda) throw UsageError("--tf32 needs --device cuda");
   const long rows = numbers[0], in = numbers[1], out = numbers[2];
   const int repeats = static_cast<int>(numbers[3]);
   if (rows < 1 || in < 1 || out < 1 || repeats < 1) throw UsageError("sizes and repeats must be positive");
@@ -127,7 +127,7 @@ void run(const std::vector<std::string>& arguments) {
   for (DataType input : inputs) {
     // Half inputs are the fp32 operands rounded (their values do not change the time).
     Buffer half_a[3], half_b[3];
-    nlohmann::json result = {{"device", config.device}, {"tf32", config.tf32}, {"dtype", data_type_name(input)},
+    nlohmann::json result = {{"device", choice_name(config.device)}, {"tf32", config.tf32}, {"dtype", data_type_name(input)},
                              {"rows", rows}, {"in", in}, {"out", out}, {"kernels", kernels.description()}};
     double gemm_ms = 0, library_ms = 0;
     for (std::size_t index = 0; index < 3; ++index) {
@@ -147,7 +147,7 @@ void run(const std::vector<std::string>& arguments) {
       const double ms = time([&] { kernels.gemm(gemm); });
       result[std::string(shape.name) + "_gemm_ms"] = ms;
       gemm_ms += ms;
-      if (config.device != "cpu") continue;
+      if (config.device != Device::cpu) continue;
       if (const auto library = time_library_gemm(gemm, repeats)) {
         result[std::string("library_") + shape.name + "_gemm_ms"] = library->best_ms;
         result["library_implementation"] = library->implementation;

@@ -3,19 +3,6 @@
 
 namespace mlptrain {
 
-std::string_view comm_op_name(CommOp op) {
-  switch (op) {
-    case CommOp::all_reduce: return "all_reduce";
-    case CommOp::reduce_scatter: return "reduce_scatter";
-    case CommOp::all_gather: return "all_gather";
-    case CommOp::all_to_all: return "all_to_all";
-    case CommOp::broadcast: return "broadcast";
-    case CommOp::send: return "send";
-    case CommOp::recv: return "recv";
-  }
-  return "unknown";
-}
-
 template <typename Update>
 void CommLedger::update(std::string_view group, Update&& change) {
   change(step_);

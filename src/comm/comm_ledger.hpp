@@ -11,17 +11,10 @@
 #include <string_view>
 #include <vector>
 
+#include "core/comm_op.hpp"
 #include "core/trace.hpp"
 
 namespace mlptrain {
-
-enum class CommOp : int { all_reduce, reduce_scatter, all_gather, all_to_all, broadcast, send, recv };
-inline constexpr int comm_op_count = 7;
-inline constexpr std::array<CommOp, comm_op_count> all_comm_ops = {
-    CommOp::all_reduce, CommOp::reduce_scatter, CommOp::all_gather, CommOp::all_to_all,
-    CommOp::broadcast,  CommOp::send,           CommOp::recv};
-
-std::string_view comm_op_name(CommOp op);
 
 struct CommTotals {
   std::array<std::int64_t, comm_op_count> bytes{};

@@ -11,7 +11,7 @@
 
 #include "comm/communicator.hpp"
 #include "comm/host_staging.hpp"
-#include "comm/process_grid.hpp"
+#include "core/process_grid.hpp"
 
 namespace mlptrain {
 

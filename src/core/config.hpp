@@ -1,11 +1,84 @@
-// The run's configuration as plain data: every option of DESIGN.md §2.3. Parsing and validation
-// live in src/train/options.*; everything else reads this struct.
+// The run's configuration as plain data: every option of DESIGN.md §2.3, closed sets of choices
+// as enums with the names users write. Parsing and validation live in src/train/options.*;
+// everything else reads this struct.
 #pragma once
 
+#include <array>
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <string_view>
+#include <utility>
+
+#include "core/buffer.hpp"
 
 namespace mlptrain {
+
+enum class DatasetKind { teacher, mixture, hdf5 };
+enum class LearningRateSchedule { constant, cosine };
+enum class OnNonFinite { stop, skip };  // a non-finite loss or gradient: stop, or skip the update
+enum class CommBackend { mpi, nccl };
+
+enum class PipelineKind {
+  // Narayanan et al. (PipeDream-Flush, 2021) as Megatron-LM runs it: stage s does
+  // min(P - s - 1, M) warm-up forwards, then alternates one forward and one backward, then
+  // drains the remaining backwards, so it never holds more than min(P - s, M) micro-batches
+  // (past stage 0, plus the next one's received input).
+  one_f_one_b,
+  // Huang et al. (GPipe, 2019): every forward, then every backward; all M micro-batches alive.
+  gpipe,
+};
+
+// The names of each closed set's choices, as options and INI files spell them.
+template <typename Choice>
+struct ChoiceNames;
+template <> struct ChoiceNames<DatasetKind> {
+  static constexpr std::array<std::pair<DatasetKind, std::string_view>, 3> names = {
+      {{DatasetKind::teacher, "teacher"}, {DatasetKind::mixture, "mixture"}, {DatasetKind::hdf5, "hdf5"}}};
+};
+template <> struct ChoiceNames<LearningRateSchedule> {
+  static constexpr std::array<std::pair<LearningRateSchedule, std::string_view>, 2> names = {
+      {{LearningRateSchedule::constant, "constant"}, {LearningRateSchedule::cosine, "cosine"}}};
+};
+template <> struct ChoiceNames<OnNonFinite> {
+  static constexpr std::array<std::pair<OnNonFinite, std::string_view>, 2> names = {
+      {{OnNonFinite::stop, "stop"}, {OnNonFinite::skip, "skip"}}};
+};
+template <> struct ChoiceNames<CommBackend> {
+  static constexpr std::array<std::pair<CommBackend, std::string_view>, 2> names = {
+      {{CommBackend::mpi, "mpi"}, {CommBackend::nccl, "nccl"}}};
+};
+template <> struct ChoiceNames<PipelineKind> {
+  static constexpr std::array<std::pair<PipelineKind, std::string_view>, 2> names = {
+      {{PipelineKind::one_f_one_b, "1f1b"}, {PipelineKind::gpipe, "gpipe"}}};
+};
+template <> struct ChoiceNames<Device> {
+  static constexpr std::array<std::pair<Device, std::string_view>, 3> names = {
+      {{Device::cpu, "cpu"}, {Device::cuda, "cuda"}, {Device::loopback, "loopback"}}};
+};
+
+template <typename Choice>
+constexpr std::string_view choice_name(Choice choice) {
+  for (const auto& [value, name] : ChoiceNames<Choice>::names)
+    if (value == choice) return name;
+  return "?";
+}
+
+template <typename Choice>
+constexpr std::optional<Choice> parse_choice(std::string_view text) {
+  for (const auto& [value, name] : ChoiceNames<Choice>::names)
+    if (name == text) return value;
+  return std::nullopt;
+}
+
+// "a | b | c": the choices, for messages and help.
+template <typename Choice>
+std::string choice_list() {
+  std::string list;
+  for (const auto& [value, name] : ChoiceNames<Choice>::names)
+    list += (list.empty() ? "" : " | ") + std::string(name);
+  return list;
+}
 
 struct Config {
   // Model
@@ -19,7 +92,7 @@ struct Config {
   double capacity_factor = 0;
   double aux_loss_coef = 0.01;
   // Data
-  std::string dataset = "teacher";
+  DatasetKind dataset = DatasetKind::teacher;
   std::string data_path;
   int global_batch = 128;
   int micro_batches = 1;
@@ -33,8 +106,8 @@ struct Config {
   double beta2 = 0.999;
   double eps = 1e-8;
   double grad_clip = 0;
-  std::string on_nan = "stop";  // a non-finite loss or gradient: stop | skip (the update)
-  std::string lr_schedule = "constant";
+  OnNonFinite on_nan = OnNonFinite::stop;
+  LearningRateSchedule lr_schedule = LearningRateSchedule::constant;
   int warmup_steps = 0;
   std::int64_t seed = 1234;
   // Parallelism
@@ -43,13 +116,13 @@ struct Config {
   int pp = 1;
   int ep = 1;
   int zero = 0;
-  std::string schedule = "1f1b";
+  PipelineKind schedule = PipelineKind::one_f_one_b;
   bool recompute = false;
   bool offload = false;
   // Devices
-  std::string device = "cpu";
+  Device device = Device::cpu;
   bool tf32 = false;
-  std::string comm = "mpi";
+  CommBackend comm = CommBackend::mpi;
   // Output
   int log_every = 10;
   std::string metrics_path;

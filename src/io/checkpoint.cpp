@@ -19,6 +19,7 @@
 #include "core/error.hpp"
 #include "core/hdf5_handle.hpp"
 #include "io/hdf5_attributes.hpp"
+#include "io/stored_config.hpp"
 #include "io/tensor_io.hpp"
 
 namespace mlptrain {
@@ -284,6 +285,12 @@ std::string load_checkpoint(const std::string& path, TrainingState& state,
       throw UsageError("--resume: '" + file_path.string() + "' is not an HDF5 file");
   });
   const std::string where = "--resume: '" + file_path.string() + "'";
+  // When the checkpoint does not fit: the options it was written with that this run changed.
+  const auto differing = [&](hid_t file) {
+    const std::string options = differing_options(read_string_attribute(file, "config").value_or(""),
+                                                  scope.config_ini, scope.shape_options);
+    return options.empty() ? std::string() : " (written with " + options + ")";
+  };
   Hdf5Handle access = mpio_access(scope.mpi_comm);
   Hdf5Handle file = file_handle(H5Fopen(file_path.c_str(), H5F_ACC_RDONLY, access.get()));
   std::vector<std::uint32_t> stored_checksums;
@@ -305,7 +312,7 @@ std::string load_checkpoint(const std::string& path, TrainingState& state,
     if (layers != scope.layer_count)
       throw UsageError(where + " holds " + std::to_string(std::max<std::int64_t>(layers, 0)) +
                        " layers but the model has " + std::to_string(scope.layer_count) +
-                       " (--layers)");
+                       " (--layers)" + differing(file.get()));
     for (const ParameterTensor& global : scope.global_tensors) {
       for (int part = 0; part < part_count; ++part) {
         const std::string name = dataset_name(global, part);
@@ -313,7 +320,7 @@ std::string load_checkpoint(const std::string& path, TrainingState& state,
         if (shape.empty()) throw UsageError(where + " has no dataset " + name);
         if (shape != global.global_shape)
           throw UsageError(where + ": " + name + " has shape " + shape_text(shape) +
-                           " but the model needs " + shape_text(global.global_shape));
+                           " but the model needs " + shape_text(global.global_shape) + differing(file.get()));
         Hdf5Handle dataset = dataset_handle(H5Dopen2(file.get(), name.c_str(), H5P_DEFAULT));
         const auto checksum = read_int64_attribute(dataset.get(), "crc32");
         if (!checksum) throw UsageError(where + ": " + name + " has no crc32 attribute");

@@ -36,14 +36,16 @@ struct CheckpointDescription {
   std::int64_t seed = 0;
 };
 
-// Where a run's place in the grid and the whole model's tensors are known.
-// The ranks taking part and the whole model's tensors.
+// The ranks taking part, the whole model's tensors, and the run's configuration (to name what
+// differs when a checkpoint does not fit).
 struct CheckpointScope {
   Communicator& world;
   MPI_Comm mpi_comm;     // the same ranks as `world`, for MPI-IO
   Allocator& allocator;  // staging buffers (workspace)
   std::vector<ParameterTensor> global_tensors;  // every tensor of the model, whole
   int layer_count = 0;
+  std::string config_ini;                  // this run's configuration
+  std::vector<std::string> shape_options;  // the options that decide the tensors' shapes
 };
 
 std::string checkpoint_file_name(std::int64_t step);
@@ -55,7 +57,8 @@ std::string save_checkpoint(const std::string& directory, const TrainingState& s
 
 // Loads a checkpoint file, or the one DIR/latest names when `path` is a directory, into `state`
 // (parameters, moments and step), verifying format, shapes and checksums. Collective; any problem
-// is the same Error on every rank. Returns the file that was read.
+// is the same Error on every rank; one of shapes names the options that differ from the stored
+// configuration. Returns the file that was read.
 std::string load_checkpoint(const std::string& path, TrainingState& state,
                             const CheckpointScope& scope);
 

@@ -349,12 +349,12 @@ void MoeLayer::backward(const Pass& pass, const float* input, const float* grad_
                input, hidden, accumulate ? 1.0f : 0.0f, router_grad_, hidden);
 }
 
-std::int64_t MoeLayer::activation_bytes(std::int64_t rows) const {
-  const std::int64_t hidden = spec_.out_features, assignments = rows * spec_.top_k;
+std::int64_t moe_activation_bytes(const LayerSpec& spec, int local_experts, std::int64_t rows) {
+  const std::int64_t hidden = spec.out_features, assignments = rows * spec.top_k;
   // Probabilities, three rows of activations per assignment, its token and weight, and with
   // experts on other ranks the two reorderings of the received rows.
-  const std::int64_t reorderings = local_experts_ < spec_.experts ? 2 : 0;
-  return 4 * rows * spec_.experts + 4 * assignments * (3 * hidden + 2 + reorderings);
+  const std::int64_t reorderings = local_experts < spec.experts ? 2 : 0;
+  return 4 * rows * spec.experts + 4 * assignments * (3 * hidden + 2 + reorderings);
 }
 
 }  // namespace mlptrain

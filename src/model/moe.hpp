@@ -115,6 +115,11 @@ struct MoeStatistics {
   void clear() { *this = MoeStatistics{}; }
 };
 
+// Bytes one micro-batch of `rows` tokens keeps for backward in an MoE layer of which this rank
+// holds `local_experts` experts, when its routing is balanced (k rows per token reach the
+// experts; the actual figure follows the routing).
+std::int64_t moe_activation_bytes(const LayerSpec& spec, int local_experts, std::int64_t rows);
+
 // Views of an MoE layer's parameters in the store (this rank's experts) and its passes.
 class MoeLayer {
  public:
@@ -137,10 +142,6 @@ class MoeLayer {
   // `accumulate`); the auxiliary loss's gradient is that of its mean over `micro_batches`.
   void backward(const Pass& pass, const float* input, const float* grad_output, std::int64_t rows,
                 float* grad_input, MoeActivations& saved, bool accumulate, int micro_batches) const;
-
-  // Bytes one micro-batch of `rows` tokens keeps for backward when its routing is balanced
-  // (k rows per token reach the experts; the actual figure follows the routing).
-  std::int64_t activation_bytes(std::int64_t rows) const;
 
  private:
   MoeRouting route(const Pass& pass, const float* probabilities, std::int64_t rows,

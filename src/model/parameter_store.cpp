@@ -1,9 +1,10 @@
 // Flat parameter storage and layout-independent initialization (see parameter_store.hpp).
 #include "model/parameter_store.hpp"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <stdexcept>
-
 
 namespace mlptrain {
 
@@ -45,7 +46,7 @@ std::vector<ParameterTensor> model_parameter_tensors(const std::vector<LayerSpec
     }
     if (layer < first) continue;
     for (ParameterTensor& tensor : layer_tensors) {
-      if (plan.split) plan.split(tensor);
+      for (const auto& split : plan.splits) split(tensor);
       tensor.count = 1;
       for (std::int64_t extent : tensor.local_shape) tensor.count *= static_cast<std::size_t>(extent);
       tensor.offset = offset;
@@ -57,12 +58,17 @@ std::vector<ParameterTensor> model_parameter_tensors(const std::vector<LayerSpec
   return tensors;
 }
 
+std::size_t store_size(const std::vector<ParameterTensor>& tensors, int unit_multiple) {
+  std::size_t size = 0;
+  for (const auto& tensor : tensors)
+    size = std::max(size, round_up(tensor.offset + tensor.count, static_cast<std::size_t>(unit_multiple)));
+  return size;
+}
+
 ParameterStore::ParameterStore(std::vector<ParameterTensor> tensors, Allocator& allocator,
                                const ParameterPlan& plan)
-    : tensors_(std::move(tensors)), unit_multiple_(plan.unit_multiple) {
-  for (const auto& tensor : tensors_)
-    size_ = std::max(size_, round_up(tensor.offset + tensor.count,
-                                     static_cast<std::size_t>(unit_multiple_)));
+    : tensors_(std::move(tensors)), unit_multiple_(plan.unit_multiple),
+      size_(store_size(tensors_, unit_multiple_)) {
   if (plan.hold_values) values_ = allocator.allocate_floats(MemoryState::params, size_);
   if (plan.hold_grads) grads_ = allocator.allocate_floats(MemoryState::grads, size_);
   // The padding is never trained, but it is summed and gathered: keep it finite.
@@ -94,22 +100,22 @@ const ParameterTensor& ParameterStore::tensor(const std::string& path) const {
   throw std::out_of_range("no parameter " + path);
 }
 
-FlatRange ParameterStore::unit_range(int layer) const {
-  std::size_t begin = size_, end = 0;
-  for (const auto& tensor : tensors_) {
+FlatRange unit_range(const std::vector<ParameterTensor>& tensors, int layer, int unit_multiple) {
+  std::size_t begin = SIZE_MAX, end = 0;
+  for (const auto& tensor : tensors) {
     if (tensor.layer != layer) continue;
     begin = std::min(begin, tensor.offset);
     end = std::max(end, tensor.offset + tensor.count);
   }
   if (end < begin) throw std::out_of_range("no parameters for layer " + std::to_string(layer));
-  return {begin, round_up(end, static_cast<std::size_t>(unit_multiple_)) - begin};
+  return {begin, round_up(end, static_cast<std::size_t>(unit_multiple)) - begin};
 }
 
-std::vector<ReplicaSegment> replica_segments(const ParameterStore& store, int layer,
-                                             const GridShape& shape) {
-  const FlatRange unit = store.unit_range(layer);
+std::vector<ReplicaSegment> replica_segments(const std::vector<ParameterTensor>& tensors, int layer,
+                                             int unit_multiple, const GridShape& shape) {
+  const FlatRange unit = unit_range(tensors, layer, unit_multiple);
   std::vector<ReplicaSegment> segments;
-  for (const ParameterTensor& tensor : store.tensors()) {
+  for (const ParameterTensor& tensor : tensors) {
     if (tensor.layer != layer) continue;
     const GroupKind group = tensor.replica_group(shape);
     if (!segments.empty() && segments.back().group == group) continue;

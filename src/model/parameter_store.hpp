@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "comm/process_grid.hpp"
+#include "core/process_grid.hpp"
 #include "core/buffer.hpp"
 #include "model/model_spec.hpp"
 
@@ -48,9 +48,9 @@ struct ParameterPlan {
   int unit_multiple = 1;    // each layer's range is padded to a multiple of this many elements
   bool hold_values = true;  // the store holds every local parameter value...
   bool hold_grads = true;   // ...and every gradient (else a strategy holds what it needs)
-  // Narrows a whole tensor to the box this rank holds (and says whether it is still replicated
-  // over the tensor-parallel group); unset: every tensor whole.
-  std::function<void(ParameterTensor&)> split;
+  // Each narrows a tensor to the box this rank holds (and says whether it is still replicated
+  // over the tensor-parallel group), in order; none: every tensor whole.
+  std::vector<std::function<void(ParameterTensor&)>> splits;
 };
 
 // The tensors of layers [first, last) of the model as the plan places them on this rank, each
@@ -59,6 +59,12 @@ struct ParameterPlan {
 // [E, hidden] of an MoE layer. Global indices count the model's tensors in order.
 std::vector<ParameterTensor> model_parameter_tensors(const std::vector<LayerSpec>& specs, int first,
                                                      int last, const ParameterPlan& plan = {});
+
+// A layer's unit: its tensors in `tensors` (a store's layout) and the padding after them.
+FlatRange unit_range(const std::vector<ParameterTensor>& tensors, int layer, int unit_multiple);
+
+// Elements of a store holding `tensors`: the end of the last unit, padded.
+std::size_t store_size(const std::vector<ParameterTensor>& tensors, int unit_multiple);
 
 class ParameterStore {
  public:
@@ -75,8 +81,9 @@ class ParameterStore {
   void reallocate_values(const std::function<Buffer(std::size_t bytes)>& allocate);
   void reallocate_grads(const std::function<Buffer(std::size_t bytes)>& allocate);
   const ParameterTensor& tensor(const std::string& path) const;
+  int unit_multiple() const { return unit_multiple_; }
   // A layer's tensors and the padding after them.
-  FlatRange unit_range(int layer) const;
+  FlatRange unit_range(int layer) const { return mlptrain::unit_range(tensors_, layer, unit_multiple_); }
 
   // Whether this rank is the one replica that counts a tensor (norms, checkpoint writes, checksums).
   // Replicated tensors are spread over the replicas by index, so that work is balanced.
@@ -97,8 +104,12 @@ struct ReplicaSegment {
   FlatRange range;
   GroupKind group = GroupKind::data;
 };
-std::vector<ReplicaSegment> replica_segments(const ParameterStore& store, int layer,
-                                             const GridShape& shape);
+std::vector<ReplicaSegment> replica_segments(const std::vector<ParameterTensor>& tensors, int layer,
+                                             int unit_multiple, const GridShape& shape);
+inline std::vector<ReplicaSegment> replica_segments(const ParameterStore& store, int layer,
+                                                    const GridShape& shape) {
+  return replica_segments(store.tensors(), layer, store.unit_multiple(), shape);
+}
 
 // Calls visit(global_flat_offset, local_offset, count) for each row-major run of a box, in order
 // (none for an empty box).

@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "comm/process_grid.hpp"
+#include "core/process_grid.hpp"
 #include "model/parameter_store.hpp"
 
 namespace mlptrain {

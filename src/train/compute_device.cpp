@@ -34,7 +34,7 @@ ComputeDevice open_cuda(const Config& config, MPI_Comm world, MemoryLedger& ledg
   const int gpus = cuda_device_count(&why_none);
   const NodePlace place = node_place(world);
   if (gpus == 0) throw UsageError("--device cuda: no GPU is usable here (" + why_none + ")");
-  const int gpu = choose_gpu(place, gpus, config.comm == "nccl");
+  const int gpu = choose_gpu(place, gpus, config.comm == CommBackend::nccl);
   ComputeDevice device;
   device.kernels = make_cuda_kernels(gpu, config.tf32);
   device.memory = make_cuda_allocator(ledger, cuda_compute_stream(*device.kernels));
@@ -64,9 +64,9 @@ ComputeDevice open_compute_device(const Config& config, MPI_Comm world, MemoryLe
                                   MemoryLedger& host_ledger) {
   // The CPU's GEMMs (the trainer's, or the host side's of a GPU run) use the rank's cores.
   set_cpu_gemm_threads(cpu_share(world));
-  if (config.device == "cuda") return open_cuda(config, world, ledger, host_ledger);
+  if (config.device == Device::cuda) return open_cuda(config, world, ledger, host_ledger);
   ComputeDevice device;
-  if (config.device == "loopback") {
+  if (config.device == Device::loopback) {
     device.memory = make_loopback_allocator(ledger);
     device.kernels = make_loopback_kernels();
     device.staging = std::make_unique<HostStaging>(*device.memory);
@@ -82,20 +82,28 @@ ComputeDevice open_compute_device(const Config& config, MPI_Comm world, MemoryLe
 }
 
 CommunicatorFactory communicator_factory(const Config& config, ComputeDevice& device,
-                                         CommLedger& ledger, bool shared_memory) {
+                                         CommLedger& ledger, const CommSettings& settings) {
+  CommunicatorFactory make;
 #ifdef MLPTRAIN_HAVE_CUDA
-  if (config.comm == "nccl" && device.kernels != nullptr) {
+  if (config.comm == CommBackend::nccl && device.kernels != nullptr) {
     void* compute_stream = cuda_compute_stream(*device.kernels);
-    return [&ledger, compute_stream](MPI_Comm comm, std::string group) {
+    make = [&ledger, compute_stream](MPI_Comm comm, std::string group) {
       return make_nccl_communicator(comm, std::move(group), ledger, compute_stream);
     };
   }
 #endif
-  HostStaging* staging = device.staging.get();
-  return [&ledger, shared_memory, staging](MPI_Comm comm,
-                                           std::string group) -> std::unique_ptr<Communicator> {
-    return std::make_unique<MpiCommunicator>(comm, std::move(group), ledger, shared_memory,
-                                             staging);
+  if (!make) {
+    HostStaging* staging = device.staging.get();
+    make = [&ledger, shared_memory = settings.shared_memory, staging](
+               MPI_Comm comm, std::string group) -> std::unique_ptr<Communicator> {
+      return std::make_unique<MpiCommunicator>(comm, std::move(group), ledger, shared_memory, staging);
+    };
+  }
+  if (!settings.fault) return make;
+  int world_rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+  return [make, world_rank, fault = *settings.fault](MPI_Comm comm, std::string group) {
+    return with_fault(make(comm, std::move(group)), world_rank, fault);
   };
 }
 

@@ -10,6 +10,7 @@
 #include <optional>
 #include <string>
 
+#include "comm/fault_injection.hpp"
 #include "comm/host_staging.hpp"
 #include "comm/process_groups.hpp"
 #include "core/buffer.hpp"
@@ -36,12 +37,18 @@ struct ComputeDevice {
 // Whether this build has the CUDA backend (nvcc was present when it was configured).
 bool cuda_backend_built();
 
+// How the run's communicators may work (a backend setting, not a training option).
+struct CommSettings {
+  bool shared_memory = true;       // node-local groups run collectives in shared-memory windows
+  std::optional<FaultPlan> fault;  // an operation one rank leaves out (tests of the watchdog)
+};
+
 // The groups' communicators for config.comm on `device` (an empty one, when it failed to open:
 // MPI on host memory, enough to agree on the failure). MPI, staged through host memory off the
-// CPU, with `shared_memory` windows for node-local groups; or NCCL, ordered after the device's
-// compute stream.
+// CPU, with shared-memory windows for node-local groups unless the settings say otherwise; or
+// NCCL, ordered after the device's compute stream.
 CommunicatorFactory communicator_factory(const Config& config, ComputeDevice& device,
-                                         CommLedger& ledger, bool shared_memory);
+                                         CommLedger& ledger, const CommSettings& settings);
 
 // Opens config.device for this rank of `world` (collective: with cuda, the ranks of a node
 // share out its GPUs). Device memory charges `ledger`, offloaded memory `host_ledger`. Throws

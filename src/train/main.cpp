@@ -19,17 +19,19 @@ int main(int argc, char** argv) {
   return run_mpi_program(argc, argv, "mlptrain", [&](MpiCommunicator& world) {
     silence_hdf5_errors();
     ParsedOptions options;
+    CommSettings comm;
     agree_or_throw(world, [&] {
       options = parse_options(std::vector<std::string>(argv + 1, argv + argc));
       if (!options.help) validate_options(options.config, world.size());
+      // MLPTRAIN_SHARED_MEMORY=0 sends every collective through MPI, to compare the two.
+      const char* shared = std::getenv("MLPTRAIN_SHARED_MEMORY");
+      comm.shared_memory = shared == nullptr || std::string(shared) != "0";
+      comm.fault = fault_plan_from_environment();
     });
     if (options.help) {
       if (world.rank() == 0) std::fputs(options.help_text.c_str(), stdout);
       return;
     }
-    // MLPTRAIN_SHARED_MEMORY=0 sends every collective through MPI, to compare the two.
-    const char* shared = std::getenv("MLPTRAIN_SHARED_MEMORY");
-    run_training(options.config, MPI_COMM_WORLD,
-                 {.shared_memory = shared == nullptr || std::string(shared) != "0"});
+    run_training(options.config, MPI_COMM_WORLD, comm);
   });
 }

@@ -7,23 +7,39 @@
 
 namespace mlptrain {
 
+namespace {
+
+// The local layers' views: a Linear layer's into the store, an MoE layer's shape.
+std::vector<LinearLayer> local_views(const ParameterStore& parameters, const std::vector<LayerSpec>& specs,
+                                     LayerRange local) {
+  std::vector<LinearLayer> views;
+  for (int layer = local.first; layer < local.last; ++layer) {
+    const LayerSpec& spec = specs[static_cast<std::size_t>(layer)];
+    views.push_back(spec.moe() ? LinearLayer{.spec = spec}
+                               : linear_layer_view(parameters, spec, layer_path(layer, static_cast<int>(specs.size()))));
+  }
+  return views;
+}
+
+std::vector<LayerSpec> specs_of(const std::vector<LinearLayer>& layers) {
+  std::vector<LayerSpec> specs;
+  for (const LinearLayer& layer : layers) specs.push_back(layer.spec);
+  return specs;
+}
+
+}  // namespace
+
 ModelRunner::ModelRunner(Kernels& kernels, Allocator& allocator, const ParameterStore& parameters,
-                         const std::vector<LayerSpec>& specs, int first_layer, int last_layer,
-                         StrategyStack& strategies, const MoeSettings& moe, bool recompute)
-    : kernels_(kernels), allocator_(allocator), strategies_(strategies), first_layer_(first_layer),
-      last_layer_(last_layer), layer_count_(static_cast<int>(specs.size())), recompute_(recompute) {
-  // Segments of k layers keep n / k inputs and recompute 2 k activations at a time: k about
-  // sqrt(n / 2) makes the sum smallest.
-  const auto local_layers = static_cast<double>(last_layer - first_layer);
-  segment_length_ = std::max<std::size_t>(1, std::lround(std::sqrt(local_layers / 2)));
-  for (int layer = first_layer; layer < last_layer; ++layer) {
-    const LayerSpec& spec = specs[layer];
-    const std::string path = layer_path(layer, layer_count_);
+                         const std::vector<LayerSpec>& specs, LayerRange local, StrategyStack& strategies,
+                         const MoeSettings& moe, bool recompute)
+    : kernels_(kernels), allocator_(allocator), strategies_(strategies),
+      layers_(local_views(parameters, specs, local)), first_layer_(local.first), last_layer_(local.last),
+      layer_count_(static_cast<int>(specs.size())), plan_(specs_of(layers_), recompute) {
+  for (int layer = local.first; layer < local.last; ++layer) {
+    const LayerSpec& spec = specs[static_cast<std::size_t>(layer)];
     if (spec.moe()) {
-      layers_.push_back({.spec = spec});
-      moe_layers_.emplace_back(MoeLayer(parameters, spec, path, moe));
+      moe_layers_.emplace_back(MoeLayer(parameters, spec, layer_path(layer, layer_count_), moe));
     } else {
-      layers_.push_back(linear_layer_view(parameters, spec, path));
       moe_layers_.emplace_back(std::nullopt);
     }
   }
@@ -61,7 +77,7 @@ float* ModelRunner::layer_output(MicroBatchActivations& activations, std::size_t
 }
 
 void ModelRunner::layer_forward(MicroBatchActivations& activations, std::size_t local,
-                                const float* input, float* output, int micro_batch,
+                                const float* input, std::int64_t rows, float* scratch, int micro_batch,
                                 int micro_batches, bool training, bool recomputing) {
   const LinearLayer& layer = layers_[local];
   LinearLayer view = layer;
@@ -70,22 +86,31 @@ void ModelRunner::layer_forward(MicroBatchActivations& activations, std::size_t 
                    .micro_batches = micro_batches,
                    .training = training,
                    .recomputing = recomputing,
-                   .rows = activations.rows,
-                   .parameters = &view,
-                   .input = input};
+                   .rows = rows,
+                   .input = input,
+                   .layer_rows = rows,
+                   .layer_input = input,
+                   .parameters = &view};
   if (forward_gate_) forward_gate_(event.layer);
   strategies_.before_layer_forward(event);
+  // The layer's outputs, for the rows it computes on (a recomputed layer's kept ones stay).
+  activations.layer_rows[local] = event.layer_rows;
+  const auto size = static_cast<std::size_t>(event.layer_rows * layer.spec.out_features);
+  if (activations.pre[local].empty()) activations.pre[local] = allocator_.allocate_floats(MemoryState::activations, size);
+  if (layer.spec.gelu && scratch == nullptr && activations.output[local].empty())
+    activations.output[local] = allocator_.allocate_floats(MemoryState::activations, size);
+  float* output = scratch != nullptr ? scratch : activations.output[local].floats();
   event.pre = activations.pre[local].floats();
   if (moe_layers_[local]) {
     const MoeLayer::Pass moe_pass{kernels_, allocator_, strategies_.expert_exchange()};
-    moe_layers_[local]->forward(moe_pass, input, activations.rows, event.pre, activations.moe[local],
+    moe_layers_[local]->forward(moe_pass, event.layer_input, event.layer_rows, event.pre, activations.moe[local],
                                 training ? &moe_statistics_ : nullptr);
     event.output = event.pre;
   } else {
-    linear_forward_matmul(kernels_, view, input, activations.rows, event.pre);
+    linear_forward_matmul(kernels_, view, event.layer_input, event.layer_rows, event.pre);
     strategies_.after_layer_matmul(event);
     event.output = layer.spec.gelu ? output : event.pre;
-    linear_forward_finish(kernels_, view, activations.rows, event.pre, event.output);
+    linear_forward_finish(kernels_, view, event.layer_rows, event.pre, event.output);
   }
   strategies_.after_layer_forward(event);
 }
@@ -97,20 +122,14 @@ LossSums ModelRunner::forward(MicroBatchActivations& activations, int micro_batc
   activations.pre.resize(layers_.size());
   activations.output.resize(layers_.size());
   activations.moe.resize(layers_.size());
-  const auto floats = [&](const LinearLayer& layer) {
-    return allocator_.allocate_floats(MemoryState::activations,
-                                      static_cast<std::size_t>(rows * layer.spec.out_features));
-  };
+  activations.layer_rows.resize(layers_.size());
   for (std::size_t local = 0; local < layers_.size(); ++local) {
-    const LinearLayer& layer = layers_[local];
-    activations.pre[local] = floats(layer);
-    if (layer.spec.gelu) activations.output[local] = floats(layer);
     const float* input = local == 0 ? activations.input.floats() : layer_output(activations, local - 1);
-    layer_forward(activations, local, input, activations.output[local].floats(), micro_batch,
+    layer_forward(activations, local, input, input_rows(activations, local), nullptr, micro_batch,
                   micro_batches, training, false);
     // What backward will not read (or will recompute) goes now; the stage's output stays.
-    if (layer.spec.gelu && !keeps_pre(local, training)) activations.pre[local] = Buffer{};
-    if (!keeps_input(local, training)) {
+    if (layers_[local].spec.gelu && !plan_.keeps_pre(local, training)) activations.pre[local] = Buffer{};
+    if (!plan_.keeps_input(local, training)) {
       activations.output[local - 1] = Buffer{};
       activations.pre[local - 1] = Buffer{};
     }
@@ -135,27 +154,24 @@ void ModelRunner::recompute_segment(MicroBatchActivations& activations, std::siz
                                     int micro_batches) {
   for (std::size_t local = first; local <= last; ++local) {
     if (!activations.pre[local].empty()) continue;  // kept by forward
-    const auto size = static_cast<std::size_t>(activations.rows * layers_[local].spec.out_features);
-    activations.pre[local] = allocator_.allocate_floats(MemoryState::activations, size);
-    if (local < last && activations.output[local].empty())
-      activations.output[local] = allocator_.allocate_floats(MemoryState::activations, size);
     const float* input = local == 0 ? activations.input.floats() : layer_output(activations, local - 1);
-    float* output = local < last ? activations.output[local].floats() : scratch;
-    layer_forward(activations, local, input, output, micro_batch, micro_batches, true, true);
+    layer_forward(activations, local, input, input_rows(activations, local), local < last ? nullptr : scratch,
+                  micro_batch, micro_batches, true, true);
   }
 }
 
 void ModelRunner::backward(MicroBatchActivations& activations, int micro_batch,
                            int micro_batches) {
   const std::int64_t rows = activations.rows;
-  std::int64_t widest = 0;
+  std::int64_t widest = 0, most_rows = rows;
   for (const LinearLayer& layer : layers_)
     widest = std::max({widest, layer.spec.in_features, layer.spec.out_features});
+  for (std::int64_t layer_rows : activations.layer_rows) most_rows = std::max(most_rows, layer_rows);
   // Three rotating gradient buffers: the incoming gradient, d loss / d pre (and a recomputed
   // segment's discarded last output before that), and the outgoing one.
   Buffer workspace[3];
   for (Buffer& buffer : workspace)
-    buffer = allocator_.allocate_floats(MemoryState::workspace, static_cast<std::size_t>(rows * widest));
+    buffer = allocator_.allocate_floats(MemoryState::workspace, static_cast<std::size_t>(most_rows * widest));
   const float* grad_output =
       computes_loss() ? activations.loss_grad.floats() : activations.output_grad.floats();
   if (!reads_inputs())
@@ -164,9 +180,9 @@ void ModelRunner::backward(MicroBatchActivations& activations, int micro_batch,
   const MoeLayer::Pass moe_pass{kernels_, allocator_, strategies_.expert_exchange()};
   int outgoing = 0;
   for (std::size_t local = layers_.size(); local-- > 0;) {
-    if (recompute_ && ends_segment(local))
-      recompute_segment(activations, local - local % segment_length_, local, workspace[2].floats(),
-                        micro_batch, micro_batches);
+    if (plan_.ends_segment(local))
+      recompute_segment(activations, plan_.segment_start(local), local, workspace[2].floats(), micro_batch,
+                        micro_batches);
     const LinearLayer& layer = layers_[local];
     const int global_layer = first_layer_ + static_cast<int>(local);
     const float* input = local == 0 ? activations.input.floats() : layer_output(activations, local - 1);
@@ -177,21 +193,24 @@ void ModelRunner::backward(MicroBatchActivations& activations, int micro_batch,
     LayerEvent event{.layer = global_layer,
                      .micro_batch = micro_batch,
                      .micro_batches = micro_batches,
-                     .rows = rows,
+                     .rows = input_rows(activations, local),
+                     .input = input,
+                     .grad_input = grad_input,
+                     .layer_rows = activations.layer_rows[local],
+                     .layer_input = input,
+                     .layer_grad_input = grad_input,
                      .parameters = &view,
                      .accumulate_grads = micro_batch > 0,
-                     .input = input,
                      .pre = activations.pre[local].floats(),
-                     .grad_output = grad_output,
-                     .grad_input = grad_input};
+                     .grad_output = grad_output};
     strategies_.before_layer_backward(event);
     if (moe_layers_[local]) {
-      moe_layers_[local]->backward(moe_pass, input,
-                                   grad_output, rows, grad_input, activations.moe[local],
-                                   event.accumulate_grads, micro_batches);
+      moe_layers_[local]->backward(moe_pass, event.layer_input, grad_output, event.layer_rows,
+                                   event.layer_grad_input, activations.moe[local], event.accumulate_grads,
+                                   micro_batches);
     } else {
-      linear_backward(kernels_, view, input, event.pre, grad_output, rows, workspace[2].floats(),
-                      grad_input, event.accumulate_grads);
+      linear_backward(kernels_, view, event.layer_input, event.pre, grad_output, event.layer_rows,
+                      workspace[2].floats(), event.layer_grad_input, event.accumulate_grads);
     }
     strategies_.after_layer_backward(event);
     // The layer's activations and its input are read for the last time (the layer below needs
@@ -205,50 +224,6 @@ void ModelRunner::backward(MicroBatchActivations& activations, int micro_batch,
   Buffer input_grad = std::move(activations.input_grad);
   activations = MicroBatchActivations{};
   activations.input_grad = std::move(input_grad);
-}
-
-std::int64_t ModelRunner::prepared_bytes(std::int64_t rows, LossKind loss_kind) const {
-  std::int64_t bytes = rows * input_width() * 4;
-  if (computes_loss()) bytes += loss_kind == LossKind::mse ? rows * output_width() * 4 : rows * 4;
-  return bytes;
-}
-
-ActivationProfile ModelRunner::activation_profile(std::int64_t rows, LossKind loss_kind) const {
-  // Follows forward and backward allocation by allocation.
-  ActivationProfile profile{.received = prepared_bytes(rows, loss_kind)};
-  std::int64_t alive = profile.received, peak = alive;
-  const auto allocate = [&](std::int64_t bytes) { peak = std::max(peak, alive += bytes); };
-  const std::size_t count = layers_.size();
-  std::vector<std::int64_t> pre(count, 0), output(count, 0);
-  const auto layer_bytes = [&](std::size_t local) { return rows * layers_[local].spec.out_features * 4; };
-  const auto free = [&](std::int64_t& bytes) { alive -= std::exchange(bytes, 0); };
-  for (std::size_t local = 0; local < count; ++local) {
-    allocate(pre[local] = layer_bytes(local));
-    if (layers_[local].spec.gelu) allocate(output[local] = layer_bytes(local));
-    if (moe_layers_[local] && largest_moe_bytes_ == 0) allocate(moe_layers_[local]->activation_bytes(rows));
-    if (layers_[local].spec.gelu && !keeps_pre(local, true)) free(pre[local]);
-    if (!keeps_input(local, true)) {
-      free(output[local - 1]);
-      free(pre[local - 1]);
-    }
-  }
-  allocate(largest_moe_bytes_);
-  if (computes_loss()) allocate(rows * output_width() * 4);
-  profile.forward_peak = peak;
-  profile.kept = peak = alive;
-  for (std::size_t local = count; local-- > 0;) {
-    if (recompute_ && ends_segment(local))
-      for (std::size_t layer = local - local % segment_length_; layer <= local; ++layer) {
-        if (pre[layer] != 0) continue;
-        allocate(pre[layer] = layer_bytes(layer));
-        if (layer < local && output[layer] == 0) allocate(output[layer] = layer_bytes(layer));
-      }
-    free(pre[local]);
-    free(output[local]);
-    if (local > 0) free(output[local - 1]);
-  }
-  profile.backward_peak = peak;
-  return profile;
 }
 
 }  // namespace mlptrain

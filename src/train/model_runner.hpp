@@ -1,8 +1,8 @@
 // Runs this rank's layers forward and backward for one micro-batch, keeping the activations that
-// backward needs and calling the strategies' hooks at the fixed points around each layer. With
-// recomputation, the local layers form segments of about sqrt(n / 2) layers: forward keeps only
-// each segment's input (and the stage's output), and backward recomputes a segment's activations
-// before going through it, so a micro-batch holds about 2 sqrt(2n) layer outputs instead of 2n.
+// backward needs (model/recompute_plan.hpp says which) and calling the strategies' hooks at the
+// fixed points around each layer. A layer computes on the rows its before-hook gives it (the
+// rows it received, unless a strategy substitutes others): its outputs are allocated for those
+// rows, the next layer receives them, and backward and recomputation use the same counts.
 #pragma once
 
 #include <functional>
@@ -14,6 +14,7 @@
 #include "model/linear.hpp"
 #include "model/loss.hpp"
 #include "model/moe.hpp"
+#include "model/recompute_plan.hpp"
 #include "train/strategy_stack.hpp"
 
 namespace mlptrain {
@@ -31,26 +32,32 @@ struct MicroBatchActivations {
   Buffer output_grad;         // d loss / d local output, received from the next stage
   Buffer input_grad;          // d loss / d local input, for the previous stage
   std::vector<MoeActivations> moe;  // per local layer (used by MoE layers)
+  std::vector<std::int64_t> layer_rows;  // per local layer: the rows it computed on
 };
 
 class ModelRunner {
  public:
   ModelRunner(Kernels& kernels, Allocator& allocator, const ParameterStore& parameters,
-              const std::vector<LayerSpec>& specs, int first_layer, int last_layer,
-              StrategyStack& strategies, const MoeSettings& moe = {}, bool recompute = false);
+              const std::vector<LayerSpec>& specs, LayerRange local, StrategyStack& strategies,
+              const MoeSettings& moe = {}, bool recompute = false);
 
   bool computes_loss() const { return last_layer_ == layer_count_; }
   bool reads_inputs() const { return first_layer_ == 0; }
   // Features per row of the local input and output (this rank's slices).
   std::int64_t input_width() const { return layers_.front().spec.in_features; }
   std::int64_t output_width() const { return layers_.back().spec.out_features; }
-  // The last local layer's output of a micro-batch whose forward is done.
+  // The last local layer's output of a micro-batch whose forward is done, and its rows.
   float* output(MicroBatchActivations& activations) const {
     return layer_output(activations, layers_.size() - 1);
+  }
+  static std::int64_t output_rows(const MicroBatchActivations& activations) {
+    return activations.layer_rows.empty() ? activations.rows : activations.layer_rows.back();
   }
   const std::vector<LinearLayer>& layers() const { return layers_; }
   // The routing statistics of the training forwards since the last call (MoE layers).
   MoeStatistics take_moe_statistics();
+  // The most activation memory a training micro-batch's MoE layers kept so far (0: none ran).
+  std::int64_t largest_moe_bytes() const { return largest_moe_bytes_; }
 
   // Buffers for a micro-batch of `rows` samples: the input, and targets or labels when this rank
   // computes the loss.
@@ -66,40 +73,25 @@ class ModelRunner {
   // afterwards unless the local layers start the model.
   void backward(MicroBatchActivations& activations, int micro_batch, int micro_batches);
 
-  // The activation bytes a training micro-batch of `rows` samples allocates and frees (the
-  // prediction of what prepare, forward and backward do, followed step by step). MoE layers keep
-  // what their routing sends them: balanced routing before any training forward, afterwards the
-  // most a training micro-batch kept.
-  ActivationProfile activation_profile(std::int64_t rows, LossKind loss_kind) const;
   // Called with a layer's index before each forward of it reads its parameters (whose values
   // may still be arriving: an offloaded update runs into the next forward).
   void set_forward_gate(std::function<void(int layer)> gate) { forward_gate_ = std::move(gate); }
-  // Local layers per recomputed segment (0 without recomputation).
-  std::size_t segment_length() const { return recompute_ ? segment_length_ : 0; }
+  const RecomputePlan& recompute_plan() const { return plan_; }
 
  private:
-  std::int64_t prepared_bytes(std::int64_t rows, LossKind loss_kind) const;
   float* layer_output(MicroBatchActivations& activations, std::size_t local) const;
-  // Forward keeps layer `local`'s pre-activation / input for backward (else backward
-  // recomputes it); evaluation keeps neither.
-  bool keeps_pre(std::size_t local, bool training) const {
-    return training && (!recompute_ || !layers_[local].spec.gelu);
-  }
-  // An MoE layer is never recomputed (its routing would exchange and count again): its output
-  // stays as the next layer's input, and its own activations as they are.
-  bool keeps_input(std::size_t local, bool training) const {
-    return local == 0 ||
-           (training && (!recompute_ || local % segment_length_ == 0 || moe_layers_[local - 1]));
-  }
-  bool ends_segment(std::size_t local) const {
-    return local + 1 == layers_.size() || (local + 1) % segment_length_ == 0;
-  }
-  // Runs layer `local` forward from `input` into its pre-activation and `output`, with the
-  // strategies' forward hooks (recomputing: in backward, for a layer whose activations forward
-  // did not keep).
+  // Runs layer `local` forward from `input` (`rows` rows) with the strategies' forward hooks,
+  // into its pre-activation and output, allocated for the rows the layer computes on unless
+  // kept; the output goes to `scratch` when given (a recomputed segment's last layer, whose
+  // output backward does not read). Recomputing: in backward, for a layer whose activations
+  // forward did not keep.
   void layer_forward(MicroBatchActivations& activations, std::size_t local, const float* input,
-                     float* output, int micro_batch, int micro_batches, bool training,
-                     bool recomputing);
+                     std::int64_t rows, float* scratch, int micro_batch, int micro_batches,
+                     bool training, bool recomputing);
+  // The rows layer `local` receives.
+  std::int64_t input_rows(const MicroBatchActivations& activations, std::size_t local) const {
+    return local == 0 ? activations.rows : activations.layer_rows[local - 1];
+  }
   // Recomputes the activations of the local layers [first, last] that forward dropped; the last
   // layer's output is not needed again and goes to `scratch`.
   void recompute_segment(MicroBatchActivations& activations, std::size_t first, std::size_t last,
@@ -118,8 +110,7 @@ class ModelRunner {
   int first_layer_ = 0;
   int last_layer_ = 0;
   int layer_count_ = 0;
-  bool recompute_ = false;
-  std::size_t segment_length_ = 1;
+  RecomputePlan plan_;
 };
 
 }  // namespace mlptrain

@@ -10,7 +10,7 @@ namespace mlptrain {
 double scheduled_learning_rate(const Config& config, std::int64_t step) {
   const auto warmup = static_cast<std::int64_t>(config.warmup_steps);
   if (step < warmup) return config.lr * static_cast<double>(step + 1) / static_cast<double>(warmup);
-  if (config.lr_schedule == "constant") return config.lr;
+  if (config.lr_schedule == LearningRateSchedule::constant) return config.lr;
   const double progress = static_cast<double>(step - warmup) /
                           static_cast<double>(std::max<std::int64_t>(config.steps - warmup, 1));
   return config.lr * 0.5 * (1.0 + std::cos(std::numbers::pi * progress));

@@ -85,7 +85,9 @@ const char* section_title(Section section) {
 
 template <typename T>
 std::string ini_value(const T& value) {
-  if constexpr (std::is_same_v<T, bool>) {
+  if constexpr (std::is_enum_v<T>) {
+    return std::string(choice_name(value));
+  } else if constexpr (std::is_same_v<T, bool>) {
     return value ? "true" : "false";
   } else if constexpr (std::is_same_v<T, double>) {
     return fmt::format("{}", value);  // shortest text that reads back exactly
@@ -111,7 +113,18 @@ struct Descriptions {
     visit_options(config, [&](Section section, const char* name, auto& field, const char* help) {
       using T = std::remove_reference_t<decltype(field)>;
       auto& description = sections[static_cast<int>(section)];
-      if constexpr (std::is_same_v<T, bool>) {
+      if constexpr (std::is_enum_v<T>) {
+        // A closed set is read as its name and checked at once, naming the choices.
+        description.add_options()(
+            name,
+            po::value<std::string>()->default_value(ini_value(field))->notifier([&field, name](const std::string& text) {
+              const std::optional<T> choice = parse_choice<T>(text);
+              if (!choice)
+                throw UsageError(fmt::format("--{}: unknown value '{}' (choose {})", name, text, choice_list<T>()));
+              field = *choice;
+            }),
+            help);
+      } else if constexpr (std::is_same_v<T, bool>) {
         // `--flag` alone means true; `--flag=false` switches off what an INI file switched on.
         description.add_options()(
             name, po::value<bool>(&field)->default_value(field)->implicit_value(true), help);
@@ -174,15 +187,6 @@ void at_least(const char* name, T value, T minimum) {
   require(value >= minimum, fmt::format("--{} must be at least {} (got {})", name, minimum, value));
 }
 
-void one_of(const char* name, const std::string& value, std::initializer_list<const char*> choices) {
-  std::string listed;
-  for (const char* choice : choices) {
-    if (value == choice) return;
-    listed += (listed.empty() ? "" : " | ") + std::string(choice);
-  }
-  throw UsageError(fmt::format("--{}: unknown value '{}' (choose {})", name, value, listed));
-}
-
 void not_built(bool used, const std::string& what) {
   require(!used, what + " is not built yet in this version of mlptrain");
 }
@@ -207,10 +211,9 @@ void validate_options(Config& c, int world_size) {
           fmt::format("--top-k {} exceeds --experts {}", c.top_k, c.experts));
   at_least("capacity-factor", c.capacity_factor, 0.0);
   at_least("aux-loss-coef", c.aux_loss_coef, 0.0);
-  one_of("dataset", c.dataset, {"teacher", "mixture", "hdf5"});
-  require(c.dataset != "hdf5" || !c.data_path.empty(), "--dataset hdf5 needs --data-path FILE");
-  require(c.dataset == "hdf5" || c.data_path.empty(),
-          "--data-path is read only with --dataset hdf5 (got --dataset " + c.dataset + ")");
+  require(c.dataset != DatasetKind::hdf5 || !c.data_path.empty(), "--dataset hdf5 needs --data-path FILE");
+  require(c.dataset == DatasetKind::hdf5 || c.data_path.empty(),
+          fmt::format("--data-path is read only with --dataset hdf5 (got --dataset {})", choice_name(c.dataset)));
   at_least("global-batch", c.global_batch, 1);
   at_least("micro-batches", c.micro_batches, 1);
   at_least("eval-every", c.eval_every, 0);
@@ -221,8 +224,6 @@ void validate_options(Config& c, int world_size) {
   require(c.beta2 >= 0 && c.beta2 < 1, fmt::format("--beta2 must be in [0, 1) (got {})", c.beta2));
   require(c.eps > 0, fmt::format("--eps must be positive (got {})", c.eps));
   at_least("grad-clip", c.grad_clip, 0.0);
-  one_of("lr-schedule", c.lr_schedule, {"constant", "cosine"});
-  one_of("on-nan", c.on_nan, {"stop", "skip"});
   at_least("warmup-steps", c.warmup_steps, 0);
   at_least("seed", c.seed, std::int64_t{0});
   for (double value : {c.lr, c.weight_decay, c.beta1, c.beta2, c.eps, c.grad_clip,
@@ -234,9 +235,6 @@ void validate_options(Config& c, int world_size) {
   at_least("pp", c.pp, 1);
   at_least("ep", c.ep, 1);
   require(c.zero >= 0 && c.zero <= 3, fmt::format("--zero must be 0, 1, 2 or 3 (got {})", c.zero));
-  one_of("schedule", c.schedule, {"1f1b", "gpipe"});
-  one_of("device", c.device, {"cpu", "cuda", "loopback"});
-  one_of("comm", c.comm, {"mpi", "nccl"});
   at_least("log-every", c.log_every, 0);
   at_least("save-every", c.save_every, 0);
   at_least("timeout", c.timeout_s, 0.0);
@@ -275,11 +273,11 @@ void validate_options(Config& c, int world_size) {
   require(c.ep == 1 || c.moe_every > 0, "--ep splits the experts of MoE layers: it needs --moe-every");
   not_built(c.moe_every > 0 && c.tp > 1, "MoE layers with tensor parallelism (--moe-every with --tp > 1)");
   not_built(c.moe_every > 0 && c.zero > 1, "MoE layers with ZeRO stage 2 or 3 (--moe-every with --zero > 1)");
-  require(!c.offload || c.device != "cpu",
+  require(!c.offload || c.device != Device::cpu,
           "--offload moves the optimizer state from GPU memory to host memory: it needs --device cuda "
           "(or loopback; with --device cpu the state is in host memory already)");
-  require(!c.tf32 || c.device == "cuda", "--tf32 lets cuBLAS use TF32 tensor cores: it needs --device cuda");
-  require(c.comm != "nccl" || c.device == "cuda",
+  require(!c.tf32 || c.device == Device::cuda, "--tf32 lets cuBLAS use TF32 tensor cores: it needs --device cuda");
+  require(c.comm != CommBackend::nccl || c.device == Device::cuda,
           "--comm nccl moves GPU memory between GPUs directly: it needs --device cuda");
 }
 
@@ -289,6 +287,10 @@ std::string to_ini(const Config& config) {
     text += fmt::format("{} = {}\n", name, ini_value(field));
   });
   return text;
+}
+
+std::vector<std::string> model_shape_options() {
+  return {"layers", "hidden", "input-dim", "output-dim", "moe-every", "experts"};
 }
 
 }  // namespace mlptrain

@@ -26,4 +26,7 @@ void validate_options(Config& config, int world_size);
 // The configuration as INI text that --config reads back.
 std::string to_ini(const Config& config);
 
+// The options that decide the model's tensor shapes (named as on the command line).
+std::vector<std::string> model_shape_options();
+
 }  // namespace mlptrain

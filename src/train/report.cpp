@@ -37,8 +37,8 @@ std::string human_bytes(double bytes) {
   return unit == 0 ? fmt::format("{:.0f} B", bytes) : fmt::format("{:.2f} {}", bytes, units[unit]);
 }
 
-bool offloaded(const PlacementPrediction& prediction, std::size_t index) {
-  return prediction.modes[index] == "Off";
+bool offloaded(const Prediction& prediction, MemoryState state) {
+  return prediction.state(state).mode == PlacementMode::offloaded;
 }
 
 }  // namespace
@@ -59,9 +59,9 @@ std::array<double, comm_op_count> RunSummary::mean_comm_bytes() const {
   return mean;
 }
 
-std::int64_t RunSummary::measured_bytes(std::size_t index) const {
-  const auto state = static_cast<int>(placement_states[index]);
-  return offloaded(prediction, index) ? peak_host_memory[state] : peak_memory[state];
+std::int64_t RunSummary::measured_bytes(MemoryState state) const {
+  const auto index = static_cast<int>(state);
+  return offloaded(prediction, state) ? peak_host_memory[index] : peak_memory[index];
 }
 
 nlohmann::json step_json(const StepRecord& record) {
@@ -93,13 +93,13 @@ nlohmann::json step_json(const StepRecord& record) {
 
 nlohmann::json summary_json(const RunSummary& summary) {
   nlohmann::json placement = nlohmann::json::object();
-  for (std::size_t index = 0; index < placement_states.size(); ++index) {
-    const MemoryState state = placement_states[index];
+  for (MemoryState state : placed_states) {
+    const StatePrediction& predicted = summary.prediction.state(state);
     nlohmann::json& entry = placement[std::string(memory_state_name(state))];
-    entry = {{"mode", summary.prediction.modes[index]},
-             {"predicted_bytes", summary.prediction.bytes[index]},
-             {"measured_bytes", summary.measured_bytes(index)}};
-    if (offloaded(summary.prediction, index)) entry["memory"] = "host";
+    entry = {{"mode", mode_code(predicted.mode)},
+             {"predicted_bytes", predicted.bytes},
+             {"measured_bytes", summary.measured_bytes(state)}};
+    if (offloaded(summary.prediction, state)) entry["memory"] = "host";
   }
   const auto measured = summary.mean_comm_bytes();
   nlohmann::json comm = nlohmann::json::object();
@@ -126,18 +126,17 @@ nlohmann::json summary_json(const RunSummary& summary) {
   return object;
 }
 
-std::string placement_table(const PlacementPrediction& prediction, const RunSummary* measured) {
+std::string placement_table(const Prediction& prediction, const RunSummary* measured) {
   std::string text = fmt::format("  {:<18}{:>6}{:>16}", "state", "mode", "predicted");
   if (measured) text += fmt::format("{:>16}{:>11}", "measured", "deviation");
   text += "\n";
-  for (std::size_t index = 0; index < placement_states.size(); ++index) {
-    const auto predicted = static_cast<double>(prediction.bytes[index]);
+  for (MemoryState state : placed_states) {
+    const auto predicted = static_cast<double>(prediction.state(state).bytes);
     text += fmt::format("  {:<18}{:>6}{:>16}",
-                        fmt::format("{}{}", memory_state_name(placement_states[index]),
-                                    offloaded(prediction, index) ? " (host)" : ""),
-                        prediction.modes[index], human_bytes(predicted));
+                        fmt::format("{}{}", memory_state_name(state), offloaded(prediction, state) ? " (host)" : ""),
+                        mode_code(prediction.state(state).mode), human_bytes(predicted));
     if (measured) {
-      const auto actual = static_cast<double>(measured->measured_bytes(index));
+      const auto actual = static_cast<double>(measured->measured_bytes(state));
       text += fmt::format("{:>16}{:>10.1f}%", human_bytes(actual),
                           predicted > 0 ? 100.0 * (actual - predicted) / predicted : 0.0);
     }

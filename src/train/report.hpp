@@ -13,7 +13,7 @@
 
 #include "comm/comm_ledger.hpp"
 #include "core/memory_ledger.hpp"
-#include "strategies/strategy.hpp"
+#include "cost/prediction.hpp"
 
 namespace mlptrain {
 
@@ -51,18 +51,18 @@ struct RunSummary {
   std::vector<MemoryByState> peak_memory_by_rank;
   MemoryByState peak_memory{};       // rank 0's, over the whole run
   MemoryByState peak_host_memory{};  // rank 0's offloaded memory, over the whole run
-  PlacementPrediction prediction;
+  Prediction prediction;
 
   void add(const StepRecord& record);
   std::array<double, comm_op_count> mean_comm_bytes() const;
-  // Rank 0's measured peak of placement_states[index]: in host memory when it is offloaded.
-  std::int64_t measured_bytes(std::size_t index) const;
+  // Rank 0's measured peak of a placed state: in host memory when it is offloaded.
+  std::int64_t measured_bytes(MemoryState state) const;
 };
 
 nlohmann::json summary_json(const RunSummary& summary);
 
 // The predicted-vs-measured tables as text (measured columns omitted when `measured` is null).
-std::string placement_table(const PlacementPrediction& prediction, const RunSummary* measured);
+std::string placement_table(const Prediction& prediction, const RunSummary* measured);
 
 class Reporter {
  public:

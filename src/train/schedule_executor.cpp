@@ -90,19 +90,21 @@ LossTotals ScheduleExecutor::run(const std::vector<Action>& actions, const Sched
       }
       case ActionKind::send_activations:
         start(action.kind, micro_batch, runner_.output(activations),
-              rows * runner_.output_width());
+              ModelRunner::output_rows(activations) * runner_.output_width());
         if (!work.training) {
           finish(action.kind, micro_batch);
           activations = MicroBatchActivations{};
         }
         break;
-      case ActionKind::receive_gradients:
-        activations.output_grad = allocator_.allocate_floats(
-            MemoryState::comm_buffers, static_cast<std::size_t>(rows * runner_.output_width()));
+      case ActionKind::receive_gradients: {
+        // The gradient of the stage's output, as many rows as its last layer computed on.
+        const std::int64_t floats = ModelRunner::output_rows(activations) * runner_.output_width();
+        activations.output_grad =
+            allocator_.allocate_floats(MemoryState::comm_buffers, static_cast<std::size_t>(floats));
         gradient_posted_[static_cast<std::size_t>(micro_batch)] = true;
-        start(action.kind, micro_batch, activations.output_grad.floats(),
-              rows * runner_.output_width());
+        start(action.kind, micro_batch, activations.output_grad.floats(), floats);
         break;
+      }
       case ActionKind::backward: {
         progress();
         if (!runner_.computes_loss())

@@ -1,69 +1,58 @@
-// Builds the active strategies from the registry (see strategy_stack.hpp).
+// The strategies' objects (see strategy_stack.hpp).
 #include "train/strategy_stack.hpp"
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <stdexcept>
+
 
 namespace mlptrain {
 
-StrategyStack::StrategyStack(const StrategyContext& context) {
-  for (const StrategyRegistration& entry : strategy_registry())
-    if (entry.wanted(context.config, context.groups.shape()))
-      strategies_.push_back(entry.create(context));
+namespace {
+
+// The object's capability for `role`: present exactly when the registration declares the role.
+template <typename Capability>
+Capability* capability(Strategy& strategy, const StrategyRegistration& entry, Role role) {
+  auto* found = dynamic_cast<Capability*>(&strategy);
+  const bool declared = std::find(entry.roles.begin(), entry.roles.end(), role) != entry.roles.end();
+  if ((found != nullptr) != declared)
+    throw std::logic_error(fmt::format("strategy {} {} the role '{}' but {} what it needs", entry.name,
+                                       declared ? "declares" : "does not declare", role_name(role),
+                                       found != nullptr ? "implements" : "does not implement"));
+  return found;
 }
 
-ParameterPlan StrategyStack::plan(const Config& config, const GridShape& shape,
-                                  const GridCoordinates& place) {
-  ParameterPlan plan;
-  for (const StrategyRegistration& entry : strategy_registry())
-    if (entry.plan != nullptr && entry.wanted(config, shape)) entry.plan(config, shape, place, plan);
-  return plan;
+}  // namespace
+
+StrategyStack::StrategyStack(const StrategyContext& context,
+                             const std::vector<const StrategyRegistration*>& strategies) {
+  for (const StrategyRegistration* entry : strategies) {
+    std::unique_ptr<Strategy> strategy = entry->create(context);
+    names_.push_back(entry->name);
+    if (auto* hooks = dynamic_cast<LayerHooks*>(strategy.get())) hooks_.push_back(hooks);
+    if (auto* found = capability<StageTransfers>(*strategy, *entry, Role::owns_schedule)) transfers_ = found;
+    if (auto* found = capability<StateSharding>(*strategy, *entry, Role::shards_state)) sharding_ = found;
+    if (auto* found = capability<ExpertExchange>(*strategy, *entry, Role::exchanges_experts)) exchange_ = found;
+    strategies_.push_back(std::move(strategy));
+  }
 }
 
-LayerRange StrategyStack::layers(const Config& config, const std::vector<LayerSpec>& model,
-                                 const GridShape& shape, const GridCoordinates& place) {
-  for (const StrategyRegistration& entry : strategy_registry())
-    if (entry.layers != nullptr && entry.wanted(config, shape)) return entry.layers(model, shape, place);
-  return {0, static_cast<int>(model.size())};
-}
-
-std::vector<Action> StrategyStack::schedule(int micro_batches, bool training) const {
-  for (const auto& strategy : strategies_)
-    if (auto actions = strategy->schedule(micro_batches, training)) return std::move(*actions);
-  return training ? sequential_schedule(micro_batches) : forward_only_schedule(micro_batches);
+Strategy& StrategyStack::object(std::string_view name) const {
+  for (std::size_t index = 0; index < names_.size(); ++index)
+    if (names_[index] == name) return *strategies_[index];
+  throw std::out_of_range(fmt::format("no strategy {} takes part", name));
 }
 
 Request StrategyStack::start_transfer(const TransferEvent& event) {
-  for (const auto& strategy : strategies_)
-    if (auto request = strategy->start_transfer(event)) return std::move(*request);
-  throw std::logic_error(fmt::format("no strategy moves {} across a stage boundary",
-                                     action_name(event.kind)));
-}
-
-ExpertExchange& StrategyStack::expert_exchange() {
-  for (const auto& strategy : strategies_)
-    if (ExpertExchange* exchange = strategy->expert_exchange()) return *exchange;
-  return single_process_;
+  if (transfers_ == nullptr)
+    throw std::logic_error(fmt::format("no strategy moves {} across a stage boundary", action_name(event.kind)));
+  return transfers_->start_transfer(event);
 }
 
 std::optional<StatePlacement> StrategyStack::state_placement() const {
-  for (const auto& strategy : strategies_)
-    if (auto placement = strategy->state_placement()) return placement;
-  return std::nullopt;
-}
-
-std::vector<std::string> StrategyStack::notes() const {
-  std::vector<std::string> notes;
-  for (const auto& strategy : strategies_)
-    if (auto note = strategy->note(); !note.empty()) notes.push_back(std::move(note));
-  return notes;
-}
-
-std::vector<std::string_view> StrategyStack::names() const {
-  std::vector<std::string_view> names;
-  for (const auto& strategy : strategies_) names.push_back(strategy->name());
-  return names;
+  if (sharding_ == nullptr) return std::nullopt;
+  return sharding_->state_placement();
 }
 
 }  // namespace mlptrain

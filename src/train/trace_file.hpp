@@ -9,7 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "comm/process_grid.hpp"
+#include "core/process_grid.hpp"
 #include "core/trace.hpp"
 
 namespace mlptrain {

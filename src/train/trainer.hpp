@@ -1,18 +1,14 @@
-// The common training loop: builds the run (grid, data, model, strategies, optimizer), then for
-// every step executes the schedule's actions and calls the strategies' hooks at fixed points. It
-// never names a strategy.
+// The common training loop: builds the run (train/run.hpp), then for every step executes the
+// schedule's actions and calls the strategies' hooks at fixed points, agrees on the step's world
+// sums and updates the parameters. It never names a strategy.
 #pragma once
 
 #include <mpi.h>
 
 #include "core/config.hpp"
+#include "train/compute_device.hpp"
 
 namespace mlptrain {
-
-// How the run's communicators may work (a backend setting, not a training option).
-struct CommSettings {
-  bool shared_memory = true;  // node-local groups run collectives in shared-memory windows
-};
 
 // Runs (or, with --predict, only predicts) the configured training on the ranks of `world`.
 // Collective; throws AgreedError for problems every rank agrees on.

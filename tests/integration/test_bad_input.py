@@ -143,9 +143,11 @@ class BadInput(TrainingTestCase):
         self.expect_failure(SMALL + ["--resume", self.path("nowhere")], 2, ["--resume", "nowhere"])
         self.expect_failure(SMALL + ["--resume", self.directory], 2, ["latest"])
         # Shapes that do not fit the model, and a different number of layers.
+        # The message names the options that differ from the configuration the checkpoint stores.
         self.expect_failure(SMALL[:2] + ["--hidden", "9"] + SMALL[4:] + ["--resume", checkpoint], 2,
-                            ["/model/layers/00/weight", "[8, 32]", "[9, 32]"])
-        self.expect_failure(["--layers", "4"] + SMALL[2:] + ["--resume", checkpoint], 2, ["3 layers", "--layers"])
+                            ["/model/layers/00/weight", "[8, 32]", "[9, 32]", "--hidden 8 (this run: 9)"])
+        self.expect_failure(["--layers", "4"] + SMALL[2:] + ["--resume", checkpoint], 2,
+                            ["3 layers", "--layers 3 (this run: 4)"])
         # Flipped bytes inside a tensor: the checksum names it.
         corrupted = self.path("corrupted.h5")
         shutil.copy(checkpoint, corrupted)

@@ -1,6 +1,7 @@
-"""The hang watchdog: when one rank skips a collective (a test-only switch), every rank's step
-stalls; after --timeout seconds each rank prints its latest operations and the job ends, and the
-two reports show where the ranks diverged. Without a hang it stays silent."""
+"""The hang watchdog: when one rank leaves out a collective (MLPTRAIN_FAULT, the communicators'
+fault injection), every rank's step stalls; after --timeout seconds each rank prints its latest
+operations and the job ends, and the two reports show where the ranks diverged. Without a hang it
+stays silent."""
 import os
 import re
 import subprocess
@@ -14,7 +15,9 @@ ARGUMENTS = ["--layers", "3", "--hidden", "16", "--global-batch", "16", "--log-e
 
 class Watchdog(TrainingTestCase):
     def test_reports_where_the_ranks_diverged(self):
-        environment = dict(os.environ, MLPTRAIN_TEST_SKIP_STEP_SUM="1:3", OMP_NUM_THREADS="1")
+        # The world's all-reduces of doubles are the steps' world sums (the start's agreements sum
+        # integers): rank 1 leaves out the third, step 3's.
+        environment = dict(os.environ, MLPTRAIN_FAULT="1:world:all_reduce:fp64:3", OMP_NUM_THREADS="1")
         started = time.monotonic()
         result = subprocess.run([MPIEXEC, "-n", "2", MLPTRAIN] + ARGUMENTS + ["--steps", "10", "--timeout", "2"],
                                 capture_output=True, text=True, timeout=60, env=environment)
@@ -36,6 +39,11 @@ class Watchdog(TrainingTestCase):
         self.assertEqual(last[0][1:3], ("all_reduce", "world"))
         self.assertEqual(last[1][1:3], ("all_reduce", "dp"))
         self.assertRegex(result.stderr, r"watchdog: rank 0: step 3 has not finished")
+
+    def test_a_malformed_fault_plan_is_one_line(self):
+        result = run(ARGUMENTS + ["--steps", "1"], 2, check=False, environment={"MLPTRAIN_FAULT": "1:world"})
+        self.assertEqual(result.returncode, 2)
+        self.assertIn("MLPTRAIN_FAULT='1:world'", result.stderr + result.stdout)
 
     def test_silent_without_a_hang(self):
         result = run(ARGUMENTS + ["--steps", "5", "--timeout", "1"], 2)

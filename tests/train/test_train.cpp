@@ -36,7 +36,7 @@ TEST(Options, DefaultsAndOverrides) {
   EXPECT_EQ(config.layers, 6);
   EXPECT_DOUBLE_EQ(config.lr, 0.01);
   EXPECT_TRUE(config.shuffle);
-  EXPECT_EQ(config.dataset, "mixture");
+  EXPECT_EQ(config.dataset, DatasetKind::mixture);
   EXPECT_EQ(config.dp, 4);  // world / (tp * pp)
   EXPECT_EQ(config.hidden, Config{}.hidden);
 }
@@ -120,7 +120,7 @@ TEST(Options, FeaturesNotBuiltAreRefusedByName) {
   EXPECT_NE(usage_error({"--comm", "nccl"}).find("needs --device cuda"), std::string::npos);
   EXPECT_NE(usage_error({"--offload", "--device", "cpu"}).find("needs --device cuda"), std::string::npos);
   EXPECT_TRUE(parsed({"--device", "loopback", "--offload"}, 1).offload);
-  EXPECT_EQ(parsed({"--device", "loopback", "--tp", "2"}, 2).device, "loopback");
+  EXPECT_EQ(parsed({"--device", "loopback", "--tp", "2"}, 2).device, Device::loopback);
   EXPECT_TRUE(parsed({"--recompute", "--pp", "2", "--zero", "3"}, 4).recompute);
 }
 
@@ -143,7 +143,7 @@ TEST(LearningRate, WarmupThenConstantOrCosine) {
   EXPECT_DOUBLE_EQ(scheduled_learning_rate(config, 0), 0.025);
   EXPECT_DOUBLE_EQ(scheduled_learning_rate(config, 3), 0.1);
   EXPECT_DOUBLE_EQ(scheduled_learning_rate(config, 9), 0.1);
-  config.lr_schedule = "cosine";
+  config.lr_schedule = LearningRateSchedule::cosine;
   EXPECT_DOUBLE_EQ(scheduled_learning_rate(config, 4), 0.1);
   EXPECT_NEAR(scheduled_learning_rate(config, 7), 0.1 * 0.5 * (1 + std::cos(std::numbers::pi * 3 / 6)), 1e-15);
   config.warmup_steps = 0;

@@ -1,7 +1,7 @@
 // Process grid: rank lists of every group kind against golden lists (no MPI).
 #include <gtest/gtest.h>
 
-#include "comm/process_grid.hpp"
+#include "core/process_grid.hpp"
 
 using namespace mlptrain;
 using Groups = std::vector<std::vector<int>>;

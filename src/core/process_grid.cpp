@@ -1,5 +1,5 @@
 // Rank arithmetic of the process grid (see process_grid.hpp).
-#include "comm/process_grid.hpp"
+#include "core/process_grid.hpp"
 
 #include <algorithm>
 #include <stdexcept>
@@ -30,6 +30,18 @@ std::string shape_problem(const GridShape& shape) {
   if (shape.dp % shape.ep != 0)
     return "ep " + std::to_string(shape.ep) + " does not divide dp " + std::to_string(shape.dp);
   return {};
+}
+
+int group_size(const GridShape& shape, GroupKind kind) {
+  switch (kind) {
+    case GroupKind::world: return shape.world;
+    case GroupKind::tensor: return shape.tp;
+    case GroupKind::data: return shape.dp;
+    case GroupKind::pipeline: return shape.pp;
+    case GroupKind::expert: return shape.ep;
+    case GroupKind::expert_data: return shape.dp / shape.ep;
+  }
+  return 1;
 }
 
 GridCoordinates coordinates_of(const GridShape& shape, int rank) {

@@ -9,7 +9,7 @@
 #include <numeric>
 #include <tuple>
 
-#include "strategies/schedule.hpp"
+#include "schedule/schedule.hpp"
 
 using namespace mlptrain;
 

@@ -10,6 +10,8 @@
 #include <string_view>
 #include <vector>
 
+#include "core/config.hpp"
+
 namespace mlptrain {
 
 enum class ActionKind {
@@ -32,16 +34,6 @@ std::string_view action_name(ActionKind kind);
 std::vector<Action> sequential_schedule(int micro_batches);
 // Forward passes only (evaluation), in micro-batch order.
 std::vector<Action> forward_only_schedule(int micro_batches);
-
-enum class PipelineKind {
-  // Narayanan et al. (PipeDream-Flush, 2021) as Megatron-LM runs it: stage s does
-  // min(P - s - 1, M) warm-up forwards, then alternates one forward and one backward, then
-  // drains the remaining backwards, so it never holds more than min(P - s, M) micro-batches
-  // (past stage 0, plus the next one's received input).
-  one_f_one_b,
-  // Huang et al. (GPipe, 2019): every forward, then every backward; all M micro-batches alive.
-  gpipe,
-};
 
 // Stage `stage` of `stages`: the computations in the kind's order, each receive posted one
 // computation ahead of the one that needs it (so the transfer overlaps the computation before),

@@ -1,5 +1,5 @@
 // Schedule generation (see schedule.hpp).
-#include "strategies/schedule.hpp"
+#include "schedule/schedule.hpp"
 
 #include <algorithm>
 #include <numeric>

@@ -34,6 +34,9 @@ inline constexpr GroupKind all_group_kinds[] = {GroupKind::world,    GroupKind::
                                                 GroupKind::expert,   GroupKind::expert_data};
 std::string_view group_name(GroupKind kind);
 
+// Ranks in each group of this kind.
+int group_size(const GridShape& shape, GroupKind kind);
+
 // Empty when the shape is consistent, else a sentence saying what is wrong.
 std::string shape_problem(const GridShape& shape);
 

@@ -1,0 +1,118 @@
+// The layout-wide terms of the cost model (see base_cost.hpp).
+#include "cost/base_cost.hpp"
+
+#include <algorithm>
+#include <numeric>
+#include <utility>
+
+#include "model/moe.hpp"
+#include "model/recompute_plan.hpp"
+
+namespace mlptrain {
+
+namespace {
+
+bool computes_loss(const RankLayout& layout) {
+  return layout.layers.last == static_cast<int>(layout.model.size());
+}
+
+std::vector<LayerSpec> local_specs(const RankLayout& layout) {
+  std::vector<LayerSpec> specs;
+  for (int layer = layout.layers.first; layer < layout.layers.last; ++layer)
+    specs.push_back(layout.local_spec(layer));
+  return specs;
+}
+
+// Experts of an MoE layer this rank holds (its expert weights' first dimension).
+int local_experts(const RankLayout& layout, int layer) {
+  const std::string weight = layer_path(layer, static_cast<int>(layout.model.size())) + "/experts/weight";
+  for (const ParameterTensor& tensor : layout.tensors)
+    if (tensor.path == weight) return static_cast<int>(tensor.local_shape[0]);
+  return layout.model[static_cast<std::size_t>(layer)].experts;
+}
+
+}  // namespace
+
+ActivationProfile activation_profile(const RankLayout& layout, const RoutingSeen& routing) {
+  const std::vector<LayerSpec> specs = local_specs(layout);
+  const RecomputePlan plan(specs, layout.config.recompute);
+  const std::int64_t rows = layout.rows;
+  const std::int64_t output_width = specs.back().out_features;
+  // What arrives with a micro-batch: its input, and targets or labels where the loss is.
+  ActivationProfile profile{.received = rows * specs.front().in_features * 4};
+  if (computes_loss(layout))
+    profile.received += layout.loss_kind == LossKind::mse ? rows * output_width * 4 : rows * 4;
+  // Forward and backward, allocation by allocation, as the runner makes them.
+  std::int64_t alive = profile.received, peak = alive;
+  const auto allocate = [&](std::int64_t bytes) { peak = std::max(peak, alive += bytes); };
+  const auto free = [&](std::int64_t& bytes) { alive -= std::exchange(bytes, 0); };
+  const std::size_t count = specs.size();
+  std::vector<std::int64_t> pre(count, 0), output(count, 0);
+  const auto layer_bytes = [&](std::size_t local) { return rows * specs[local].out_features * 4; };
+  for (std::size_t local = 0; local < count; ++local) {
+    allocate(pre[local] = layer_bytes(local));
+    if (specs[local].gelu) allocate(output[local] = layer_bytes(local));
+    if (specs[local].moe() && routing.largest_moe_activation_bytes == 0)
+      allocate(moe_activation_bytes(specs[local], local_experts(layout, specs[local].index), rows));
+    if (specs[local].gelu && !plan.keeps_pre(local, true)) free(pre[local]);
+    if (!plan.keeps_input(local, true)) {
+      free(output[local - 1]);
+      free(pre[local - 1]);
+    }
+  }
+  allocate(routing.largest_moe_activation_bytes);
+  if (computes_loss(layout)) allocate(rows * output_width * 4);  // the loss gradient
+  profile.forward_peak = peak;
+  profile.kept = peak = alive;
+  for (std::size_t local = count; local-- > 0;) {
+    if (plan.ends_segment(local))
+      for (std::size_t layer = plan.segment_start(local); layer <= local; ++layer) {
+        if (pre[layer] != 0) continue;
+        allocate(pre[layer] = layer_bytes(layer));
+        if (layer < local && output[layer] == 0) allocate(output[layer] = layer_bytes(layer));
+      }
+    free(pre[local]);
+    free(output[local]);
+    if (local > 0) free(output[local - 1]);
+  }
+  profile.backward_peak = peak;
+  return profile;
+}
+
+std::int64_t step_sum_values(const RankLayout& layout) {
+  const auto moe_layers = std::count_if(layout.model.begin(), layout.model.end(),
+                                        [](const LayerSpec& spec) { return spec.moe(); });
+  return 4 + (moe_layers > 0 ? 2 + moe_layers * layout.config.experts : 0);
+}
+
+Prediction base_prediction(const RankLayout& layout, const RoutingSeen& routing) {
+  Prediction prediction;
+  const auto store_bytes = static_cast<std::int64_t>(layout.store_size() * sizeof(float));
+  prediction.params.bytes = layout.plan.hold_values ? store_bytes : 0;
+  prediction.grads.bytes = layout.plan.hold_grads ? store_bytes : 0;
+  // Two moments per parameter the rank updates: every element of its tensors.
+  const std::size_t elements = std::accumulate(layout.tensors.begin(), layout.tensors.end(), std::size_t{0},
+                                               [](std::size_t sum, const ParameterTensor& tensor) { return sum + tensor.count; });
+  prediction.optimizer.bytes = static_cast<std::int64_t>(8 * elements);
+  prediction.activations.bytes = peak_activation_bytes(layout.schedule, activation_profile(layout, routing));
+  if (layout.shape.world > 1)
+    prediction.comm(CommOp::all_reduce) += step_sum_values(layout) * static_cast<std::int64_t>(sizeof(double));
+  // The schedule's transfers across stage boundaries: inputs in, outputs out, and their gradients
+  // the other way.
+  const std::int64_t input_bytes = layout.rows * layout.local_spec(layout.layers.first).in_features * 4;
+  const std::int64_t output_bytes = layout.rows * layout.local_spec(layout.layers.last - 1).out_features * 4;
+  for (const Action& action : layout.schedule) {
+    if (action.kind == ActionKind::send_activations) prediction.comm(CommOp::send) += output_bytes;
+    if (action.kind == ActionKind::send_gradients) prediction.comm(CommOp::send) += input_bytes;
+    if (action.kind == ActionKind::receive_activations) prediction.comm(CommOp::recv) += input_bytes;
+    if (action.kind == ActionKind::receive_gradients) prediction.comm(CommOp::recv) += output_bytes;
+  }
+  return prediction;
+}
+
+void finish_prediction(const RankLayout& layout, Prediction& prediction) {
+  if (layout.config.recompute) prediction.activations.mode = PlacementMode::materialized;
+  if (layout.config.offload) prediction.optimizer.mode = PlacementMode::offloaded;
+}
+
+}  // namespace mlptrain

@@ -1,0 +1,49 @@
+// The model part of a run on one rank, built in the one order that works: the strategies' plan
+// and the rank's layers give the parameter store; the strategies' objects come next (they may
+// move parameter memory to where their groups communicate); then the state's placement and its
+// initial values (every layout starts from the same model: values are a function of (seed,
+// tensor, index)), the optimizer over that state, and last the runner, whose views into the
+// store are taken after every move. The run builds one (train/run.hpp); tests build one around
+// their own groups and inputs.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "model/parameter_store.hpp"
+#include "model/state_runs.hpp"
+#include "train/compute_device.hpp"
+#include "train/model_runner.hpp"
+#include "train/optimizer.hpp"
+#include "train/rank_plan.hpp"
+#include "train/strategy_stack.hpp"
+
+namespace mlptrain {
+
+// Runs an allocation where a failure must become one error on every rank (the run agrees on it
+// over the world); by default it simply runs.
+using AllocationGuard = std::function<void(const std::function<void()>& allocate)>;
+
+struct RankModel {
+  // `strategies`: those that take part (wanted_strategies); `offload`: the host memory and
+  // kernels that keep and update the optimizer state (--offload).
+  RankModel(const Config& config, const ProcessGroups& groups, Kernels& kernels, Allocator& allocator,
+            std::vector<LayerSpec> model_specs, const Strategies& strategies, HostSide* offload = nullptr,
+            const AllocationGuard& guard = [](const std::function<void()>& allocate) { allocate(); });
+  RankModel(const RankModel&) = delete;  // the runner's forward gate refers to this optimizer
+  RankModel& operator=(const RankModel&) = delete;
+
+  std::vector<LayerSpec> specs;  // the whole model
+  LayerRange layers;             // this rank's
+  std::unique_ptr<ParameterStore> parameters;
+  std::unique_ptr<StrategyStack> strategies;
+  StatePlacement placement;
+  std::unique_ptr<AdamW> optimizer;
+  std::unique_ptr<ModelRunner> runner;
+  // A strategy shards the state, so it reads the updated values right after the step (it
+  // gathers them): an offloaded update must be complete by then.
+  bool values_read_after_step = false;
+};
+
+}  // namespace mlptrain

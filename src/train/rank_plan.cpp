@@ -1,0 +1,90 @@
+// The strategies' pure answers for a rank (see rank_plan.hpp).
+#include "train/rank_plan.hpp"
+
+#include <fmt/format.h>
+
+#include "core/error.hpp"
+
+namespace mlptrain {
+
+Strategies wanted_strategies(const Config& config, const GridShape& shape) {
+  Strategies wanted;
+  for (const StrategyRegistration& entry : strategy_registry())
+    if (entry.wanted(config, shape)) wanted.push_back(&entry);
+  check_roles(wanted);
+  return wanted;
+}
+
+void check_roles(const Strategies& strategies) {
+  for (const StrategyRegistration* entry : strategies)
+    for (Role role : entry->roles)
+      for (const StrategyRegistration* other : strategies)
+        if (other != entry && exclusive(role) &&
+            std::find(other->roles.begin(), other->roles.end(), role) != other->roles.end())
+          throw UsageError(fmt::format("{} and {} cannot run together: each {}", entry->name, other->name,
+                                       role_name(role)));
+}
+
+namespace {
+
+// The strategy that plays `role`, if one does.
+const StrategyRegistration* owner(const Strategies& strategies, Role role) {
+  for (const StrategyRegistration* entry : strategies)
+    if (std::find(entry->roles.begin(), entry->roles.end(), role) != entry->roles.end()) return entry;
+  return nullptr;
+}
+
+}  // namespace
+
+ParameterPlan parameter_plan(const Strategies& strategies, const Config& config, const GridShape& shape,
+                             const GridCoordinates& place) {
+  ParameterPlan plan;
+  for (const StrategyRegistration* entry : strategies)
+    if (entry->plan != nullptr) entry->plan(config, shape, place, plan);
+  return plan;
+}
+
+LayerRange rank_layers(const Strategies& strategies, const std::vector<LayerSpec>& model, const GridShape& shape,
+                       const GridCoordinates& place) {
+  const StrategyRegistration* stages = owner(strategies, Role::owns_schedule);
+  return stages != nullptr ? stages->layers(model, shape, place) : LayerRange{0, static_cast<int>(model.size())};
+}
+
+std::vector<Action> rank_schedule(const Strategies& strategies, const Config& config, const GridShape& shape,
+                                  const GridCoordinates& place, int micro_batches, bool training) {
+  const StrategyRegistration* stages = owner(strategies, Role::owns_schedule);
+  if (stages != nullptr) return stages->schedule(config, shape, place, micro_batches, training);
+  return training ? sequential_schedule(micro_batches) : forward_only_schedule(micro_batches);
+}
+
+RankLayout rank_layout(const Strategies& strategies, const Config& config, const std::vector<LayerSpec>& model,
+                       const GridShape& shape, const GridCoordinates& place, LossKind loss_kind) {
+  RankLayout layout{.config = config,
+                    .model = model,
+                    .shape = shape,
+                    .place = place,
+                    .layers = rank_layers(strategies, model, shape, place),
+                    .plan = parameter_plan(strategies, config, shape, place),
+                    .rows = config.global_batch / config.micro_batches / shape.dp,
+                    .loss_kind = loss_kind,
+                    .schedule = rank_schedule(strategies, config, shape, place, config.micro_batches, true)};
+  layout.tensors = model_parameter_tensors(model, layout.layers.first, layout.layers.last, layout.plan);
+  return layout;
+}
+
+Prediction predict_rank(const Strategies& strategies, const RankLayout& layout, const RoutingSeen& routing) {
+  Prediction prediction = base_prediction(layout, routing);
+  for (const StrategyRegistration* entry : strategies)
+    if (entry->predict != nullptr) entry->predict(layout, prediction);
+  finish_prediction(layout, prediction);
+  return prediction;
+}
+
+std::vector<std::string> strategy_notes(const Strategies& strategies, const RankLayout& layout) {
+  std::vector<std::string> notes;
+  for (const StrategyRegistration* entry : strategies)
+    if (entry->describe != nullptr) notes.push_back(entry->describe(layout));
+  return notes;
+}
+
+}  // namespace mlptrain

@@ -1,0 +1,100 @@
+// Building a run (see run.hpp).
+#include "train/run.hpp"
+
+#include <fmt/format.h>
+
+#include <exception>
+
+#include "comm/consensus.hpp"
+#include "core/timer.hpp"
+#include "io/checkpoint.hpp"
+#include "train/rank_plan.hpp"
+#include "train/trace_file.hpp"
+
+namespace mlptrain {
+
+namespace {
+
+// Agrees over `world` on running `allocate`: running out of memory anywhere is one clear error
+// everywhere, naming what to change.
+AllocationGuard agreed_allocation(Communicator& world, std::int64_t parameters) {
+  return [&world, parameters](const std::function<void()>& allocate) {
+    agree_or_throw(world, [&] {
+      try {
+        allocate();
+      } catch (const std::bad_alloc&) {
+        throw RuntimeFailure(fmt::format(
+            "out of memory: the model's {} parameters need up to {:.1f} GiB per rank for values, "
+            "gradients and AdamW state (--hidden, --layers, --zero)",
+            parameters, 16.0 * static_cast<double>(parameters) / (1 << 30)));
+      }
+    });
+  };
+}
+
+}  // namespace
+
+Run::Run(const Config& run_config, MPI_Comm world_comm, const CommSettings& comm)
+    : config(run_config), mpi_world(world_comm) {
+  int world_size = 1;
+  MPI_Comm_size(mpi_world, &world_size);
+  const GridShape shape{.world = world_size, .tp = config.tp, .dp = config.dp, .pp = config.pp, .ep = config.ep};
+  // The device first (its staging carries the groups' messages); a problem opening it is agreed
+  // on once the groups exist.
+  std::exception_ptr device_problem;
+  try {
+    device = open_compute_device(config, world_comm, memory, host_memory);
+  } catch (const Error&) {
+    device_problem = std::current_exception();
+  }
+  groups = std::make_unique<ProcessGroups>(mpi_world, shape, communicator_factory(config, device, comm_ledger, comm));
+  agree_or_throw(world(), [&] {
+    if (device_problem) std::rethrow_exception(device_problem);
+  });
+
+  agree_or_throw(world(), [&] {
+    dataset = open_dataset({.kind = config.dataset,
+                            .path = config.data_path,
+                            .input_dim = config.input_dim,
+                            .output_dim = config.output_dim});
+    if (config.eval_every > 0 && dataset->info().test_size == 0)
+      throw UsageError("--eval-every needs a held-out split, and '" + config.data_path +
+                       "' has no /x_test and /y_test");
+  });
+  const DatasetInfo& data = dataset->info();
+  loss_kind = data.kind == TargetKind::classification ? LossKind::cross_entropy : LossKind::mse;
+  std::vector<LayerSpec> specs = model_layer_specs(config.layers, data.input_dim, config.hidden, data.output_dim,
+                                                   config.moe_every, config.experts, config.top_k);
+  for (const LayerSpec& spec : specs)
+    if (spec.moe()) moe_layers.push_back(spec.index);
+  HostSide* offload = device.offload ? &*device.offload : nullptr;
+  strategies = wanted_strategies(config, shape);
+  model = std::make_unique<RankModel>(config, *groups, *device.kernels, *device.memory, specs, strategies,
+                                      offload, agreed_allocation(world(), parameter_count(specs)));
+
+  order = std::make_unique<SampleOrder>(data.train_size, config.shuffle, static_cast<std::uint64_t>(config.seed));
+  const ModelRunner& runner = *model->runner;
+  const bool loss_here = runner.computes_loss();
+  feed = std::make_unique<SampleFeed>(*dataset, *device.memory,
+                                      SampleParts{.inputs = runner.reads_inputs(),
+                                                  .targets = loss_here && loss_kind == LossKind::mse,
+                                                  .labels = loss_here && loss_kind == LossKind::cross_entropy});
+  batch = {.global_batch = config.global_batch, .micro_batches = config.micro_batches, .data_parallel = config.dp};
+  schedule = rank_schedule(strategies, config, shape, groups->place(), config.micro_batches, true);
+  agree_or_throw(world(), [&] {
+    if (!config.checkpoint_dir.empty() && rank_zero() && !config.predict)
+      prepare_checkpoint_directory(config.checkpoint_dir);
+    if (!config.trace_path.empty() && rank_zero() && !config.predict) check_trace_path(config.trace_path);
+    reporter = std::make_unique<Reporter>(rank_zero(), config.predict ? "" : config.metrics_path, config.log_every,
+                                          config.steps);
+  });
+  if (!config.trace_path.empty() && !config.predict) {
+    trace = std::make_unique<TraceRecorder>();
+    comm_ledger.set_trace(trace.get());
+    world().barrier();  // the ranks' common time origin
+    trace_origin_ms = now_ms();
+  }
+  executor = std::make_unique<ScheduleExecutor>(*model->runner, *model->strategies, *device.memory, trace.get());
+}
+
+}  // namespace mlptrain

@@ -1,0 +1,102 @@
+// The run's header, prediction, summary and trace (see run_report.hpp).
+#include "train/run_report.hpp"
+
+#include <fmt/format.h>
+
+#include <cmath>
+
+#include "comm/consensus.hpp"
+#include "train/rank_plan.hpp"
+#include "train/trace_file.hpp"
+
+namespace mlptrain {
+
+namespace {
+
+RankLayout layout_of(const Run& run) {
+  return rank_layout(run.strategies, run.config, run.model->specs, run.groups->shape(), run.groups->place(),
+                     run.loss_kind);
+}
+
+}  // namespace
+
+std::string describe_run(const Run& run) {
+  const Config& config = run.config;
+  const GridShape& shape = run.groups->shape();
+  const std::vector<LayerSpec>& specs = run.model->specs;
+  std::string widths = std::to_string(specs.front().in_features);
+  for (const LayerSpec& spec : specs) widths += "->" + std::to_string(spec.out_features);
+  std::string strategies;
+  for (std::string_view name : run.model->strategies->names()) strategies += " " + std::string(name);
+  std::string text = fmt::format(
+      "mlptrain: {} rank(s), dp={} tp={} pp={} ep={} zero={}, strategies:{}\n"
+      "model: {} layers {} ({} parameters), {} data ({} train samples), global batch {} in {} "
+      "micro-batch(es), {} steps\ndevice: {}, communication: {}",
+      shape.world, shape.dp, shape.tp, shape.pp, shape.ep, config.zero, strategies.empty() ? " none" : strategies,
+      specs.size(), widths, parameter_count(specs), run.dataset->info().name, run.dataset->info().train_size,
+      config.global_batch, config.micro_batches, config.steps, run.device.description,
+      config.comm == CommBackend::nccl ? "NCCL, device to device"
+      : run.device.staging             ? "MPI, staged through host memory"
+                                       : "MPI");
+  if (!run.moe_layers.empty()) {
+    std::string layers;
+    for (int layer : run.moe_layers) layers += (layers.empty() ? "" : ", ") + std::to_string(layer);
+    text += fmt::format("\nMoE layer(s) {}: {} experts, top-{}, {}, aux loss coefficient {}", layers,
+                        config.experts, config.top_k,
+                        config.capacity_factor > 0 ? fmt::format("capacity factor {}", config.capacity_factor)
+                                                   : std::string("dropless"),
+                        config.aux_loss_coef);
+  }
+  if (config.recompute)
+    text += fmt::format("\nrecompute: the local layers form segments of {}; forward keeps each segment's input "
+                        "and backward recomputes the rest",
+                        run.model->runner->recompute_plan().segment_length());
+  if (run.device.offload)
+    text += fmt::format("\noffload: AdamW's moments and update in host memory, {} piece(s) a step, {}",
+                        run.model->optimizer->offloaded_pieces(),
+                        run.model->values_read_after_step
+                            ? "done within the step (the sharded state is gathered right after it)"
+                            : "each sent back while the next forward runs");
+  for (const std::string& note : strategy_notes(run.strategies, layout_of(run))) text += "\n" + note;
+  return text;
+}
+
+Prediction predict_this_rank(const Run& run) {
+  return predict_rank(run.strategies, layout_of(run),
+                      {.largest_moe_activation_bytes = run.model->runner->largest_moe_bytes()});
+}
+
+void complete_summary(Run& run, const MemoryByState& run_peak, RunSummary& summary) {
+  summary.peak_memory = run_peak;
+  summary.peak_host_memory = run.host_memory.peak();
+  summary.prediction = predict_this_rank(run);
+  // Exchanged experts' rows follow the routing: the counts the routing gave set the prediction.
+  if (!run.moe_layers.empty() && summary.steps > 0)
+    summary.prediction.comm(CommOp::all_to_all) =
+        std::llround(summary.routed_all_to_all_bytes_sum / static_cast<double>(summary.steps));
+  Communicator& world = run.world();
+  std::vector<std::int64_t> all(static_cast<std::size_t>(memory_state_count * world.size()));
+  world.all_gather(run_peak.data(), all.data(), memory_state_count);
+  for (int rank = 0; rank < world.size(); ++rank) {
+    MemoryByState peaks{};
+    std::copy_n(all.begin() + rank * memory_state_count, memory_state_count, peaks.begin());
+    summary.peak_memory_by_rank.push_back(peaks);
+  }
+}
+
+void write_trace_file(Run& run) {
+  if (!run.trace) return;
+  const Config& config = run.config;
+  const GridShape& shape = run.groups->shape();
+  const nlohmann::json layout = {
+      {"world", shape.world}, {"dp", shape.dp}, {"tp", shape.tp}, {"pp", shape.pp}, {"ep", shape.ep},
+      {"zero", config.zero}, {"strategies", run.model->strategies->names()},
+      {"schedule", choice_name(config.schedule)}, {"micro_batches", config.micro_batches},
+      {"global_batch", config.global_batch}, {"layers", config.layers}};
+  agree_or_throw(run.world(), [&] {
+    write_trace(config.trace_path, *run.trace, run.trace_origin_ms, run.mpi_world, run.groups->place(), layout);
+  });
+  run.reporter->line("wrote trace " + config.trace_path);
+}
+
+}  // namespace mlptrain

@@ -1,0 +1,150 @@
+// The loop's seam, pinned down with strategies of the test's own: the order in which the runner
+// and the executor call every hook over a step (with and without recomputation), and a strategy
+// that substitutes a layer's input and row count, which the runner must honour in forward,
+// backward and recomputation. Each rank runs its own one-process model.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <map>
+
+#include "tests/strategies/replica.hpp"
+
+using namespace mlptrain;
+using namespace mlptrain::test;
+
+namespace {
+
+// Records every hook call as "name layer micro-batch" ("forward*" when recomputing).
+class HookRecorder final : public Strategy, public LayerHooks {
+ public:
+  std::vector<std::string> calls;
+
+  void before_step(const StepEvent&) override { calls.push_back("step"); }
+  void before_layer_forward(LayerEvent& event) override { add(event.recomputing ? "forward*" : "forward", event); }
+  void after_layer_matmul(LayerEvent& event) override { add("matmul", event); }
+  void after_layer_forward(LayerEvent& event) override { add("forwarded", event); }
+  void before_layer_backward(LayerEvent& event) override { add("backward", event); }
+  void after_layer_backward(LayerEvent& event) override { add("backwarded", event); }
+  void synchronize_gradients(const StepEvent&) override { calls.push_back("synchronize"); }
+
+ private:
+  void add(const std::string& name, const LayerEvent& event) {
+    calls.push_back(name + " " + std::to_string(event.layer) + " " + std::to_string(event.micro_batch));
+  }
+};
+
+bool always(const Config&, const GridShape&) { return true; }
+
+std::unique_ptr<Strategy> make_recorder(const StrategyContext&) { return std::make_unique<HookRecorder>(); }
+const StrategyRegistration recorder{.name = "hook_recorder", .wanted = always, .create = make_recorder};
+
+// Computes layer 1 on every row twice (its input duplicated: 2R rows) and layer 2 on the mean of
+// the two copies (back to R rows): the same function and gradients as the plain model, with the
+// row counts changed through the seam in both directions.
+class RowDoubling final : public Strategy, public LayerHooks {
+ public:
+  explicit RowDoubling(const StrategyContext& context) : allocator_(context.allocator) {}
+
+  void before_layer_forward(LayerEvent& event) override { substitute(event, false); }
+  void after_layer_forward(LayerEvent& event) override { buffers_.erase(key(event)); }
+  void before_layer_backward(LayerEvent& event) override { substitute(event, true); }
+  void after_layer_backward(LayerEvent& event) override {
+    if (event.layer != 1 && event.layer != 2) return;
+    Buffers& buffers = buffers_.at(key(event));
+    const float* scratch = buffers.grad.floats();
+    const std::int64_t in = event.parameters->spec.in_features, rows = event.rows;
+    for (std::int64_t row = 0; row < rows; ++row)
+      for (std::int64_t column = 0; column < in; ++column) {
+        float& out = event.grad_input[row * in + column];
+        if (event.layer == 1) {  // the input was copied twice: its gradient sums both copies
+          out = scratch[row * in + column] + scratch[(row + rows) * in + column];
+        } else {  // layer 2 averaged two copies: each receives half the gradient
+          out = 0.5f * scratch[(row % (rows / 2)) * in + column];
+        }
+      }
+    buffers_.erase(key(event));
+  }
+
+ private:
+  struct Buffers {
+    Buffer input, grad;
+  };
+  static int key(const LayerEvent& event) { return event.layer * 1000 + event.micro_batch; }
+
+  void substitute(LayerEvent& event, bool backward) {
+    if (event.layer != 1 && event.layer != 2) return;
+    const std::int64_t in = event.parameters->spec.in_features, rows = event.rows;
+    const std::int64_t layer_rows = event.layer == 1 ? 2 * rows : rows / 2;
+    Buffers& buffers = buffers_[key(event)];
+    buffers.input = allocator_.allocate_floats(MemoryState::workspace, static_cast<std::size_t>(layer_rows * in));
+    float* input = buffers.input.floats();
+    for (std::int64_t row = 0; row < layer_rows; ++row)
+      for (std::int64_t column = 0; column < in; ++column)
+        input[row * in + column] = event.layer == 1 ? event.input[(row % rows) * in + column]
+                                                    : 0.5f * (event.input[row * in + column] +
+                                                              event.input[(row + layer_rows) * in + column]);
+    if (backward)
+      buffers.grad = allocator_.allocate_floats(MemoryState::workspace, static_cast<std::size_t>(layer_rows * in));
+    event.substitute_input(input, layer_rows, buffers.grad.floats());
+  }
+
+  Allocator& allocator_;
+  std::map<int, Buffers> buffers_;
+};
+
+std::unique_ptr<Strategy> make_doubling(const StrategyContext& context) { return std::make_unique<RowDoubling>(context); }
+const StrategyRegistration doubling{.name = "row_doubling", .wanted = always, .create = make_doubling};
+
+Config three_layers(bool recompute) {
+  Config config = small_model(2);
+  config.layers = 3;
+  config.recompute = recompute;
+  return config;
+}
+
+std::vector<std::string> expected_calls(bool recompute) {
+  std::vector<std::string> calls = {"step"};
+  const auto add = [&](const std::string& name, int layer, int micro_batch) {
+    calls.push_back(name + " " + std::to_string(layer) + " " + std::to_string(micro_batch));
+  };
+  for (int micro_batch = 0; micro_batch < 2; ++micro_batch) {
+    for (int layer = 0; layer < 3; ++layer)
+      for (const char* name : {"forward", "matmul", "forwarded"}) add(name, layer, micro_batch);
+    for (int layer = 2; layer >= 0; --layer) {
+      // Recomputation (segments of one layer here) runs the GELU layers forward again first.
+      if (recompute && layer < 2)
+        for (const char* name : {"forward*", "matmul", "forwarded"}) add(name, layer, micro_batch);
+      add("backward", layer, micro_batch);
+      add("backwarded", layer, micro_batch);
+    }
+  }
+  calls.push_back("synchronize");
+  return calls;
+}
+
+}  // namespace
+
+TEST(Hooks, RunnerAndExecutorCallThemInOrder) {
+  for (bool recompute : {false, true}) {
+    Replica replica(MPI_COMM_SELF, three_layers(recompute), Strategies{&recorder});
+    replica.step();
+    const auto& calls = dynamic_cast<HookRecorder&>(replica.model->strategies->object("hook_recorder")).calls;
+    EXPECT_EQ(calls, expected_calls(recompute)) << (recompute ? "with" : "without") << " recomputation";
+  }
+}
+
+TEST(Hooks, SubstitutedRowsAreHonouredInForwardBackwardAndRecomputation) {
+  for (bool recompute : {false, true}) {
+    SCOPED_TRACE(recompute ? "with recomputation" : "without");
+    Config config = three_layers(recompute);
+    config.layers = 4;
+    Replica doubled(MPI_COMM_SELF, config, Strategies{&doubling}), plain(MPI_COMM_SELF, config);
+    const double doubled_loss = doubled.step(), plain_loss = plain.step();
+    EXPECT_NEAR(doubled_loss, plain_loss, 1e-5 * plain_loss);
+    doubled.each_updated([&](const std::string& path, std::int64_t index, float, float grad) {
+      ASSERT_NEAR(grad, plain.grad(path, index), 1e-5) << path << "[" << index << "]";
+    });
+    // Layer 1's outputs were allocated for twice the rows.
+    EXPECT_GT(doubled.memory.peak(MemoryState::activations), plain.memory.peak(MemoryState::activations));
+  }
+}

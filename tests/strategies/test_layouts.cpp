@@ -1,0 +1,138 @@
+// Each strategy below the end-to-end runs, at whatever world size mpiexec gives: the model built as
+// a run builds it, one step through the schedule executor, every element a rank updates held
+// against one process fed the whole global batch. Data parallelism's buckets sum every replica's
+// gradients; ZeRO's units shard, reduce-scatter and gather them back after the update; the
+// pipeline's transfers carry activations and gradients between stages; the expert exchange moves
+// rows to the experts' ranks and back; tensor parallelism's f and g sum partial products.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <cmath>
+
+#include "tests/strategies/replica.hpp"
+
+using namespace mlptrain;
+using namespace mlptrain::test;
+
+namespace {
+
+int world_size() {
+  int size = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  return size;
+}
+
+// The one-process model of `layout`: the same model and batch, no parallelism.
+Replica whole_of(const Config& layout) {
+  Config whole = layout;
+  whole.tp = whole.pp = whole.ep = 1;
+  whole.zero = 0;
+  return Replica(MPI_COMM_SELF, whole);
+}
+
+constexpr double tolerance = 1e-5;
+
+// Every gradient this rank updates (after a step) equals the one-process gradient.
+void expect_gradients_match(const Replica& split, const Replica& whole) {
+  std::int64_t compared = 0;
+  split.each_updated([&](const std::string& path, std::int64_t index, float, float grad) {
+    ASSERT_NEAR(grad, whole.grad(path, index), tolerance) << path << "[" << index << "]";
+    ++compared;
+  });
+  EXPECT_GT(compared, 0);
+}
+
+// Every value this rank holds equals the one-process value.
+void expect_values_match(const Replica& split, const Replica& whole) {
+  split.each_held([&](const std::string& path, std::int64_t index, float value) {
+    ASSERT_NEAR(value, whole.value(path, index), tolerance) << path << "[" << index << "]";
+  });
+}
+
+// Loss sums over a global batch: equal within the figures' relative tolerance.
+void expect_same_loss(double split, double whole) { EXPECT_NEAR(split, whole, tolerance * std::abs(whole)); }
+
+// The step's loss summed over the world (each rank's part where it computes and counts it).
+double world_loss(const Replica& replica, double local) {
+  const bool counts = replica.model->runner->computes_loss() && replica.groups->place().tp == 0;
+  double total = counts ? local : 0.0;
+  MPI_Allreduce(MPI_IN_PLACE, &total, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+  return total;
+}
+
+std::int64_t ledger_bytes(const Replica& replica, const char* group, CommOp op) {
+  const auto& by_group = replica.ledger.by_group();
+  const auto found = by_group.find(group);
+  return found == by_group.end() ? 0 : found->second.bytes_of(op);
+}
+
+}  // namespace
+
+TEST(Layouts, DataParallelBucketsSumEveryReplica) {
+  const Config layout = small_model(2);
+  Replica split(MPI_COMM_WORLD, layout), whole = whole_of(layout);
+  expect_same_loss(world_loss(split, split.step()), whole.step());
+  expect_gradients_match(split, whole);
+  // Every gradient is summed once, in buckets of whole layers.
+  if (world_size() > 1)
+    EXPECT_EQ(ledger_bytes(split, "dp", CommOp::all_reduce),
+              static_cast<std::int64_t>(split.model->parameters->size() * sizeof(float)));
+}
+
+TEST(Layouts, ZeroStagesShardAndGatherBackAfterTheUpdate) {
+  for (int stage = 1; stage <= 3; ++stage) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    Config layout = small_model(2);
+    layout.zero = stage;
+    Replica split(MPI_COMM_WORLD, layout), whole = whole_of(layout);
+    expect_same_loss(world_loss(split, split.step()), whole.step());
+    expect_gradients_match(split, whole);
+    split.update();
+    whole.update();
+    // After the gather (the next forward waits for each unit) every rank holds what it updated
+    // and what the others did.
+    split.step(1);
+    expect_values_match(split, whole);
+  }
+}
+
+TEST(Layouts, PipelineTransfersCarryActivationsAndGradients) {
+  Config layout = small_model(4);
+  layout.pp = world_size();
+  Replica split(MPI_COMM_WORLD, layout), whole = whole_of(layout);
+  expect_same_loss(world_loss(split, split.step()), whole.step());
+  expect_gradients_match(split, whole);
+  // Four micro-batches cross each boundary twice: activations forward, gradients back.
+  const bool first = split.groups->place().pp == 0, last = split.groups->place().pp == layout.pp - 1;
+  const std::int64_t boundary_bytes = split.local_rows() * layout.hidden * 4;
+  EXPECT_EQ(ledger_bytes(split, "pp", CommOp::send), (first ? 0 : 4) * boundary_bytes + (last ? 0 : 4) * boundary_bytes);
+  EXPECT_EQ(ledger_bytes(split, "pp", CommOp::recv), ledger_bytes(split, "pp", CommOp::send));
+}
+
+TEST(Layouts, ExpertExchangeMovesRowsToTheirExperts) {
+  Config layout = small_model(2);
+  layout.moe_every = 1;
+  layout.experts = 4 * world_size();
+  layout.top_k = 2;
+  layout.ep = world_size();
+  Replica split(MPI_COMM_WORLD, layout), whole = whole_of(layout);
+  expect_same_loss(world_loss(split, split.step()), whole.step());
+  expect_gradients_match(split, whole);
+  if (world_size() > 1) EXPECT_GT(ledger_bytes(split, "ep", CommOp::all_to_all), 0);
+}
+
+TEST(Layouts, TensorParallelPairsSumPartialProducts) {
+  for (int layers : {4, 5}) {  // pairs only, and a replicated last layer
+    Config layout = small_model(2);
+    layout.layers = layers;
+    layout.tp = world_size();
+    Replica split(MPI_COMM_WORLD, layout), whole = whole_of(layout);
+    expect_same_loss(world_loss(split, split.step()), whole.step());
+    expect_gradients_match(split, whole);
+    expect_values_match(split, whole);
+    if (world_size() > 1) {
+      EXPECT_LT(split.model->parameters->size(), whole.model->parameters->size());  // the pairs are split
+      EXPECT_GT(ledger_bytes(split, "tp", CommOp::all_reduce), 0);
+    }
+  }
+}
