@@ -86,8 +86,6 @@ class Zero final : public Strategy, public LayerHooks, public StateSharding {
   const int stage_;
   const std::size_t rank_;
   const int first_layer_;
-  const int tensor_rank_;  // place in the tensor-parallel group (which replica counts what)
-  const int tensor_size_;
   const GridShape& shape_;
   const GridCoordinates& place_;
   const ZeroLayout layout_;
@@ -116,8 +114,6 @@ Zero::Zero(const StrategyContext& context)
       stage_(context.config.zero),
       rank_(static_cast<std::size_t>(group_.rank())),
       first_layer_(context.local.first),
-      tensor_rank_(context.groups.place().tp),
-      tensor_size_(context.groups.shape().tp),
       shape_(context.groups.shape()),
       place_(context.groups.place()),
       layout_(zero_layout(parameters_.tensors(), parameters_.unit_multiple(), context.layers, context.local,
@@ -179,7 +175,7 @@ StatePlacement Zero::state_placement() const {
       const std::size_t in_shard = unit.shard_offset + (first - begin);
       // Every element of the shard is this rank's alone within the data-parallel group; a
       // tensor replicated over the tensor-parallel group is counted by one of its ranks.
-      const bool owned = !tensor.replicated_over_tensor || tensor_rank_ == tensor.global_index % tensor_size_;
+      const bool owned = !tensor.replicated_over_tensor || place_.tp == tensor.global_index % shape_.tp;
       append_local_range(
           placement.updated, tensor, first - tensor.offset, last - first,
           stage_ == 3 ? shard_values_.floats() + in_shard : parameters_.values() + first,

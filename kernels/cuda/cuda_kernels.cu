@@ -243,6 +243,12 @@ int cuda_device_count(std::string* why_none) {
   return count;
 }
 
+std::string cuda_device_name(int device) {
+  cudaDeviceProp properties{};
+  check(cudaGetDeviceProperties(&properties, device), "cudaGetDeviceProperties");
+  return properties.name;
+}
+
 std::unique_ptr<Kernels> make_cuda_kernels(int device, bool tf32) {
   return std::make_unique<CudaKernels>(device, tf32);
 }

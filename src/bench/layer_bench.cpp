@@ -2,12 +2,16 @@
 // backward GEMMs, bias+GELU forward and backward, AdamW over the layer's parameters) on a device
 // (the CPU by default; --device cuda [--tf32] or loopback), and prints one JSON object per GEMM
 // input type (--dtype fp32,bf16: fp32 accumulation and output either way). On the CPU each object
-// also holds the same GEMMs timed through oneDNN's own interface, the library's rate beside ours.
-// The speed scripts set these beside whole training steps measured in the same run.
+// also holds the same GEMMs timed through oneDNN's own interface, the library's rate beside ours,
+// and with --sequence N the fp32 one the library's time per GEMM when N layers' GEMMs run in a
+// training step's order over buffers of their own. The speed scripts set these beside whole
+// training steps measured in the same run.
 //
 // usage: layerbench [ROWS IN OUT [REPEATS]] [--device cpu|cuda|loopback] [--tf32] [--dtype LIST]
+//                   [--sequence LAYERS]
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -58,6 +62,7 @@ void run(const std::vector<std::string>& arguments) {
   std::size_t position = 0;
   Config config;
   std::vector<DataType> inputs;
+  long sequence = 0;
   for (std::size_t index = 0; index < arguments.size(); ++index) {
     const std::string& argument = arguments[index];
     if (argument == "--device" && index + 1 < arguments.size()) {
@@ -70,19 +75,23 @@ void run(const std::vector<std::string>& arguments) {
       std::string list = arguments[++index] + ",";
       for (std::size_t comma; (comma = list.find(',')) != std::string::npos; list.erase(0, comma + 1))
         inputs.push_back(gemm_input(list.substr(0, comma)));
+    } else if (argument == "--sequence" && index + 1 < arguments.size()) {
+      sequence = std::stol(arguments[++index]);
     } else if (position < numbers.size() && !argument.empty() &&
                argument.find_first_not_of("0123456789") == std::string::npos) {
       numbers[position++] = std::stol(argument);
     } else {
       throw UsageError("usage: layerbench [ROWS IN OUT [REPEATS]] [--device cpu|cuda|loopback] [--tf32] "
-                       "[--dtype fp32,bf16,fp16]");
+                       "[--dtype fp32,bf16,fp16] [--sequence LAYERS]");
     }
   }
   if (inputs.empty()) inputs.push_back(DataType::float32);
   if (config.tf32 && config.device != Device::cuda) throw UsageError("--tf32 needs --device cuda");
   const long rows = numbers[0], in = numbers[1], out = numbers[2];
   const int repeats = static_cast<int>(numbers[3]);
-  if (rows < 1 || in < 1 || out < 1 || repeats < 1) throw UsageError("sizes and repeats must be positive");
+  if (rows < 1 || in < 1 || out < 1 || repeats < 1 || sequence < 0)
+    throw UsageError("sizes and repeats must be positive");
+  if (sequence > 0 && in != out) throw UsageError("--sequence chains layers: it needs IN equal to OUT");
 
   MemoryLedger ledger, host_ledger;
   ComputeDevice device = open_compute_device(config, MPI_COMM_WORLD, ledger, host_ledger);
@@ -124,6 +133,29 @@ void run(const std::vector<std::string>& arguments) {
   const void* operands[][2] = {{x.floats(), w.floats()}, {grad.floats(), x.floats()}, {grad.floats(), w.floats()}};
   float* results[] = {pre.floats(), grad_w.floats(), grad_x.floats()};
   const double flops = 2.0 * static_cast<double>(rows) * static_cast<double>(in) * static_cast<double>(out);
+  // The library's time per GEMM in a step's order: every layer forward, then each layer's input
+  // and weight gradients from the last back, each layer over buffers of its own. Its operands no
+  // longer repeat, as they do above, so this is the rate a training step's GEMMs can have.
+  std::optional<double> sequence_gemm_ms;
+  if (sequence > 0 && config.device == Device::cpu) {
+    std::vector<Buffer> held;
+    const auto layer_floats = [&](long count, float value) { return held.emplace_back(floats(count, value)).floats(); };
+    std::vector<Gemm> forward, backward;
+    for (long layer = 0; layer < sequence; ++layer) {
+      float *x_l = layer_floats(rows * in, 0.5f), *w_l = layer_floats(out * in, 0.01f);
+      float *grad_l = layer_floats(rows * out, 0.2f), *pre_l = layer_floats(rows * out, 0);
+      float *grad_x_l = layer_floats(rows * in, 0), *grad_w_l = layer_floats(out * in, 0);
+      forward.push_back({.transpose_b = Transpose::yes, .m = rows, .n = out, .k = in, .a = x_l, .lda = in, .b = w_l,
+                         .ldb = in, .c = pre_l, .ldc = out});
+      backward.insert(backward.begin(),
+                      {Gemm{.m = rows, .n = in, .k = out, .a = grad_l, .lda = out, .b = w_l, .ldb = in, .c = grad_x_l, .ldc = in},
+                       Gemm{.transpose_a = Transpose::yes, .m = out, .n = in, .k = rows, .a = grad_l, .lda = out, .b = x_l,
+                            .ldb = in, .c = grad_w_l, .ldc = in}});
+    }
+    forward.insert(forward.end(), backward.begin(), backward.end());
+    if (const auto library = time_library_gemms(forward, repeats))
+      sequence_gemm_ms = library->best_ms / static_cast<double>(forward.size());
+  }
   for (DataType input : inputs) {
     // Half inputs are the fp32 operands rounded (their values do not change the time).
     Buffer half_a[3], half_b[3];
@@ -148,7 +180,7 @@ void run(const std::vector<std::string>& arguments) {
       result[std::string(shape.name) + "_gemm_ms"] = ms;
       gemm_ms += ms;
       if (config.device != Device::cpu) continue;
-      if (const auto library = time_library_gemm(gemm, repeats)) {
+      if (const auto library = time_library_gemms({gemm}, repeats)) {
         result[std::string("library_") + shape.name + "_gemm_ms"] = library->best_ms;
         result["library_implementation"] = library->implementation;
         library_ms += library->best_ms;
@@ -161,6 +193,8 @@ void run(const std::vector<std::string>& arguments) {
       result["library_gemm_gflops"] = 3 * flops / library_ms / 1e6;
       result["gemm_over_library"] = gemm_ms / library_ms;
     }
+    if (sequence_gemm_ms && input == DataType::float32)
+      result.update({{"sequence_layers", sequence}, {"library_sequence_gemm_ms", *sequence_gemm_ms}});
     result.update({{"bias_gelu_forward_ms", gelu_forward}, {"gelu_backward_ms", gelu_backward},
                    {"adamw_ms", adamw}, {"adamw_gbytes_per_s", 28.0 * static_cast<double>(parameters) / adamw / 1e6}});
     std::puts(result.dump().c_str());

@@ -8,7 +8,7 @@
 
 namespace mlptrain {
 
-std::optional<LibraryGemmTime> time_library_gemm(const Gemm& gemm, int repeats) {
+std::optional<LibraryGemmTime> time_library_gemms(const std::vector<Gemm>& gemms, int repeats) {
   using dnnl::memory;
   const auto type = [](DataType element) {
     return element == DataType::bfloat16 ? memory::data_type::bf16
@@ -20,21 +20,31 @@ std::optional<LibraryGemmTime> time_library_gemm(const Gemm& gemm, int repeats) 
   };
   const dnnl::engine engine(dnnl::engine::kind::cpu, 0);
   dnnl::stream stream(engine);
-  const memory::desc a({gemm.m, gemm.k}, type(gemm.input), strides(gemm.transpose_a, gemm.lda));
-  const memory::desc b({gemm.k, gemm.n}, type(gemm.input), strides(gemm.transpose_b, gemm.ldb));
-  const memory::desc c({gemm.m, gemm.n}, type(gemm.output), strides(Transpose::no, gemm.ldc));
-  dnnl::matmul::primitive_desc description;
-  try {
-    description = dnnl::matmul::primitive_desc(dnnl::matmul::desc(a, b, c), engine);
-  } catch (const dnnl::error&) {
-    return std::nullopt;
+  struct Prepared {
+    dnnl::matmul matmul;
+    memory a, b, c;
+  };
+  std::vector<Prepared> prepared;
+  std::string implementation;
+  for (const Gemm& gemm : gemms) {
+    const memory::desc a({gemm.m, gemm.k}, type(gemm.input), strides(gemm.transpose_a, gemm.lda));
+    const memory::desc b({gemm.k, gemm.n}, type(gemm.input), strides(gemm.transpose_b, gemm.ldb));
+    const memory::desc c({gemm.m, gemm.n}, type(gemm.output), strides(Transpose::no, gemm.ldc));
+    dnnl::matmul::primitive_desc description;
+    try {
+      description = dnnl::matmul::primitive_desc(dnnl::matmul::desc(a, b, c), engine);
+    } catch (const dnnl::error&) {
+      return std::nullopt;
+    }
+    if (implementation.empty()) implementation = description.impl_info_str();
+    prepared.push_back({dnnl::matmul(description), memory(a, engine, const_cast<void*>(gemm.a)),
+                        memory(b, engine, const_cast<void*>(gemm.b)), memory(c, engine, gemm.c)});
   }
-  const dnnl::matmul matmul(description);
-  memory a_memory(a, engine, const_cast<void*>(gemm.a)), b_memory(b, engine, const_cast<void*>(gemm.b)),
-      c_memory(c, engine, gemm.c);
   const auto run = [&] {
-    matmul.execute(stream, {{DNNL_ARG_SRC, a_memory}, {DNNL_ARG_WEIGHTS, b_memory}, {DNNL_ARG_DST, c_memory}});
-    stream.wait();
+    for (Prepared& gemm : prepared) {
+      gemm.matmul.execute(stream, {{DNNL_ARG_SRC, gemm.a}, {DNNL_ARG_WEIGHTS, gemm.b}, {DNNL_ARG_DST, gemm.c}});
+      stream.wait();
+    }
   };
   run();  // warm up
   double best = 1e30;
@@ -43,7 +53,7 @@ std::optional<LibraryGemmTime> time_library_gemm(const Gemm& gemm, int repeats) 
     run();
     best = std::min(best, now_ms() - start);
   }
-  return LibraryGemmTime{best, description.impl_info_str()};
+  return LibraryGemmTime{best, implementation};
 }
 
 }  // namespace mlptrain

@@ -122,6 +122,7 @@ struct Config {
   // Devices
   Device device = Device::cpu;
   bool tf32 = false;
+  double peak_tflops = 0;  // a rank's peak for model FLOP utilization (0: known GPUs' table)
   CommBackend comm = CommBackend::mpi;
   // Output
   int log_every = 10;

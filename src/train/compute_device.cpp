@@ -8,47 +8,35 @@
 
 #include "comm/gpu_placement.hpp"
 #include "comm/mpi_communicator.hpp"
-#include "comm/nccl_communicator.hpp"
 #include "core/error.hpp"
 #include "kernels/loopback/loopback_backend.hpp"
-#ifdef MLPTRAIN_HAVE_CUDA
-#include "kernels/cuda/cuda_backend.hpp"
-#endif
+#include "train/device_peaks.hpp"
 
 namespace mlptrain {
 
-bool cuda_backend_built() {
-#ifdef MLPTRAIN_HAVE_CUDA
-  return true;
-#else
-  return false;
-#endif
-}
-
 namespace {
 
-ComputeDevice open_cuda(const Config& config, MPI_Comm world, MemoryLedger& ledger,
-                        MemoryLedger& host_ledger) {
-#ifdef MLPTRAIN_HAVE_CUDA
+ComputeDevice open_cuda(const Config& config, MPI_Comm world, MemoryLedger& ledger, MemoryLedger& host_ledger) {
   std::string why_none;
-  const int gpus = cuda_device_count(&why_none);
+  ComputeDevice device;
+  device.gpu = GpuBackend::load(&why_none);
+  const GpuFunctions* gpu = device.gpu ? &device.gpu->functions() : nullptr;
+  const int gpus = gpu != nullptr ? gpu->device_count(&why_none) : 0;
   const NodePlace place = node_place(world);
   if (gpus == 0) throw UsageError("--device cuda: no GPU is usable here (" + why_none + ")");
-  const int gpu = choose_gpu(place, gpus, config.comm == CommBackend::nccl);
-  ComputeDevice device;
-  device.kernels = make_cuda_kernels(gpu, config.tf32);
-  device.memory = make_cuda_allocator(ledger, cuda_compute_stream(*device.kernels));
+  const int chosen = choose_gpu(place, gpus, config.comm == CommBackend::nccl);
+  device.kernels = gpu->make_kernels(chosen, config.tf32);
+  device.memory = gpu->make_allocator(ledger, gpu->compute_stream(*device.kernels));
   device.staging = std::make_unique<HostStaging>(*device.memory);
-  if (config.offload)
-    device.offload = HostSide{make_cuda_pinned_allocator(host_ledger), make_cpu_kernels()};
-  device.description = fmt::format("GPU {} of {} on this node ({} rank(s) here), GEMMs in {}", gpu,
-                                   gpus, place.local_ranks, config.tf32 ? "TF32" : "fp32");
+  if (config.offload) device.offload = HostSide{gpu->make_pinned_allocator(host_ledger), make_cpu_kernels()};
+  const std::string name = gpu->device_name(chosen);
+  device.description = fmt::format("GPU {} of {} on this node ({}, {} rank(s) here), GEMMs in {}", chosen, gpus,
+                                   name, place.local_ranks, config.tf32 ? "TF32" : "fp32");
+  // Ranks that share a GPU share its peak.
+  const int sharing = (place.local_ranks + gpus - 1) / gpus;
+  if (const auto peak = known_peak_tflops(name, config.tf32 ? GemmMath::tf32 : GemmMath::fp32))
+    device.peak_tflops = *peak / sharing;
   return device;
-#else
-  (void)config, (void)world, (void)ledger, (void)host_ledger;
-  throw UsageError("--device cuda: this build has no CUDA backend (nvcc was not found when it was "
-                   "configured)");
-#endif
 }
 
 // The rank's share of the cores it may run on: ranks on one node split them evenly.
@@ -76,7 +64,7 @@ ComputeDevice open_compute_device(const Config& config, MPI_Comm world, MemoryLe
   } else {
     device.memory = std::make_unique<HostAllocator>(ledger);
     device.kernels = make_cpu_kernels();
-    device.description = "CPU, " + device.kernels->description();
+    device.description = "CPU";
   }
   return device;
 }
@@ -84,14 +72,16 @@ ComputeDevice open_compute_device(const Config& config, MPI_Comm world, MemoryLe
 CommunicatorFactory communicator_factory(const Config& config, ComputeDevice& device,
                                          CommLedger& ledger, const CommSettings& settings) {
   CommunicatorFactory make;
-#ifdef MLPTRAIN_HAVE_CUDA
-  if (config.comm == CommBackend::nccl && device.kernels != nullptr) {
-    void* compute_stream = cuda_compute_stream(*device.kernels);
-    make = [&ledger, compute_stream](MPI_Comm comm, std::string group) {
-      return make_nccl_communicator(comm, std::move(group), ledger, compute_stream);
+  if (config.comm == CommBackend::nccl && device.gpu && device.kernels != nullptr) {
+    const GpuFunctions& gpu = device.gpu->functions();
+    if (gpu.make_nccl_communicator == nullptr)
+      throw UsageError("--comm nccl: this build has no NCCL backend (nccl.h was not found beside nvcc when it was "
+                       "configured)");
+    void* compute_stream = gpu.compute_stream(*device.kernels);
+    make = [&ledger, compute_stream, create = gpu.make_nccl_communicator](MPI_Comm comm, std::string group) {
+      return create(comm, std::move(group), ledger, compute_stream);
     };
   }
-#endif
   if (!make) {
     HostStaging* staging = device.staging.get();
     make = [&ledger, shared_memory = settings.shared_memory, staging](

@@ -16,6 +16,7 @@
 #include "core/buffer.hpp"
 #include "core/config.hpp"
 #include "kernels/kernels.hpp"
+#include "train/gpu_backend.hpp"
 
 namespace mlptrain {
 
@@ -27,15 +28,14 @@ struct HostSide {
 };
 
 struct ComputeDevice {
+  std::shared_ptr<const GpuBackend> gpu;  // with --device cuda; first, so that it goes last
   std::unique_ptr<Allocator> memory;
   std::unique_ptr<Kernels> kernels;
   std::unique_ptr<HostStaging> staging;  // null on the CPU
   std::optional<HostSide> offload;       // with --offload
   std::string description;               // for the run's header
+  double peak_tflops = 0;                // this rank's share of the device's peak (0: unknown)
 };
-
-// Whether this build has the CUDA backend (nvcc was present when it was configured).
-bool cuda_backend_built();
 
 // How the run's communicators may work (a backend setting, not a training option).
 struct CommSettings {

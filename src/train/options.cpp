@@ -59,6 +59,8 @@ void visit_options(Config_& c, Visit&& visit) {
   visit(S::devices, "device", c.device,
         "cpu | cuda | loopback (the CPU through the device path: checks it without a GPU)");
   visit(S::devices, "tf32", c.tf32, "let cuBLAS use TF32 tensor cores (cuda; fp32 otherwise)");
+  visit(S::devices, "peak-tflops", c.peak_tflops,
+        "a rank's peak TFLOP/s, for the model FLOP utilization (0: from the table of known GPUs)");
   visit(S::devices, "comm", c.comm, "mpi | nccl");
   visit(S::output, "log-every", c.log_every, "log a line every N steps (0: never)");
   visit(S::output, "metrics", c.metrics_path, "JSON Lines metrics file (rank 0)");
@@ -227,7 +229,7 @@ void validate_options(Config& c, int world_size) {
   at_least("warmup-steps", c.warmup_steps, 0);
   at_least("seed", c.seed, std::int64_t{0});
   for (double value : {c.lr, c.weight_decay, c.beta1, c.beta2, c.eps, c.grad_clip,
-                       c.capacity_factor, c.aux_loss_coef, c.timeout_s})
+                       c.capacity_factor, c.aux_loss_coef, c.timeout_s, c.peak_tflops})
     require(std::isfinite(value), "option values must be finite numbers");
 
   at_least("dp", c.dp, 0);
@@ -238,6 +240,7 @@ void validate_options(Config& c, int world_size) {
   at_least("log-every", c.log_every, 0);
   at_least("save-every", c.save_every, 0);
   at_least("timeout", c.timeout_s, 0.0);
+  at_least("peak-tflops", c.peak_tflops, 0.0);
 
   const int model_parallel = c.tp * c.pp;
   if (c.dp == 0) {

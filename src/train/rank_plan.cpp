@@ -80,6 +80,18 @@ Prediction predict_rank(const Strategies& strategies, const RankLayout& layout, 
   return prediction;
 }
 
+StepFlops step_flops(const Strategies& strategies, const Config& config, const std::vector<LayerSpec>& model,
+                     const GridShape& shape) {
+  const auto samples = static_cast<double>(config.global_batch);
+  StepFlops flops{.model = model_flops_per_sample(model) * samples};
+  for (int stage = 0; stage < shape.pp; ++stage) {
+    const LayerRange layers = rank_layers(strategies, model, shape, {.pp = stage});
+    const std::vector<LayerSpec> stage_layers(model.begin() + layers.first, model.begin() + layers.last);
+    flops.recompute += recompute_flops_per_sample(stage_layers, config.recompute) * samples;
+  }
+  return flops;
+}
+
 std::vector<std::string> strategy_notes(const Strategies& strategies, const RankLayout& layout) {
   std::vector<std::string> notes;
   for (const StrategyRegistration* entry : strategies)

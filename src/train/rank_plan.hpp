@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "cost/base_cost.hpp"
+#include "cost/flops.hpp"
 #include "cost/rank_layout.hpp"
 #include "strategies/strategy.hpp"
 
@@ -38,6 +39,10 @@ RankLayout rank_layout(const Strategies& strategies, const Config& config, const
 // The rank's memory by state and communication per step: the base terms, each strategy's, and
 // the modes the options set.
 Prediction predict_rank(const Strategies& strategies, const RankLayout& layout, const RoutingSeen& routing = {});
+
+// The whole job's floating-point work of one training step (every stage's recomputation).
+StepFlops step_flops(const Strategies& strategies, const Config& config, const std::vector<LayerSpec>& model,
+                     const GridShape& shape);
 
 // One sentence per strategy that has something to say about the run.
 std::vector<std::string> strategy_notes(const Strategies& strategies, const RankLayout& layout);

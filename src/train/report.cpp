@@ -47,6 +47,8 @@ void RunSummary::add(const StepRecord& record) {
   ++steps;
   step_ms.push_back(record.step_ms);
   samples_per_s.push_back(record.samples_per_s);
+  model_tflops.push_back(record.model_tflops);
+  if (record.mfu) mfu.push_back(*record.mfu);
   for (int op = 0; op < comm_op_count; ++op) comm_bytes_sum[op] += static_cast<double>(record.comm.bytes[op]);
   final_loss = record.loss;
   routed_all_to_all_bytes_sum += record.routed_all_to_all_bytes;
@@ -77,10 +79,13 @@ nlohmann::json step_json(const StepRecord& record) {
                            {"grad_norm", record.grad_norm},
                            {"step_ms", record.step_ms},
                            {"samples_per_s", record.samples_per_s},
+                           {"model_tflops", record.model_tflops},
                            {"comm_bytes", comm_bytes},
                            {"comm_ms", comm_ms},
                            {"mem_bytes", by_state(record.memory)},
                            {"peak_mem_bytes", by_state(record.peak_memory)}};
+  if (record.recompute_tflops > 0) object["recompute_tflops"] = record.recompute_tflops;
+  if (record.mfu) object["mfu"] = *record.mfu;
   if (record.eval_loss) object["eval_loss"] = *record.eval_loss;
   if (record.eval_accuracy) object["eval_accuracy"] = *record.eval_accuracy;
   if (record.skipped) object["skipped"] = true;
@@ -115,11 +120,13 @@ nlohmann::json summary_json(const RunSummary& summary) {
                            {"steps", summary.steps},
                            {"step_ms", median(summary.step_ms)},
                            {"samples_per_s", median(summary.samples_per_s)},
+                           {"model_tflops", median(summary.model_tflops)},
                            {"peak_mem_bytes", by_state(summary.peak_memory)},
                            {"peak_mem_bytes_by_rank", by_rank},
                            {"placement", placement},
                            {"comm_per_step", comm}};
   if (summary.steps > 0) object["final_loss"] = summary.final_loss;
+  if (!summary.mfu.empty()) object["mfu"] = median(summary.mfu);
   if (std::any_of(summary.peak_host_memory.begin(), summary.peak_host_memory.end(),
                   [](std::int64_t bytes) { return bytes > 0; }))
     object["peak_host_mem_bytes"] = by_state(summary.peak_host_memory);
@@ -194,9 +201,11 @@ void Reporter::step(const StepRecord& record) {
                                       record.step == first_step_);
   if (due) {
     std::string text = fmt::format(
-        "step {:>{}}/{}  loss {:.6f}  lr {:.3e}  grad_norm {:.4f}  {:.1f} ms  {:.0f} samples/s",
+        "step {:>{}}/{}  loss {:.6f}  lr {:.3e}  grad_norm {:.4f}  {:.1f} ms  {:.0f} samples/s  {:.3g} "
+        "TFLOP/s/rank",
         record.step, std::to_string(total_steps_).size(), total_steps_, record.loss, record.lr,
-        record.grad_norm, record.step_ms, record.samples_per_s);
+        record.grad_norm, record.step_ms, record.samples_per_s, record.model_tflops);
+    if (record.mfu) text += fmt::format("  MFU {:.1f}%", 100 * *record.mfu);
     if (!record.expert_load.empty())
       text += fmt::format("  aux_loss {:.6f}  dropped {}", record.aux_loss, record.dropped_tokens);
     if (record.eval_loss) text += fmt::format("  eval_loss {:.6f}", *record.eval_loss);
@@ -225,8 +234,10 @@ void Reporter::summary(const RunSummary& summary) {
     std::fflush(metrics_);
   }
   std::string text = fmt::format(
-      "summary: {} steps, median {:.2f} ms/step, median {:.0f} samples/s",
-      summary.steps, object["step_ms"].get<double>(), object["samples_per_s"].get<double>());
+      "summary: {} steps, median {:.2f} ms/step, median {:.0f} samples/s, {:.3g} model TFLOP/s per rank",
+      summary.steps, object["step_ms"].get<double>(), object["samples_per_s"].get<double>(),
+      object["model_tflops"].get<double>());
+  if (object.contains("mfu")) text += fmt::format(" (MFU {:.1f}%)", 100 * object["mfu"].get<double>());
   if (summary.steps > 0) text += fmt::format(", final loss {:.6f}", summary.final_loss);
   text += "\nrank 0 memory (peak) and communication, predicted vs measured:\n";
   text += placement_table(summary.prediction, &summary);

@@ -25,6 +25,11 @@ struct StepRecord {
   double grad_norm = 0;
   double step_ms = 0;
   double samples_per_s = 0;
+  // Per rank: the model's FLOPs of the step (6 per weight and sample) and recomputation's extra
+  // forward, over the step's time; the model's share of the rank's peak where that is known.
+  double model_tflops = 0;
+  double recompute_tflops = 0;
+  std::optional<double> mfu;
   CommTotals comm;
   MemoryByState memory{};
   MemoryByState peak_memory{};
@@ -40,11 +45,13 @@ struct StepRecord {
 
 nlohmann::json step_json(const StepRecord& record);
 
-// What the end-of-run summary needs of the steps, kept compact: a long run adds 16 bytes a step.
+// What the end-of-run summary needs of the steps, kept compact: a long run adds 32 bytes a step.
 struct RunSummary {
   std::int64_t steps = 0;
   std::vector<double> step_ms;
   std::vector<double> samples_per_s;
+  std::vector<double> model_tflops;
+  std::vector<double> mfu;
   std::array<double, comm_op_count> comm_bytes_sum{};
   double final_loss = 0;
   double routed_all_to_all_bytes_sum = 0;

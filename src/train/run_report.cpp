@@ -31,13 +31,14 @@ std::string describe_run(const Run& run) {
   std::string text = fmt::format(
       "mlptrain: {} rank(s), dp={} tp={} pp={} ep={} zero={}, strategies:{}\n"
       "model: {} layers {} ({} parameters), {} data ({} train samples), global batch {} in {} "
-      "micro-batch(es), {} steps\ndevice: {}, communication: {}",
+      "micro-batch(es), {} steps\ndevice: {}, communication: {}\nkernels: {}",
       shape.world, shape.dp, shape.tp, shape.pp, shape.ep, config.zero, strategies.empty() ? " none" : strategies,
       specs.size(), widths, parameter_count(specs), run.dataset->info().name, run.dataset->info().train_size,
       config.global_batch, config.micro_batches, config.steps, run.device.description,
       config.comm == CommBackend::nccl ? "NCCL, device to device"
       : run.device.staging             ? "MPI, staged through host memory"
-                                       : "MPI");
+                                       : "MPI",
+      run.device.kernels->description());
   if (!run.moe_layers.empty()) {
     std::string layers;
     for (int layer : run.moe_layers) layers += (layers.empty() ? "" : ", ") + std::to_string(layer);

@@ -24,7 +24,9 @@ namespace {
 class Trainer {
  public:
   Trainer(const Config& config, MPI_Comm world, const CommSettings& comm)
-      : run_(config, world, comm), checkpoints_(run_), config_(config) {
+      : run_(config, world, comm), checkpoints_(run_), config_(config),
+        flops_(step_flops(run_.strategies, config, run_.model->specs, run_.groups->shape())),
+        peak_tflops_(config.peak_tflops > 0 ? config.peak_tflops : run_.device.peak_tflops) {
     note_peaks();
   }
   void predict_only();
@@ -53,6 +55,8 @@ class Trainer {
   Run run_;
   Checkpointer checkpoints_;
   const Config& config_;
+  const StepFlops flops_;     // the whole job's, per step
+  const double peak_tflops_;  // a rank's (0: unknown)
   MemoryByState run_peak_{};
 };
 
@@ -170,6 +174,10 @@ StepRecord Trainer::train_step(std::int64_t step) {
   record.routed_all_to_all_bytes = moe.all_to_all_bytes;
   record.step_ms = now_ms() - start_ms;
   record.samples_per_s = static_cast<double>(config_.global_batch) / (record.step_ms / 1000.0);
+  const double rank_seconds = record.step_ms / 1000.0 * run_.groups->shape().world;
+  record.model_tflops = flops_.model / rank_seconds / 1e12;
+  record.recompute_tflops = flops_.recompute / rank_seconds / 1e12;
+  if (peak_tflops_ > 0) record.mfu = record.model_tflops / peak_tflops_;
   record.comm = run_.comm_ledger.step();
   record.memory = run_.memory.current();
   record.peak_memory = run_.memory.peak();

@@ -20,7 +20,7 @@ class MainJob(TrainingTestCase):
         steps, summary = read_metrics(metrics)
         self.assertEqual(len(steps), 100)
         self.assertLess(steps[-1]["loss"], 0.5 * steps[0]["loss"])
-        for key in ("step", "loss", "aux_loss", "lr", "grad_norm", "step_ms", "samples_per_s"):
+        for key in ("step", "loss", "aux_loss", "lr", "grad_norm", "step_ms", "samples_per_s", "model_tflops"):
             self.assertIn(key, steps[0])
         self.assertEqual(set(steps[0]["comm_bytes"]), OPS)
         self.assertEqual(set(steps[0]["comm_ms"]), OPS)
@@ -33,6 +33,34 @@ class MainJob(TrainingTestCase):
             placement = summary["placement"][state]
             self.assertEqual(placement["predicted_bytes"], placement["measured_bytes"], state)
         self.assertEqual(summary["placement"]["params"]["mode"], "R")
+
+    def test_model_flops_and_utilization(self):
+        # 6 FLOPs per parameter and sample; recomputation's forward counted apart.
+        layers, hidden, inputs, outputs, batch = 4, 32, 16, 3, 64
+        parameters = (inputs + 1) * hidden + (layers - 2) * (hidden + 1) * hidden + (hidden + 1) * outputs
+        base = ["--layers", layers, "--hidden", hidden, "--input-dim", inputs, "--output-dim", outputs,
+                "--global-batch", batch, "--steps", 3, "--log-every", 1]
+        for ranks, flags in ((1, []), (2, ["--recompute", "--peak-tflops", "0.5"])):
+            with self.subTest(ranks=ranks, flags=flags):
+                metrics = self.path(f"flops{ranks}.jsonl")
+                output = run(base + flags + ["--metrics", metrics], ranks).stdout
+                steps, summary = read_metrics(metrics)
+                self.assertIn("TFLOP/s/rank", output)
+                for step in steps:
+                    per_rank = 6 * parameters * batch / (step["step_ms"] / 1000) / ranks / 1e12
+                    self.assertAlmostEqual(step["model_tflops"], per_rank, delta=1e-3 * per_rank)
+                    if flags:
+                        # Layers 0-2 drop their pre-activations (GELU) and run forward again.
+                        recomputed = (inputs + 1) * hidden + 2 * (hidden + 1) * hidden
+                        self.assertAlmostEqual(step["recompute_tflops"] / step["model_tflops"],
+                                               2 * recomputed / (6 * parameters), delta=1e-9)
+                        self.assertAlmostEqual(step["mfu"], step["model_tflops"] / 0.5, delta=1e-9)
+                    else:
+                        self.assertNotIn("mfu", step)
+                        self.assertNotIn("recompute_tflops", step)
+                self.assertIn("model_tflops", summary)
+                self.assertEqual("mfu" in summary, bool(flags))
+                self.assertIn("MFU" if flags else "TFLOP/s", output)
 
     def test_help_and_predict(self):
         self.assertIn("--global-batch", run(["--help"], 2).stdout)
