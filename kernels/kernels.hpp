@@ -38,7 +38,8 @@ struct Gemm {
 };
 
 // One AdamW update, as torch.optim.AdamW computes it (hyper-parameters in double, as Python
-// floats are); `step` counts from 1.
+// floats are); `step` counts from 1. The gradients read are multiplied by `grad_scale` first (a
+// loss scale's inverse, a clipping coefficient), in fp32.
 struct AdamWStep {
   double learning_rate = 1e-3;
   double beta1 = 0.9;
@@ -46,6 +47,7 @@ struct AdamWStep {
   double eps = 1e-8;
   double weight_decay = 0.01;
   std::int64_t step = 1;
+  float grad_scale = 1.0f;
 };
 
 struct CrossEntropyResult {
@@ -53,6 +55,11 @@ struct CrossEntropyResult {
   std::int64_t correct = 0;  // rows whose arg-max (ties to the lower index) is the label
 };
 
+// The kernels' element types: tensors of activations, parameters and gradients hold fp32, bf16 or
+// fp16 (`type` arguments; see DESIGN.md §2.7). Every computation runs in fp32 on the widened
+// elements and a 16-bit result is rounded once, to nearest even. Losses, softmax, the MoE routing
+// weights and AdamW's master weights and moments are fp32 always. Each typed kernel has an fp32
+// form below it, for callers that hold fp32 tensors.
 class Kernels {
  public:
   virtual ~Kernels() = default;
@@ -75,18 +82,19 @@ class Kernels {
   virtual void convert(const void* source, DataType source_type, void* destination,
                        DataType destination_type, std::size_t count) = 0;
 
-  // pre[r, :] += bias; activated = GELU(pre) (exact, erf form).
-  virtual void bias_gelu_forward(float* pre, const float* bias, float* activated,
-                                 std::int64_t rows, std::int64_t cols) = 0;
-  // data[r, :] += bias.
-  virtual void bias_add(float* data, const float* bias, std::int64_t rows, std::int64_t cols) = 0;
-  // grad_pre = grad_activated * GELU'(pre); bias_grad = (or +=) the column sums of grad_pre.
-  virtual void gelu_backward(const float* grad_activated, const float* pre, float* grad_pre,
-                             float* bias_grad, bool accumulate, std::int64_t rows,
+  // pre[r, :] += bias; activated = GELU(pre) (exact, erf form); pre, bias and activated of `type`.
+  virtual void bias_gelu_forward(void* pre, const void* bias, void* activated, std::int64_t rows,
+                                 std::int64_t cols, DataType type) = 0;
+  // data[r, :] += bias, both of `type`.
+  virtual void bias_add(void* data, const void* bias, std::int64_t rows, std::int64_t cols, DataType type) = 0;
+  // grad_pre = grad_activated * GELU'(pre) (all of `type`); bias_grad (of `bias_grad_type`) = (or
+  // +=) the column sums of grad_pre, summed in fp32 and rounded once into it.
+  virtual void gelu_backward(const void* grad_activated, const void* pre, void* grad_pre, DataType type,
+                             void* bias_grad, DataType bias_grad_type, bool accumulate, std::int64_t rows,
                              std::int64_t cols) = 0;
-  // sums = (or +=) the column sums of data.
-  virtual void column_sums(const float* data, float* sums, bool accumulate, std::int64_t rows,
-                           std::int64_t cols) = 0;
+  // sums (of `sums_type`) = (or +=) the column sums of data (of `type`), summed in fp32.
+  virtual void column_sums(const void* data, DataType type, void* sums, DataType sums_type, bool accumulate,
+                           std::int64_t rows, std::int64_t cols) = 0;
 
   // Returns the sum of squared errors; grad (if not null) = grad_scale * 2 (prediction - target).
   virtual double mse(const float* prediction, const float* target, float* grad, std::int64_t rows,
@@ -103,26 +111,76 @@ class Kernels {
   virtual void softmax_backward_rows(const float* probabilities, const float* grad_probabilities,
                                      float* grad_logits, std::int64_t rows, std::int64_t cols) = 0;
   // The row moves of MoE dispatch and combine (scales may be null: 1).
-  // destination[i, :] = scales[i] * source[indices[i], :] for i < rows.
-  virtual void gather_rows(const float* source, const std::int32_t* indices, const float* scales,
-                           float* destination, std::int64_t rows, std::int64_t cols) = 0;
-  // destination[indices[i], :] += scales[i] * source[i, :] for i < rows, in order of i.
-  virtual void scatter_add_rows(const float* source, const std::int32_t* indices,
+  // destination[i, :] = scales[i] * source[indices[i], :] for i < rows (both of `type`).
+  virtual void gather_rows(const void* source, const std::int32_t* indices, const float* scales,
+                           void* destination, std::int64_t rows, std::int64_t cols, DataType type) = 0;
+  // destination[indices[i], :] += scales[i] * source[i, :] for i < rows, in order of i: source of
+  // `source_type`, the destination an fp32 accumulator.
+  virtual void scatter_add_rows(const void* source, DataType source_type, const std::int32_t* indices,
                                 const float* scales, float* destination, std::int64_t rows,
                                 std::int64_t cols) = 0;
-  // dots[i] = <a[indices[i], :], b[i, :]> for i < rows.
-  virtual void row_dots(const float* a, const std::int32_t* indices, const float* b, float* dots,
-                        std::int64_t rows, std::int64_t cols) = 0;
+  // dots[i] = <a[indices[i], :], b[i, :]> for i < rows, a and b of `type`.
+  virtual void row_dots(const void* a, const std::int32_t* indices, const void* b, float* dots,
+                        std::int64_t rows, std::int64_t cols, DataType type) = 0;
 
-  // AdamW over one flat range; returns the sum of squares of grads (the step's norm comes free).
-  virtual double adamw(float* params, const float* grads, float* exp_avg, float* exp_avg_sq,
-                       std::size_t count, const AdamWStep& step) = 0;
+  // AdamW over one flat range of fp32 master weights, from gradients of `grads_type`; when
+  // `compute_copy` is given, it receives the updated weights rounded to `compute_type`. Returns
+  // the sum of squares of the (scaled) gradients (the step's norm comes free).
+  virtual double adamw(float* master, const void* grads, DataType grads_type, float* exp_avg,
+                       float* exp_avg_sq, std::size_t count, const AdamWStep& step, void* compute_copy,
+                       DataType compute_type) = 0;
 
-  virtual double sum_of_squares(const float* data, std::size_t count) = 0;
-  virtual void scale(float* data, std::size_t count, float factor) = 0;
-  virtual void fill(float* data, std::size_t count, float value) = 0;
-  virtual void copy(float* destination, const float* source, std::size_t count) = 0;
-  virtual void add(float* destination, const float* source, std::size_t count) = 0;
+  virtual double sum_of_squares(const void* data, DataType type, std::size_t count) = 0;
+  virtual void scale(void* data, DataType type, std::size_t count, float factor) = 0;
+  virtual void fill(void* data, DataType type, std::size_t count, float value) = 0;
+  // destination = (or +=, rounded once) source, both of `type`.
+  virtual void add(void* destination, const void* source, DataType type, std::size_t count) = 0;
+  void copy(void* destination, const void* source, DataType type, std::size_t count) {
+    convert(source, type, destination, type, count);
+  }
+
+  // The fp32 forms.
+  void bias_gelu_forward(float* pre, const float* bias, float* activated, std::int64_t rows, std::int64_t cols) {
+    bias_gelu_forward(pre, bias, activated, rows, cols, DataType::float32);
+  }
+  void bias_add(float* data, const float* bias, std::int64_t rows, std::int64_t cols) {
+    bias_add(data, bias, rows, cols, DataType::float32);
+  }
+  void gelu_backward(const float* grad_activated, const float* pre, float* grad_pre, float* bias_grad,
+                     bool accumulate, std::int64_t rows, std::int64_t cols) {
+    gelu_backward(grad_activated, pre, grad_pre, DataType::float32, bias_grad, DataType::float32, accumulate,
+                  rows, cols);
+  }
+  void column_sums(const float* data, float* sums, bool accumulate, std::int64_t rows, std::int64_t cols) {
+    column_sums(data, DataType::float32, sums, DataType::float32, accumulate, rows, cols);
+  }
+  void gather_rows(const float* source, const std::int32_t* indices, const float* scales, float* destination,
+                   std::int64_t rows, std::int64_t cols) {
+    gather_rows(source, indices, scales, destination, rows, cols, DataType::float32);
+  }
+  void scatter_add_rows(const float* source, const std::int32_t* indices, const float* scales,
+                        float* destination, std::int64_t rows, std::int64_t cols) {
+    scatter_add_rows(source, DataType::float32, indices, scales, destination, rows, cols);
+  }
+  void row_dots(const float* a, const std::int32_t* indices, const float* b, float* dots, std::int64_t rows,
+                std::int64_t cols) {
+    row_dots(a, indices, b, dots, rows, cols, DataType::float32);
+  }
+  double adamw(float* params, const float* grads, float* exp_avg, float* exp_avg_sq, std::size_t count,
+               const AdamWStep& step) {
+    return adamw(params, grads, DataType::float32, exp_avg, exp_avg_sq, count, step, nullptr, DataType::float32);
+  }
+  double sum_of_squares(const float* data, std::size_t count) {
+    return sum_of_squares(data, DataType::float32, count);
+  }
+  void scale(float* data, std::size_t count, float factor) { scale(data, DataType::float32, count, factor); }
+  void fill(float* data, std::size_t count, float value) { fill(data, DataType::float32, count, value); }
+  void copy(float* destination, const float* source, std::size_t count) {
+    copy(destination, source, DataType::float32, count);
+  }
+  void add(float* destination, const float* source, std::size_t count) {
+    add(destination, source, DataType::float32, count);
+  }
 };
 
 std::unique_ptr<Kernels> make_cpu_kernels();

@@ -49,25 +49,28 @@ def layer_gemms(rows, width, out, dtypes, sequence=0):
     return {result["dtype"]: result for result in run_json(command)}
 
 
-def mlptrain_step_ms(ranks, args):
-    return train(ranks, ["--dataset", "mixture", "--layers", args.layers, "--hidden", args.width,
-                         "--input-dim", args.width, "--output-dim", 10, "--global-batch", 256 * ranks,
-                         "--steps", args.steps], f"cpu-{ranks}")[0]
+def model_arguments(args, ranks):
+    """The benchmark's model and data at `ranks` ranks, batch 256 per rank."""
+    return ["--dataset", "mixture", "--layers", args.layers, "--hidden", args.width, "--input-dim", args.width,
+            "--output-dim", 10, "--global-batch", 256 * ranks, "--steps", args.steps]
 
 
-def torch_step_ms(ranks, args):
+def mlptrain_step_ms(ranks, args, extra=(), name="cpu"):
+    return train(ranks, model_arguments(args, ranks) + list(extra), f"{name}-{ranks}")[0]
+
+
+def torch_step_ms(ranks, args, extra=()):
     command = [sys.executable, os.path.join(ROOT, "scripts", "torch_peer.py"), "--layers", str(args.layers),
-               "--hidden", str(args.width), "--input-dim", str(args.width), "--steps", str(args.steps)]
+               "--hidden", str(args.width), "--input-dim", str(args.width), "--steps", str(args.steps)] + list(extra)
     if ranks > 1:
         command = ["mpiexec.mpich", "-n", str(ranks)] + command
     return run_json(command)[0]["step_ms"]
 
 
-def traced_phases(args):
+def traced_phases(args, extra=(), name="cpu-trace"):
     """Median milliseconds per step of each computation span of one traced 1-rank run."""
-    trace = os.path.join(BUILD, "bench-cpu-trace.json")
-    train(1, ["--dataset", "mixture", "--layers", args.layers, "--hidden", args.width, "--input-dim", args.width,
-              "--output-dim", 10, "--global-batch", 256, "--steps", args.steps, "--trace", trace], "cpu-trace")
+    trace = os.path.join(BUILD, f"bench-{name}.json")
+    train(1, model_arguments(args, 1) + list(extra) + ["--trace", trace], name)
     with open(trace) as handle:
         events = json.load(handle)["traceEvents"]
     per_step = collections.defaultdict(lambda: collections.defaultdict(float))
@@ -85,18 +88,28 @@ def step_gemm_ms(hidden, last, layers, prefix):
     return hidden_ms * (layers - 1) - hidden[f"{prefix}input_grad_gemm_ms"] + last_ms
 
 
-def main():
-    parser = arguments(__doc__, rounds=3, steps=12, result_file="cpu_speed.json")
+def model_parser(doc, result_file):
+    """The options of the benchmarks on this model: rounds, steps, the model's size, the peer."""
+    parser = arguments(doc, rounds=3, steps=12, result_file=result_file)
     parser.add_argument("--layers", type=int, default=10)
     parser.add_argument("--width", type=int, default=1024)
     parser.add_argument("--no-torch", action="store_true", help="skip the PyTorch peer")
-    args = parser.parse_args()
+    return parser
+
+
+def torch_peer_available(args):
+    """Whether the PyTorch peer runs: installed, and not turned off."""
     try:
         import torch  # noqa: F401
-        have_torch = not args.no_torch
     except ImportError:
-        have_torch = False
         print("bench: PyTorch not installed (apt-get install python3-torch): peer skipped")
+        return False
+    return not args.no_torch
+
+
+def main():
+    args = model_parser(__doc__, "cpu_speed.json").parse_args()
+    have_torch = torch_peer_available(args)
 
     rows, width = 256, args.width
     samples = {key: [] for key in ("hidden", "last", "ours_1", "ours_2", "torch_1", "torch_2")}
@@ -156,6 +169,7 @@ def main():
     }
     if have_torch:
         torch_1, torch_2 = statistics.median(samples["torch_1"]), statistics.median(samples["torch_2"])
+        import torch
         result.update({"torch_version": torch.__version__, "torch_step_ms_1_rank": torch_1,
                        "torch_step_ms_2_ranks": torch_2, "ours_over_torch_1_rank": ours_1 / torch_1,
                        "ours_over_torch_2_ranks": ours_2 / torch_2})

@@ -27,11 +27,22 @@ def arguments(description, rounds, steps, result_file):
     return parser
 
 
+def metrics_path(name):
+    """Where train() keeps the metrics of the run it calls `name`."""
+    return os.path.join(os.path.dirname(PROGRAM), f"bench-{name}.jsonl")
+
+
+def read_records(name):
+    """The metrics records of the run train() called `name`."""
+    with open(metrics_path(name)) as handle:
+        return [json.loads(line) for line in handle]
+
+
 def train(ranks, arguments, name, warm_up_steps=2, bind_to_cores=False):
     """Runs mlptrain at `ranks` ranks (each pinned to a core if asked); returns (median step_ms
     after the warm-up steps, or None when there are none, and the final summary record). A
     failing run ends the script with mlptrain's own output."""
-    metrics = os.path.join(os.path.dirname(PROGRAM), f"bench-{name}.jsonl")
+    metrics = metrics_path(name)
     binding = ["-bind-to", "core"] if bind_to_cores else []
     result = subprocess.run(["mpiexec.mpich"] + binding + ["-n", str(ranks), PROGRAM] +
                             [str(a) for a in arguments] + ["--log-every", "0", "--metrics", metrics],
@@ -39,8 +50,7 @@ def train(ranks, arguments, name, warm_up_steps=2, bind_to_cores=False):
     if result.returncode != 0:
         sys.exit(f"{os.path.basename(sys.argv[0])}: mlptrain {' '.join(map(str, arguments))} at {ranks} "
                  f"rank(s) failed:\n{result.stdout}{result.stderr}")
-    with open(metrics) as handle:
-        records = [json.loads(line) for line in handle]
+    records = read_records(name)
     step_ms = [r["step_ms"] for r in records if not r.get("summary")][warm_up_steps:]
     return (statistics.median(step_ms) if step_ms else None), records[-1]
 

@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """The PyTorch peer of mlptrain's speed benchmark: the same MLP (Linear layers with exact GELU
 between them), softmax cross-entropy, torch.optim.AdamW, one BLAS thread per process, and
-DistributedDataParallel over gloo when started under `mpiexec.mpich -n N` (rank from PMI_RANK).
-Prints one JSON object with the median step time. Inputs are generated once, outside the timing."""
+DistributedDataParallel over gloo when started under `mpiexec.mpich -n N` (rank from PMI_RANK),
+and with --autocast bf16 the forward and the loss under torch.autocast("cpu", torch.bfloat16)
+(PyTorch's mixed precision on the CPU: bf16 GEMMs, fp32 parameters and optimizer). Prints one JSON
+object with the median step time. Inputs are generated once, outside the timing."""
 import argparse
 import json
 import os
@@ -23,6 +25,7 @@ def main():
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--port", type=int, default=29511)
+    parser.add_argument("--autocast", choices=["off", "bf16"], default="off")
     args = parser.parse_args()
 
     torch.set_num_threads(1)
@@ -52,7 +55,8 @@ def main():
             dist.barrier()
         start = time.perf_counter()
         optimizer.zero_grad(set_to_none=True)
-        loss = loss_function(model(inputs), labels)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.autocast == "bf16"):
+            loss = loss_function(model(inputs), labels)
         loss.backward()
         optimizer.step()
         elapsed_ms = (time.perf_counter() - start) * 1000.0
@@ -66,6 +70,7 @@ def main():
     if rank == 0:
         parameters = sum(p.numel() for p in model.parameters())
         print(json.dumps({"framework": "pytorch", "version": torch.__version__, "ranks": world,
+                          "autocast": args.autocast,
                           "parameters": parameters, "batch_per_rank": args.batch_per_rank,
                           "step_ms": statistics.median(times_ms),
                           "samples_per_s": args.batch_per_rank * world /

@@ -6,7 +6,7 @@
 // scaled by the global sample count, so the sum over ranks is the gradient of the global mean.
 // Each tensor's gradients are summed over its replica group: the whole data-parallel group, or for
 // experts split over an expert-parallel group, the ranks holding the same experts; a bucket holds
-// ranges of one group only.
+// ranges of one group only. Gradients are reduced in the reduce type, buckets sized in its bytes.
 #include <algorithm>
 
 #include "strategies/strategy.hpp"
@@ -29,7 +29,7 @@ struct BucketRange {
 // The buckets of a rank's layers, last layer first (the order backward fills them). Pure: the
 // strategy reduces these, and the cost model counts them.
 std::vector<BucketRange> gradient_buckets(const std::vector<ParameterTensor>& tensors, int unit_multiple,
-                                          LayerRange layers, const GridShape& shape) {
+                                          LayerRange layers, const GridShape& shape, std::size_t element_bytes) {
   std::vector<BucketRange> buckets;
   for (int layer = layers.last - 1; layer >= layers.first; --layer) {
     const std::vector<ReplicaSegment> segments = replica_segments(tensors, layer, unit_multiple, shape);
@@ -38,7 +38,7 @@ std::vector<BucketRange> gradient_buckets(const std::vector<ParameterTensor>& te
       BucketRange* bucket = buckets.empty() ? nullptr : &buckets.back();
       if (bucket != nullptr && bucket->group == segment->group &&
           segment->range.offset + segment->range.count == bucket->range.offset &&
-          bucket->range.count * sizeof(float) < bucket_capacity_bytes) {
+          bucket->range.count * element_bytes < bucket_capacity_bytes) {
         bucket->first_layer = layer;
         bucket->range = {segment->range.offset, bucket->range.count + segment->range.count};
       } else {
@@ -63,8 +63,8 @@ class DataParallel final : public Strategy, public LayerHooks {
     parameters_.reallocate_grads([&](std::size_t bytes) {
       return data.allocate_collective_memory(context.allocator, MemoryState::grads, bytes);
     });
-    for (const BucketRange& range : gradient_buckets(parameters_.tensors(), parameters_.unit_multiple(),
-                                                     context.local, context.groups.shape()))
+    for (const BucketRange& range : gradient_buckets(parameters_.tensors(), parameters_.unit_multiple(), context.local,
+                                                     context.groups.shape(), parameters_.precision().reduce_bytes()))
       buckets_.push_back({.layout = range, .group = &context.groups.group(range.group)});
   }
 
@@ -74,8 +74,8 @@ class DataParallel final : public Strategy, public LayerHooks {
     if (event.last_micro_batch()) {
       for (Bucket& bucket : buckets_) {
         if (bucket.layout.first_layer != event.layer) continue;
-        bucket.request = bucket.group->all_reduce_async(parameters_.grads() + bucket.layout.range.offset,
-                                                        bucket.layout.range.count);
+        bucket.request = bucket.group->all_reduce_async(parameters_.grad_at(bucket.layout.range.offset),
+                                                        bucket.layout.range.count, parameters_.precision().reduce);
       }
     }
     progress();
@@ -105,8 +105,10 @@ std::unique_ptr<Strategy> create(const StrategyContext& context) {
 
 void predict(const RankLayout& layout, Prediction& prediction) {
   Prediction::shard(prediction.activations);  // each rank holds the activations of its own samples
-  for (const BucketRange& bucket : gradient_buckets(layout.tensors, layout.plan.unit_multiple, layout.layers, layout.shape))
-    prediction.comm(CommOp::all_reduce) += static_cast<std::int64_t>(bucket.range.count * sizeof(float));
+  const std::size_t element_bytes = layout.config.precision().reduce_bytes();
+  for (const BucketRange& bucket :
+       gradient_buckets(layout.tensors, layout.plan.unit_multiple, layout.layers, layout.shape, element_bytes))
+    prediction.comm(CommOp::all_reduce) += static_cast<std::int64_t>(bucket.range.count * element_bytes);
 }
 
 constexpr Role roles[] = {Role::reduces_gradients};

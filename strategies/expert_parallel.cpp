@@ -8,7 +8,8 @@
 //     exchange is needed);
 //   - sends each kept assignment's row to the rank of its expert with a variable all-to-all on the
 //     EP group, and the experts' outputs back with a second one; backward sends the output
-//     gradients out and the input gradients back the same ways, counts swapped.
+//     gradients out and the input gradients back the same ways, counts swapped. Rows travel in
+//     the param type.
 // Gradients of an expert are summed only over the ranks holding the same experts (the
 // expert_data group, dp / X ranks), which the data-parallel strategy does by each tensor's
 // replica group. With X = 1 and dp > 1 the strategy still takes part: the micro-batch is global.
@@ -34,9 +35,9 @@ class ExpertParallel final : public Strategy, public ExpertExchange {
     data_.all_gather(local, all, count);
   }
 
-  void exchange_rows(const float* send, const std::vector<std::size_t>& send_floats, float* receive,
-                     const std::vector<std::size_t>& receive_floats) override {
-    expert_.all_to_all_variable(send, send_floats, receive, receive_floats);
+  void exchange_rows(const void* send, const std::vector<std::size_t>& send_elements, void* receive,
+                     const std::vector<std::size_t>& receive_elements, DataType type) override {
+    expert_.all_to_all_variable(send, send_elements, receive, receive_elements, type);
   }
 
  private:
@@ -79,7 +80,7 @@ void predict(const RankLayout& layout, Prediction& prediction) {
   prediction.comm(CommOp::all_gather) += passes * (2 * config.experts + 1) * 8 * layout.shape.dp;
   if (layout.shape.ep > 1)
     prediction.comm(CommOp::all_to_all) +=
-        passes * 4 * config.top_k * layout.rows * config.hidden * static_cast<std::int64_t>(sizeof(float));
+        passes * 4 * config.top_k * layout.rows * config.hidden * static_cast<std::int64_t>(size_of(config.param_dtype));
 }
 
 std::string describe(const RankLayout& layout) {

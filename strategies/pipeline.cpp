@@ -36,8 +36,8 @@ class Pipeline final : public Strategy, public StageTransfers {
     // The tag is a check on that (it wraps within MPI's guaranteed tag range).
     const int tag = event.micro_batch % 32768;
     Operation operation{.op = sends ? CommOp::send : CommOp::recv,
-                        .count = event.floats,
-                        .type = DataType::float32,
+                        .count = event.count,
+                        .type = event.type,
                         .peer = peer,
                         .tag = tag};
     if (sends) {

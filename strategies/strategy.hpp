@@ -53,7 +53,8 @@ struct StrategyContext {
 // grad_input in its after-hook. Pointers not yet computed at the hook's point are null.
 // `parameters` is the layer's view of its weights, bias and their gradients: a before-hook may
 // point it elsewhere for this use (a gathered copy of sharded parameters, a transient gradient
-// buffer), and may make the gradients overwrite instead of accumulate.
+// buffer), and may make the gradients overwrite instead of accumulate. Activations and their
+// gradients are of `activation_type` (the run's param type).
 struct LayerEvent {
   int layer = 0;
   int micro_batch = 0;
@@ -62,20 +63,21 @@ struct LayerEvent {
   // A forward run again in backward (--recompute) for activations the first forward dropped:
   // the same computation, so the same hooks, but the layer's backward follows right after.
   bool recomputing = false;
+  DataType activation_type = DataType::float32;
   std::int64_t rows = 0;
-  const float* input = nullptr;
-  float* grad_input = nullptr;  // null for the model's first layer
+  const void* input = nullptr;
+  void* grad_input = nullptr;  // null for the model's first layer
   std::int64_t layer_rows = 0;
-  const float* layer_input = nullptr;
-  float* layer_grad_input = nullptr;
+  const void* layer_input = nullptr;
+  void* layer_grad_input = nullptr;
   LinearLayer* parameters = nullptr;
   bool accumulate_grads = false;  // add into the gradients (later micro-batches) or overwrite
-  float* pre = nullptr;           // x W^T, then + b ([layer_rows, out])
-  float* output = nullptr;        // the layer's output (GELU(pre) or pre); forward only
-  const float* grad_output = nullptr;  // backward: d loss / d output ([layer_rows, out])
+  void* pre = nullptr;            // x W^T, then + b ([layer_rows, out])
+  void* output = nullptr;         // the layer's output (GELU(pre) or pre); forward only
+  const void* grad_output = nullptr;  // backward: d loss / d output ([layer_rows, out])
   bool last_micro_batch() const { return micro_batch == micro_batches - 1; }
   // A before-hook's substitution of what the layer computes on.
-  void substitute_input(const float* input_rows, std::int64_t row_count, float* grad_rows = nullptr) {
+  void substitute_input(const void* input_rows, std::int64_t row_count, void* grad_rows = nullptr) {
     layer_input = input_rows;
     layer_rows = row_count;
     layer_grad_input = grad_input != nullptr ? grad_rows : nullptr;
@@ -85,11 +87,13 @@ struct LayerEvent {
 // A pipeline boundary: one micro-batch's tensor ([rows, features], this rank's local slice)
 // leaving for or arriving from a neighbouring stage, as a send or receive action names it. The
 // loop owns the memory and keeps it alive until the transfer is done (a failing run aborts).
+// Activations and their gradients travel in the param type.
 struct TransferEvent {
   ActionKind kind = ActionKind::send_activations;
   int micro_batch = 0;
-  float* data = nullptr;
-  std::size_t floats = 0;
+  void* data = nullptr;
+  std::size_t count = 0;
+  DataType type = DataType::float32;
 };
 
 struct StepEvent {

@@ -9,7 +9,8 @@
 // slice (g's backward is the identity), while the column-parallel layer's input gradient is a
 // partial sum over the output slices and is all-reduced (f's backward; f's forward is the
 // identity). A layer left without a partner (the last of an odd count) is replicated: every rank
-// computes the same, and its gradients come out identical without communication.
+// computes the same, and its gradients come out identical without communication. The sums carry
+// the activations' type (the param type).
 #include <fmt/format.h>
 
 #include "strategies/strategy.hpp"
@@ -38,14 +39,16 @@ class TensorParallel final : public Strategy, public LayerHooks {
   // g: the row-parallel layer's partial products are summed before the bias.
   void after_layer_matmul(LayerEvent& event) override {
     if (part_of(event.layer, layer_count_) != PairPart::row) return;
-    group_.all_reduce(event.pre, static_cast<std::size_t>(event.layer_rows * event.parameters->spec.out_features));
+    group_.all_reduce(event.pre, static_cast<std::size_t>(event.layer_rows * event.parameters->spec.out_features),
+                      event.activation_type);
   }
 
   // f's backward: the column-parallel layer's input gradient is summed over the output slices.
   void after_layer_backward(LayerEvent& event) override {
     if (part_of(event.layer, layer_count_) != PairPart::column || event.layer_grad_input == nullptr) return;
     group_.all_reduce(event.layer_grad_input,
-                      static_cast<std::size_t>(event.layer_rows * event.parameters->spec.in_features));
+                      static_cast<std::size_t>(event.layer_rows * event.parameters->spec.in_features),
+                      event.activation_type);
   }
 
  private:
@@ -85,14 +88,15 @@ void predict(const RankLayout& layout, Prediction& prediction) {
   // Per micro-batch: each pair's forward sum of [rows, out] and, unless the pair starts the
   // model, the backward sum of the column layer's input gradient [rows, in]. Recomputation runs
   // the forward sum again for each row layer whose pre-activation it drops (GELU's).
-  std::int64_t floats = 0;
+  std::int64_t elements = 0;
   for (int index = layout.layers.first; index < layout.layers.last; ++index) {  // this rank's layers
     const LayerSpec& layer = layout.model[static_cast<std::size_t>(index)];
     const PairPart part = part_of(layer.index, config.layers);
-    if (part == PairPart::row) floats += layout.rows * layer.out_features * (config.recompute && layer.gelu ? 2 : 1);
-    if (part == PairPart::column && layer.index > 0) floats += layout.rows * layer.in_features;
+    if (part == PairPart::row) elements += layout.rows * layer.out_features * (config.recompute && layer.gelu ? 2 : 1);
+    if (part == PairPart::column && layer.index > 0) elements += layout.rows * layer.in_features;
   }
-  prediction.comm(CommOp::all_reduce) += config.micro_batches * floats * static_cast<std::int64_t>(sizeof(float));
+  prediction.comm(CommOp::all_reduce) +=
+      config.micro_batches * elements * static_cast<std::int64_t>(size_of(config.param_dtype));
 }
 
 std::string describe(const RankLayout& layout) {

@@ -18,13 +18,16 @@
 // 3) are fixed pools charged as comm_buffers for the whole run: they are what the collectives
 // work on, and keeping them apart leaves params, grads and optimizer state at exactly the ZeRO
 // figures (16Ψ/N for stage 3). With N = 1 nothing is sharded and nothing communicated.
+// Gathers move the param type (each owner's shard is its masters rounded by the update),
+// reductions the reduce type. When the two differ, a stage 3 slot holds the gathered parameters
+// and after them room for the unit's gradients, which then cannot overwrite the parameters.
 // MoE layers (stage 1 only) stay whole, as under plain data parallelism: their gradients are
 // all-reduced, the router's over the data-parallel group and the experts' over the ranks holding
 // the same experts, and each rank keeps their optimizer state; ZeRO shards the dense layers.
 #include <algorithm>
 #include <deque>
-#include <fmt/format.h>
 #include <map>
+#include <optional>
 #include <stdexcept>
 
 #include "strategies/strategy.hpp"
@@ -39,13 +42,14 @@ namespace {
 struct ReducingGradients {
   std::size_t unit = 0;
   int micro_batch = 0;
-  float* buffer = nullptr;
+  std::size_t slot = 0;
+  void* buffer = nullptr;
   Request request;
 };
 
 // A unit's parameters gathered from the shards (stage 3).
 struct GatheredParameters {
-  float* buffer = nullptr;
+  std::size_t slot = 0;
   Request request;
 };
 
@@ -69,15 +73,20 @@ class Zero final : public Strategy, public LayerHooks, public StateSharding {
   // Non-blocking collectives move only inside MPI calls (or when tested): poll between layers.
   void progress();
 
-  // Stage 3: the unit's gathered parameters (gathering now if no prefetch started it).
-  float* gathered(std::size_t unit);
+  void* value_at(void* base, std::size_t element) const { return advance(base, element, precision_.param); }
+  void* grad_at(void* base, std::size_t element) const { return advance(base, element, precision_.reduce); }
+
+  // Stage 3: the slot holding the unit's gathered parameters (gathering now if no prefetch
+  // started it), and where a slot's parameters and gradients sit.
+  std::size_t gathered(std::size_t unit);
   void prefetch(std::size_t unit);
-  float* free_parameter_slot();
+  std::size_t free_parameter_slot();
   void release(std::size_t unit) { gathered_.erase(unit); }
-  void bind_values(LayerEvent& event, float* unit_values) const;
+  void* slot_values(std::size_t slot) const { return parameter_pool_.as<char>() + slot * slot_bytes_; }
+  void* slot_grads(std::size_t slot) const { return static_cast<char*>(slot_values(slot)) + slot_grads_at_; }
 
   // Stage 2: a free unit gradient buffer, finishing older reductions as needed.
-  float* take_gradient_buffer();
+  std::size_t take_gradient_slot();
   void finish_oldest_reduction();
 
   Communicator& group_;
@@ -88,8 +97,11 @@ class Zero final : public Strategy, public LayerHooks, public StateSharding {
   const int first_layer_;
   const GridShape& shape_;
   const GridCoordinates& place_;
+  const Precision precision_;
   const ZeroLayout layout_;
   const std::vector<ZeroUnit>& units_ = layout_.units;
+  std::size_t slot_bytes_ = 0;     // stage 3: a parameter slot...
+  std::size_t slot_grads_at_ = 0;  // ...and where its gradients start in it
 
   Buffer shard_values_;     // stage 3
   Buffer shard_grads_;      // stages 2 and 3: the shard accumulator
@@ -116,13 +128,16 @@ Zero::Zero(const StrategyContext& context)
       first_layer_(context.local.first),
       shape_(context.groups.shape()),
       place_(context.groups.place()),
+      precision_(parameters_.precision()),
       layout_(zero_layout(parameters_.tensors(), parameters_.unit_multiple(), context.layers, context.local,
                           context.config.recompute, shape_)) {
   for (const WholeSegment& segment : layout_.whole_segments)
     whole_groups_.push_back(&context.groups.group(segment.group));
   Allocator& allocator = context.allocator;
-  const auto collective = [&](MemoryState state, std::size_t count) {
-    return group_.allocate_collective_memory(allocator, state, count * sizeof(float));
+  const auto collective = [&](MemoryState state, std::size_t bytes) {
+    Buffer buffer = group_.allocate_collective_memory(allocator, state, bytes);
+    buffer.fill_zero();
+    return buffer;
   };
   // What is reduced or gathered in place lives where the group does that fastest.
   if (stage_ <= 2)
@@ -134,18 +149,18 @@ Zero::Zero(const StrategyContext& context)
       return group_.allocate_collective_memory(allocator, MemoryState::grads, bytes);
     });
   // Padding is summed and gathered but never written by the layers: it starts (and stays) zero.
-  if (stage_ == 1) kernels_.fill(parameters_.grads(), parameters_.size(), 0.0f);
-  if (stage_ >= 2) shard_grads_ = allocator.allocate_floats(MemoryState::grads, layout_.shard_total);
+  if (stage_ == 1) kernels_.fill(parameters_.grads(), precision_.reduce, parameters_.size(), 0.0f);
+  if (stage_ >= 2) shard_grads_ = allocator.allocate_elements(MemoryState::grads, layout_.shard_total, precision_.reduce);
   if (stage_ == 2) {
     gradient_slots_ = 2;
-    gradient_pool_ = collective(MemoryState::comm_buffers, gradient_slots_ * layout_.largest_unit);
-    gradient_pool_.fill_zero();
+    gradient_pool_ = collective(MemoryState::comm_buffers, gradient_slots_ * layout_.largest_unit * precision_.reduce_bytes());
   }
   if (stage_ == 3) {
-    shard_values_ = allocator.allocate_floats(MemoryState::params, layout_.shard_total);
+    shard_values_ = allocator.allocate_elements(MemoryState::params, layout_.shard_total, precision_.param);
     shard_values_.fill_zero();
-    parameter_pool_ = collective(MemoryState::comm_buffers, 2 * layout_.largest_unit);
-    parameter_pool_.fill_zero();
+    slot_grads_at_ = precision_.param == precision_.reduce ? 0 : layout_.largest_unit * precision_.param_bytes();
+    slot_bytes_ = slot_grads_at_ + layout_.largest_unit * std::max(precision_.param_bytes(), precision_.reduce_bytes());
+    parameter_pool_ = collective(MemoryState::comm_buffers, 2 * slot_bytes_);
   }
   gradient_reductions_.resize(units_.size());
   parameter_gathers_.resize(units_.size());
@@ -153,15 +168,15 @@ Zero::Zero(const StrategyContext& context)
 }
 
 StatePlacement Zero::state_placement() const {
-  StatePlacement placement;
+  StatePlacement placement{.precision = precision_};
   placement.moment_count = layout_.shard_total;
   for (const ZeroUnit& unit : units_) {
     if (unit.moe) {  // whole, moments after the shards
       for (const ParameterTensor& tensor : parameters_.tensors()) {
         if (tensor.layer != unit.layer) continue;
-        append_local_range(placement.updated, tensor, 0, tensor.count,
-                           parameters_.values() + tensor.offset, parameters_.grads() + tensor.offset,
-                           placement.moment_count, ParameterStore::owns(tensor, shape_, place_));
+        append_local_range(placement.updated, tensor, 0, tensor.count, parameters_.value_at(tensor.offset),
+                           parameters_.grad_at(tensor.offset), placement.moment_count,
+                           ParameterStore::owns(tensor, shape_, place_), precision_);
         placement.moment_count += tensor.count;
       }
       continue;
@@ -176,11 +191,10 @@ StatePlacement Zero::state_placement() const {
       // Every element of the shard is this rank's alone within the data-parallel group; a
       // tensor replicated over the tensor-parallel group is counted by one of its ranks.
       const bool owned = !tensor.replicated_over_tensor || place_.tp == tensor.global_index % shape_.tp;
-      append_local_range(
-          placement.updated, tensor, first - tensor.offset, last - first,
-          stage_ == 3 ? shard_values_.floats() + in_shard : parameters_.values() + first,
-          stage_ == 1 ? parameters_.grads() + first : shard_grads_.floats() + in_shard, in_shard,
-          owned);
+      append_local_range(placement.updated, tensor, first - tensor.offset, last - first,
+                         stage_ == 3 ? value_at(shard_values_.as<void>(), in_shard) : parameters_.value_at(first),
+                         stage_ == 1 ? parameters_.grad_at(first) : grad_at(shard_grads_.as<void>(), in_shard),
+                         in_shard, owned, precision_);
     }
   }
   // Stage 3 holds its shards; stages 1 and 2 hold every local value (read back on resume).
@@ -196,79 +210,75 @@ void Zero::progress() {
   for (auto& [unit, parameters] : gathered_) parameters.request.test();
 }
 
-void Zero::bind_values(LayerEvent& event, float* unit_values) const {
-  const ZeroUnit& unit = units_[unit_index(event.layer)];
-  event.parameters->weight = unit_values + unit.weight_at;
-  event.parameters->bias = unit_values + unit.bias_at;
-}
-
-float* Zero::free_parameter_slot() {
+std::size_t Zero::free_parameter_slot() {
   // A slot no gathered unit holds, preferring one whose earlier unit's gradients are no longer
   // on their way out (else they are waited for). Forward and backward hold one unit and take
   // the other slot for the next; recomputation holds backward's prefetched unit and cycles the
   // recomputed ones through the other.
-  const auto slot = [&](std::size_t index) { return parameter_pool_.floats() + index * layout_.largest_unit; };
-  const auto reducing_in = [&](const float* buffer) {
+  const auto reducing_in = [&](std::size_t slot) {
     return std::any_of(reducing_.begin(), reducing_.end(),
-                       [buffer](const ReducingGradients& reducing) { return reducing.buffer == buffer; });
+                       [slot](const ReducingGradients& reducing) { return reducing.slot == slot; });
   };
-  const auto held = [&](const float* buffer) {
-    return std::any_of(gathered_.begin(), gathered_.end(),
-                       [buffer](const auto& entry) { return entry.second.buffer == buffer; });
+  const auto held = [&](std::size_t slot) {
+    return std::any_of(gathered_.begin(), gathered_.end(), [slot](const auto& entry) { return entry.second.slot == slot; });
   };
-  float* chosen = nullptr;
-  for (std::size_t index = 0; index < 2; ++index)
-    if (!held(slot(index)) && (chosen == nullptr || reducing_in(chosen))) chosen = slot(index);
-  if (chosen == nullptr) throw std::logic_error("ZeRO stage 3: both parameter slots hold gathered units");
-  while (reducing_in(chosen)) finish_oldest_reduction();
-  return chosen;
+  std::optional<std::size_t> chosen;
+  for (std::size_t slot = 0; slot < 2; ++slot)
+    if (!held(slot) && (!chosen || reducing_in(*chosen))) chosen = slot;
+  if (!chosen) throw std::logic_error("ZeRO stage 3: both parameter slots hold gathered units");
+  while (reducing_in(*chosen)) finish_oldest_reduction();
+  return *chosen;
 }
 
 void Zero::prefetch(std::size_t index) {
   if (index >= units_.size() || gathered_.contains(index)) return;
   const ZeroUnit& unit = units_[index];
-  float* buffer = free_parameter_slot();
-  kernels_.copy(buffer + rank_ * unit.shard_size, shard_values_.floats() + unit.shard_offset,
-                unit.shard_size);
-  GatheredParameters entry{buffer, {}};
-  if (communicates()) entry.request = group_.all_gather_in_place_async(buffer, unit.shard_size);
+  const std::size_t slot = free_parameter_slot();
+  void* buffer = slot_values(slot);
+  kernels_.copy(value_at(buffer, rank_ * unit.shard_size), value_at(shard_values_.as<void>(), unit.shard_offset),
+                precision_.param, unit.shard_size);
+  GatheredParameters entry{slot, {}};
+  if (communicates()) entry.request = group_.all_gather_in_place_async(buffer, unit.shard_size, precision_.param);
   gathered_.emplace(index, std::move(entry));
 }
 
-float* Zero::gathered(std::size_t index) {
+std::size_t Zero::gathered(std::size_t index) {
   prefetch(index);
   GatheredParameters& entry = gathered_.at(index);
   entry.request.wait();
-  return entry.buffer;
+  return entry.slot;
 }
 
 void Zero::finish_oldest_reduction() {
   ReducingGradients& oldest = reducing_.front();
   oldest.request.wait();
   const ZeroUnit& unit = units_[oldest.unit];
-  const float* own_block = oldest.buffer + rank_ * unit.shard_size;
-  float* accumulator = shard_grads_.floats() + unit.shard_offset;
+  const void* own_block = grad_at(oldest.buffer, rank_ * unit.shard_size);
+  void* accumulator = grad_at(shard_grads_.as<void>(), unit.shard_offset);
   if (oldest.micro_batch == 0) {
-    kernels_.copy(accumulator, own_block, unit.shard_size);
+    kernels_.copy(accumulator, own_block, precision_.reduce, unit.shard_size);
   } else {
-    kernels_.add(accumulator, own_block, unit.shard_size);
+    kernels_.add(accumulator, own_block, precision_.reduce, unit.shard_size);
   }
   reducing_.pop_front();
 }
 
-float* Zero::take_gradient_buffer() {
+std::size_t Zero::take_gradient_slot() {
   // Buffers are handed out in turn and freed in the same order, so the next one is free once
   // fewer reductions than buffers are in flight.
   while (reducing_.size() >= gradient_slots_) finish_oldest_reduction();
-  float* buffer = gradient_pool_.floats() + next_gradient_slot_ * layout_.largest_unit;
+  const std::size_t slot = next_gradient_slot_;
   next_gradient_slot_ = (next_gradient_slot_ + 1) % gradient_slots_;
-  return buffer;
+  return slot;
 }
 
 void Zero::before_layer_forward(LayerEvent& event) {
   const std::size_t index = unit_index(event.layer);
   if (stage_ == 3) {
-    bind_values(event, gathered(index));
+    const ZeroUnit& unit = units_[index];
+    void* values = slot_values(gathered(index));
+    event.parameters->weight = value_at(values, unit.weight_at);
+    event.parameters->bias = value_at(values, unit.bias_at);
     // A recomputed forward is followed by backward, which prefetches on its own.
     if (!event.recomputing) prefetch(index + 1);
   } else {
@@ -283,15 +293,25 @@ void Zero::after_layer_forward(LayerEvent& event) {
 
 void Zero::before_layer_backward(LayerEvent& event) {
   const std::size_t index = unit_index(event.layer);
+  const ZeroUnit& unit = units_[index];
   if (stage_ >= 2) {
     // This micro-batch's gradients of the unit go to a unit buffer, written, not accumulated:
-    // in stage 3 over the gathered parameters themselves.
-    float* buffer = stage_ == 3 ? gathered(index) : take_gradient_buffer();
-    if (stage_ == 3) bind_values(event, buffer);
-    event.parameters->weight_grad = buffer + units_[index].weight_at;
-    event.parameters->bias_grad = buffer + units_[index].bias_at;
+    // in stage 3 over (or after) the gathered parameters themselves.
+    ReducingGradients reducing{.unit = index, .micro_batch = event.micro_batch};
+    if (stage_ == 3) {
+      reducing.slot = gathered(index);
+      reducing.buffer = slot_grads(reducing.slot);
+      void* values = slot_values(reducing.slot);
+      event.parameters->weight = value_at(values, unit.weight_at);
+      event.parameters->bias = value_at(values, unit.bias_at);
+    } else {
+      reducing.slot = take_gradient_slot();
+      reducing.buffer = grad_at(gradient_pool_.as<void>(), reducing.slot * layout_.largest_unit);
+    }
+    event.parameters->weight_grad = grad_at(reducing.buffer, unit.weight_at);
+    event.parameters->bias_grad = grad_at(reducing.buffer, unit.bias_at);
     event.accumulate_grads = false;
-    reducing_.push_back({index, event.micro_batch, buffer, {}});
+    reducing_.push_back(std::move(reducing));
   }
   if (stage_ == 3 && index > 0) prefetch(index - 1);
   progress();
@@ -306,15 +326,16 @@ void Zero::after_layer_backward(LayerEvent& event) {
         const WholeSegment& segment = layout_.whole_segments[index];
         if (segment.layer != unit.layer) continue;
         whole_reductions_[index] = whole_groups_[index]->all_reduce_async(
-            parameters_.grads() + segment.range.offset, segment.range.count);
+            parameters_.grad_at(segment.range.offset), segment.range.count, precision_.reduce);
       }
   } else if (stage_ == 1) {
     if (event.last_micro_batch() && communicates())
-      gradient_reductions_[index] = group_.reduce_scatter_in_place_async(
-          parameters_.grads() + unit.full.offset, unit.shard_size);
+      gradient_reductions_[index] =
+          group_.reduce_scatter_in_place_async(parameters_.grad_at(unit.full.offset), unit.shard_size, precision_.reduce);
   } else {
     ReducingGradients& latest = reducing_.back();
-    if (communicates()) latest.request = group_.reduce_scatter_in_place_async(latest.buffer, unit.shard_size);
+    if (communicates())
+      latest.request = group_.reduce_scatter_in_place_async(latest.buffer, unit.shard_size, precision_.reduce);
   }
   if (stage_ == 3) release(index);
   progress();
@@ -332,8 +353,8 @@ void Zero::after_optimizer_step(const StepEvent&) {
   if (stage_ == 3 || !communicates()) return;
   for (std::size_t index = 0; index < units_.size(); ++index)
     if (!units_[index].moe)
-      parameter_gathers_[index] = group_.all_gather_in_place_async(
-        parameters_.values() + units_[index].full.offset, units_[index].shard_size);
+      parameter_gathers_[index] = group_.all_gather_in_place_async(parameters_.value_at(units_[index].full.offset),
+                                                                   units_[index].shard_size, precision_.param);
 }
 
 bool wanted(const Config& config, const GridShape&) { return config.zero > 0; }
@@ -348,39 +369,6 @@ std::unique_ptr<Strategy> create(const StrategyContext& context) {
   return std::make_unique<Zero>(context);
 }
 
-void predict(const RankLayout& layout, Prediction& prediction) {
-  const int stage = layout.config.zero;
-  const ZeroLayout zero = zero_layout(layout.tensors, layout.plan.unit_multiple, layout.model, layout.layers,
-                                      layout.config.recompute, layout.shape);
-  const auto bytes = [](std::size_t count) { return static_cast<std::int64_t>(count * sizeof(float)); };
-  prediction.params.mode = stage == 3 ? PlacementMode::sharded_gathered : PlacementMode::replicated;
-  prediction.grads.mode = stage >= 2 ? PlacementMode::sharded : PlacementMode::replicated;
-  prediction.optimizer.mode = prediction.activations.mode = PlacementMode::sharded;
-  // The shards (the unit buffers in flight are comm_buffers) and the moments of what it updates.
-  if (stage >= 2) prediction.grads.bytes += bytes(zero.shard_total);
-  if (stage == 3) prediction.params.bytes += bytes(zero.shard_total);
-  prediction.optimizer.bytes = 2 * bytes(zero.shard_total + zero.whole_elements);
-  for (const WholeSegment& segment : zero.whole_segments)
-    prediction.comm(CommOp::all_reduce) += bytes(segment.range.count);
-  if (layout.shape.dp == 1) return;
-  const std::int64_t everything = bytes(zero.padded_total);
-  const std::int64_t micro_batches = layout.config.micro_batches;
-  prediction.comm(CommOp::reduce_scatter) += stage == 1 ? everything : micro_batches * everything;
-  prediction.comm(CommOp::all_gather) += stage == 3 ? 2 * micro_batches * everything : everything;
-  // Stage 3 gathers each recomputed unit once more per micro-batch, for its second forward.
-  if (stage == 3)
-    for (const ZeroUnit& unit : zero.units)
-      if (unit.recomputed) prediction.comm(CommOp::all_gather) += micro_batches * bytes(unit.full.count);
-}
-
-std::string describe(const RankLayout& layout) {
-  const int stage = layout.config.zero, ranks = layout.shape.dp;
-  if (ranks == 1)
-    return fmt::format("ZeRO stage {} on a data-parallel group of one rank: nothing is sharded", stage);
-  return fmt::format("ZeRO stage {}: optimizer state{}{} sharded over {} ranks", stage,
-                     stage >= 2 ? ", gradients" : "", stage == 3 ? ", parameters" : "", ranks);
-}
-
 constexpr Role roles[] = {Role::reduces_gradients, Role::shards_state};
 
 }  // namespace
@@ -390,7 +378,7 @@ extern const StrategyRegistration zero_registration{.name = "zero",
                                                     .wanted = wanted,
                                                     .create = create,
                                                     .plan = plan,
-                                                    .predict = predict,
-                                                    .describe = describe};
+                                                    .predict = zero_predict,
+                                                    .describe = zero_describe};
 
 }  // namespace mlptrain

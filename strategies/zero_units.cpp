@@ -1,7 +1,8 @@
-// ZeRO's unit layout (see zero_units.hpp).
+// ZeRO's unit layout and the cost-model terms and sentence it implies (see zero_units.hpp).
 #include "strategies/zero_units.hpp"
 
 #include <algorithm>
+#include <fmt/format.h>
 #include <stdexcept>
 
 namespace mlptrain {
@@ -47,6 +48,44 @@ ZeroLayout zero_layout(const std::vector<ParameterTensor>& tensors, int unit_mul
     layout.padded_total += full.count;
   }
   return layout;
+}
+
+void zero_predict(const RankLayout& layout, Prediction& prediction) {
+  const int stage = layout.config.zero;
+  const ZeroLayout zero = zero_layout(layout.tensors, layout.plan.unit_multiple, layout.model, layout.layers,
+                                      layout.config.recompute, layout.shape);
+  const Precision precision = layout.config.precision();
+  const auto bytes = [](std::size_t count, std::size_t element_bytes) {
+    return static_cast<std::int64_t>(count * element_bytes);
+  };
+  const std::size_t param = precision.param_bytes(), reduce = precision.reduce_bytes();
+  prediction.params.mode = stage == 3 ? PlacementMode::sharded_gathered : PlacementMode::replicated;
+  prediction.grads.mode = stage >= 2 ? PlacementMode::sharded : PlacementMode::replicated;
+  prediction.optimizer.mode = prediction.activations.mode = PlacementMode::sharded;
+  // The shards (the unit buffers in flight are comm_buffers) and the optimizer state of what it
+  // updates.
+  if (stage >= 2) prediction.grads.bytes += bytes(zero.shard_total, reduce);
+  if (stage == 3) prediction.params.bytes += bytes(zero.shard_total, param);
+  prediction.optimizer.bytes = bytes(zero.shard_total + zero.whole_elements, precision.optimizer_bytes());
+  for (const WholeSegment& segment : zero.whole_segments)
+    prediction.comm(CommOp::all_reduce) += bytes(segment.range.count, reduce);
+  if (layout.shape.dp == 1) return;
+  const std::int64_t micro_batches = layout.config.micro_batches;
+  const std::int64_t reduced = bytes(zero.padded_total, reduce), gathered = bytes(zero.padded_total, param);
+  prediction.comm(CommOp::reduce_scatter) += stage == 1 ? reduced : micro_batches * reduced;
+  prediction.comm(CommOp::all_gather) += stage == 3 ? 2 * micro_batches * gathered : gathered;
+  // Stage 3 gathers each recomputed unit once more per micro-batch, for its second forward.
+  if (stage == 3)
+    for (const ZeroUnit& unit : zero.units)
+      if (unit.recomputed) prediction.comm(CommOp::all_gather) += micro_batches * bytes(unit.full.count, param);
+}
+
+std::string zero_describe(const RankLayout& layout) {
+  const int stage = layout.config.zero, ranks = layout.shape.dp;
+  if (ranks == 1)
+    return fmt::format("ZeRO stage {} on a data-parallel group of one rank: nothing is sharded", stage);
+  return fmt::format("ZeRO stage {}: optimizer state{}{} sharded over {} ranks", stage,
+                     stage >= 2 ? ", gradients" : "", stage == 3 ? ", parameters" : "", ranks);
 }
 
 }  // namespace mlptrain

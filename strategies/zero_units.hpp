@@ -5,9 +5,12 @@
 #pragma once
 
 #include <cstddef>
+#include <string>
 #include <vector>
 
 #include "core/process_grid.hpp"
+#include "cost/prediction.hpp"
+#include "cost/rank_layout.hpp"
 #include "model/model_spec.hpp"
 #include "model/parameter_store.hpp"
 #include "schedule/schedule.hpp"
@@ -44,5 +47,10 @@ struct ZeroLayout {
 ZeroLayout zero_layout(const std::vector<ParameterTensor>& tensors, int unit_multiple,
                        const std::vector<LayerSpec>& model, LayerRange layers, bool recompute,
                        const GridShape& shape);
+
+// ZeRO's terms of the cost model (placement by state, bytes by collective) and its sentence for
+// the start of the run, both from the layout above.
+void zero_predict(const RankLayout& layout, Prediction& prediction);
+std::string zero_describe(const RankLayout& layout);
 
 }  // namespace mlptrain

@@ -1,7 +1,7 @@
 // The CPU backend: GEMMs through oneDNN (onednn_matmul.hpp), elementwise ops as plain loops over
-// vector_math's branch-free functions so that the compiler vectorizes them, and reductions over
-// fixed lanes of double partial sums, which vectorize without reassociation flags and give the
-// same sum wherever the data sits in memory.
+// vector_math's branch-free functions, written once for every element type (elements.hpp) so that
+// the compiler vectorizes each, and reductions over fixed lanes of double partial sums, which
+// vectorize without reassociation flags and give the same sum wherever the data sits in memory.
 #include <omp.h>
 
 #include <algorithm>
@@ -9,11 +9,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <fmt/format.h>
-#include <stdexcept>
 #include <vector>
 
-#include "core/half_float.hpp"
 #include "core/vector_math.hpp"
+#include "core/elements.hpp"
 #include "kernels/cpu/onednn_matmul.hpp"
 #include "kernels/kernels.hpp"
 
@@ -24,58 +23,113 @@ namespace {
 namespace vm = vector_math;
 constexpr std::size_t lanes = 16;
 
-// Sum over i of f(i) in double, lane-parallel.
-template <typename Term>
-double lane_sum(std::size_t count, Term term) {
+// Sum over i of term(i) in double, lane-parallel; after_block(begin, end) runs after each block of
+// terms (while their data is still in cache). The blocks do not change the sum.
+constexpr std::size_t block_elements = 2048;  // a multiple of `lanes`
+template <typename Term, typename AfterBlock>
+double lane_sum(std::size_t count, Term term, AfterBlock after_block) {
   double partial[lanes] = {};
   const std::size_t whole = count / lanes * lanes;
-  for (std::size_t base = 0; base < whole; base += lanes)
-    for (std::size_t lane = 0; lane < lanes; ++lane) partial[lane] += term(base + lane);
+  for (std::size_t begin = 0; begin < whole; begin += block_elements) {
+    const std::size_t end = std::min(begin + block_elements, whole);
+    for (std::size_t base = begin; base < end; base += lanes)
+      for (std::size_t lane = 0; lane < lanes; ++lane) partial[lane] += term(base + lane);
+    after_block(begin, end);
+  }
   double total = 0;
   for (std::size_t i = whole; i < count; ++i) total += term(i);
+  after_block(whole, count);
   for (double value : partial) total += value;
   return total;
+}
+template <typename Term>
+double lane_sum(std::size_t count, Term term) {
+  return lane_sum(count, term, [](std::size_t, std::size_t) {});
 }
 
 inline float gelu(float x) { return x * vm::normal_cdf(x); }
 inline float gelu_derivative(float x) { return vm::normal_cdf(x) + x * vm::normal_pdf(x); }
 
-// One conversion loop per pair of types, each a plain loop over core/half_float.hpp's branch-free
-// conversions, so each vectorizes.
-template <typename From, typename To, typename Convert>
-void convert_loop(const void* source, void* destination, std::size_t count, Convert convert) {
-  const From* __restrict in = static_cast<const From*>(source);
-  To* __restrict out = static_cast<To*>(destination);
-  for (std::size_t i = 0; i < count; ++i) out[i] = convert(in[i]);
-}
-
-void convert_elements(const void* source, DataType from, void* destination, DataType to,
-                      std::size_t count) {
-  using Bits = std::uint16_t;
+// destination = source, converted element by element (a plain loop per pair of types).
+void convert_elements(const void* source, DataType from, void* destination, DataType to, std::size_t count) {
   if (from == to) {
     if (count > 0) std::memmove(destination, source, count * size_of(from));
-  } else if (from == DataType::float32 && to == DataType::bfloat16) {
-    convert_loop<float, Bits>(source, destination, count, round_to_bfloat16);
-  } else if (from == DataType::float32 && to == DataType::float16) {
-    convert_loop<float, Bits>(source, destination, count, round_to_float16);
-  } else if (from == DataType::bfloat16 && to == DataType::float32) {
-    convert_loop<Bits, float>(source, destination, count, bfloat16_to_float);
-  } else if (from == DataType::float16 && to == DataType::float32) {
-    convert_loop<Bits, float>(source, destination, count, float16_to_float);
-  } else if (is_half(from) && is_half(to)) {  // through fp32, which holds either exactly
-    const Bits* in = static_cast<const Bits*>(source);
-    Bits* out = static_cast<Bits*>(destination);
-    for (std::size_t i = 0; i < count; ++i)
-      out[i] = from == DataType::bfloat16 ? round_to_float16(bfloat16_to_float(in[i]))
-                                          : round_to_bfloat16(float16_to_float(in[i]));
-  } else {
-    throw std::logic_error(fmt::format("no conversion from {} to {}", data_type_name(from),
-                                       data_type_name(to)));
+    return;
   }
+  with_element(from, [&](auto in_element) {
+    with_element(to, [&](auto out_element) {
+      using In = decltype(in_element);
+      using Out = decltype(out_element);
+      const auto* __restrict in = elements<In>(source);
+      auto* __restrict out = elements<Out>(destination);
+      for (std::size_t i = 0; i < count; ++i) out[i] = Out::store(In::load(in[i]));
+    });
+  });
+}
+
+// Row kernels: the inner loops of the row-wise kernels, each a function of its own over restrict
+// pointers, kept out of line: inlined into a loop over rows, GCC 12 does not vectorize fp16's
+// conversions (a call per row costs nothing beside a row's work).
+template <typename E>
+using Row = typename E::Storage* __restrict;
+template <typename E>
+using ConstRow = const typename E::Storage* __restrict;
+
+// pre += bias (rounded), activated = GELU of the pre-activation as stored.
+template <typename E>
+[[gnu::noinline]] void bias_gelu_row(Row<E> pre, ConstRow<E> bias, Row<E> activated, std::int64_t cols) {
+  for (std::int64_t col = 0; col < cols; ++col) {
+    const auto stored = E::store(E::load(pre[col]) + E::load(bias[col]));
+    pre[col] = stored;
+    activated[col] = E::store(gelu(E::load(stored)));
+  }
+}
+
+template <typename E>
+[[gnu::noinline]] void bias_add_row(Row<E> data, ConstRow<E> bias, std::int64_t cols) {
+  for (std::int64_t col = 0; col < cols; ++col) data[col] = E::store(E::load(data[col]) + E::load(bias[col]));
+}
+
+// d(pre) = d(activated) * GELU'(pre), rounded and stored, and added (as stored) to the running
+// column sums: the bias gradient sees what the weight gradient's GEMM will read.
+template <typename E>
+[[gnu::noinline]] void gelu_backward_row(ConstRow<E> upstream, ConstRow<E> pre, Row<E> grad_pre, float* __restrict running,
+                       std::int64_t cols) {
+  for (std::int64_t col = 0; col < cols; ++col) {
+    const auto stored = E::store(E::load(upstream[col]) * gelu_derivative(E::load(pre[col])));
+    grad_pre[col] = stored;
+    running[col] += E::load(stored);
+  }
+}
+
+template <typename E>
+[[gnu::noinline]] void column_sum_row(ConstRow<E> data, float* __restrict running, std::int64_t cols) {
+  for (std::int64_t col = 0; col < cols; ++col) running[col] += E::load(data[col]);
+}
+
+// Column sums over `rows` rows in fp32, add_row(row, running) adding one row into them: started
+// from the sums' own values when accumulating, and rounded once into them (with fp32 sums,
+// exactly adding row by row into them).
+template <typename AddRow>
+void column_sums_into(void* sums, DataType sums_type, bool accumulate, std::int64_t rows, std::int64_t cols,
+                      AddRow add_row) {
+  with_element(sums_type, [&](auto sums_element) {
+    using Sums = decltype(sums_element);
+    auto* out = elements<Sums>(sums);
+    std::vector<float> total(static_cast<std::size_t>(cols), 0.0f);
+    if (accumulate)
+      for (std::int64_t col = 0; col < cols; ++col) total[col] = Sums::load(out[col]);
+    for (std::int64_t row = 0; row < rows; ++row) add_row(row, total.data());
+    for (std::int64_t col = 0; col < cols; ++col) out[col] = Sums::store(total[col]);
+  });
 }
 
 class CpuKernels final : public Kernels {
  public:
+  using Kernels::bias_gelu_forward, Kernels::bias_add, Kernels::gelu_backward, Kernels::column_sums,
+      Kernels::gather_rows, Kernels::scatter_add_rows, Kernels::row_dots, Kernels::adamw,
+      Kernels::sum_of_squares, Kernels::scale, Kernels::fill, Kernels::add;
+
   Device device() const override { return Device::cpu; }
 
   std::string description() const override {
@@ -85,66 +139,64 @@ class CpuKernels final : public Kernels {
   void gemm(const Gemm& gemm) override {
     if (gemm.m == 0 || gemm.n == 0) return;
     if (gemm.k == 0) {  // c = beta * c, with zeros (not 0 * garbage) when beta is 0, as BLAS does
-      scale_matrix(gemm);
+      for (std::int64_t row = 0; row < gemm.m; ++row) {
+        void* c_row = static_cast<char*>(gemm.c) + static_cast<std::size_t>(row * gemm.ldc) * size_of(gemm.output);
+        if (gemm.beta == 0.0f) {
+          std::memset(c_row, 0, static_cast<std::size_t>(gemm.n) * size_of(gemm.output));
+        } else if (gemm.beta != 1.0f) {
+          scale(c_row, gemm.output, static_cast<std::size_t>(gemm.n), gemm.beta);
+        }
+      }
       return;
     }
     matmul_.run(gemm);
   }
 
-  void convert(const void* source, DataType source_type, void* destination,
-               DataType destination_type, std::size_t count) override {
+  void convert(const void* source, DataType source_type, void* destination, DataType destination_type,
+               std::size_t count) override {
     convert_elements(source, source_type, destination, destination_type, count);
   }
 
-  void bias_gelu_forward(float* pre, const float* bias, float* activated, std::int64_t rows,
-                         std::int64_t cols) override {
-    for (std::int64_t row = 0; row < rows; ++row) {
-      float* __restrict pre_row = pre + row * cols;
-      float* __restrict out_row = activated + row * cols;
-      for (std::int64_t col = 0; col < cols; ++col) {
-        const float value = pre_row[col] + bias[col];
-        pre_row[col] = value;
-        out_row[col] = gelu(value);
-      }
-    }
+  void bias_gelu_forward(void* pre, const void* bias, void* activated, std::int64_t rows, std::int64_t cols,
+                         DataType type) override {
+    with_element(type, [&](auto element) {
+      using E = decltype(element);
+      for (std::int64_t row = 0; row < rows; ++row)
+        bias_gelu_row<E>(elements<E>(pre) + row * cols, elements<E>(bias), elements<E>(activated) + row * cols, cols);
+    });
   }
 
-  void bias_add(float* data, const float* bias, std::int64_t rows, std::int64_t cols) override {
-    for (std::int64_t row = 0; row < rows; ++row) {
-      float* __restrict data_row = data + row * cols;
-      for (std::int64_t col = 0; col < cols; ++col) data_row[col] += bias[col];
-    }
+  void bias_add(void* data, const void* bias, std::int64_t rows, std::int64_t cols, DataType type) override {
+    with_element(type, [&](auto element) {
+      using E = decltype(element);
+      for (std::int64_t row = 0; row < rows; ++row) bias_add_row<E>(elements<E>(data) + row * cols, elements<E>(bias), cols);
+    });
   }
 
-  void gelu_backward(const float* grad_activated, const float* pre, float* grad_pre,
-                     float* bias_grad, bool accumulate, std::int64_t rows,
-                     std::int64_t cols) override {
-    if (!accumulate) fill(bias_grad, static_cast<std::size_t>(cols), 0.0f);
-    for (std::int64_t row = 0; row < rows; ++row) {
-      const float* __restrict upstream = grad_activated + row * cols;
-      const float* __restrict input = pre + row * cols;
-      float* __restrict out = grad_pre + row * cols;
-      float* __restrict sums = bias_grad;
-      for (std::int64_t col = 0; col < cols; ++col) {
-        const float value = upstream[col] * gelu_derivative(input[col]);
-        out[col] = value;
-        sums[col] += value;
-      }
-    }
+  void gelu_backward(const void* grad_activated, const void* pre, void* grad_pre, DataType type, void* bias_grad,
+                     DataType bias_grad_type, bool accumulate, std::int64_t rows, std::int64_t cols) override {
+    with_element(type, [&](auto element) {
+      using E = decltype(element);
+      column_sums_into(bias_grad, bias_grad_type, accumulate, rows, cols, [&](std::int64_t row, float* running) {
+        const std::int64_t at = row * cols;
+        gelu_backward_row<E>(elements<E>(grad_activated) + at, elements<E>(pre) + at, elements<E>(grad_pre) + at,
+                             running, cols);
+      });
+    });
   }
 
-  void column_sums(const float* data, float* sums, bool accumulate, std::int64_t rows,
-                   std::int64_t cols) override {
-    if (!accumulate) fill(sums, static_cast<std::size_t>(cols), 0.0f);
-    for (std::int64_t row = 0; row < rows; ++row) {
-      const float* __restrict data_row = data + row * cols;
-      float* __restrict out = sums;
-      for (std::int64_t col = 0; col < cols; ++col) out[col] += data_row[col];
-    }
+  void column_sums(const void* data, DataType type, void* sums, DataType sums_type, bool accumulate,
+                   std::int64_t rows, std::int64_t cols) override {
+    with_element(type, [&](auto element) {
+      using E = decltype(element);
+      column_sums_into(sums, sums_type, accumulate, rows, cols, [&](std::int64_t row, float* running) {
+        column_sum_row<E>(elements<E>(data) + row * cols, running, cols);
+      });
+    });
   }
 
-  double mse(const float* prediction, const float* target, float* grad, std::int64_t rows,
-             std::int64_t cols, float grad_scale) override {
+  double mse(const float* prediction, const float* target, float* grad, std::int64_t rows, std::int64_t cols,
+             float grad_scale) override {
     const auto count = static_cast<std::size_t>(rows * cols);
     if (grad != nullptr) {
       const float factor = 2.0f * grad_scale;
@@ -156,17 +208,15 @@ class CpuKernels final : public Kernels {
     });
   }
 
-  CrossEntropyResult cross_entropy(const float* logits, const std::int32_t* labels, float* grad,
-                                   std::int64_t rows, std::int64_t cols,
-                                   float grad_scale) override {
+  CrossEntropyResult cross_entropy(const float* logits, const std::int32_t* labels, float* grad, std::int64_t rows,
+                                   std::int64_t cols, float grad_scale) override {
     CrossEntropyResult result;
     for (std::int64_t row = 0; row < rows; ++row) {
       const float* row_logits = logits + row * cols;
       const std::int64_t best = std::max_element(row_logits, row_logits + cols) - row_logits;
       const float largest = row_logits[best];
       double normalizer = 0;
-      for (std::int64_t col = 0; col < cols; ++col)
-        normalizer += std::exp(static_cast<double>(row_logits[col] - largest));
+      for (std::int64_t col = 0; col < cols; ++col) normalizer += std::exp(static_cast<double>(row_logits[col] - largest));
       const std::int32_t label = labels[row];
       result.loss_sum += std::log(normalizer) - (row_logits[label] - largest);
       result.correct += best == label ? 1 : 0;
@@ -192,52 +242,60 @@ class CpuKernels final : public Kernels {
     }
   }
 
-  void softmax_backward_rows(const float* probabilities, const float* grad_probabilities,
-                             float* grad_logits, std::int64_t rows, std::int64_t cols) override {
+  void softmax_backward_rows(const float* probabilities, const float* grad_probabilities, float* grad_logits,
+                             std::int64_t rows, std::int64_t cols) override {
     for (std::int64_t row = 0; row < rows; ++row) {
       const float* p = probabilities + row * cols;
       const float* g = grad_probabilities + row * cols;
       double inner = 0;
       for (std::int64_t col = 0; col < cols; ++col) inner += static_cast<double>(p[col]) * g[col];
       float* out = grad_logits + row * cols;
-      for (std::int64_t col = 0; col < cols; ++col)
-        out[col] = static_cast<float>(p[col] * (g[col] - inner));
+      for (std::int64_t col = 0; col < cols; ++col) out[col] = static_cast<float>(p[col] * (g[col] - inner));
     }
   }
 
-  void gather_rows(const float* source, const std::int32_t* indices, const float* scales,
-                   float* destination, std::int64_t rows, std::int64_t cols) override {
-    for (std::int64_t row = 0; row < rows; ++row) {
-      const float* __restrict in = source + static_cast<std::int64_t>(indices[row]) * cols;
-      float* __restrict out = destination + row * cols;
-      const float factor = scales != nullptr ? scales[row] : 1.0f;
-      for (std::int64_t col = 0; col < cols; ++col) out[col] = factor * in[col];
-    }
+  void gather_rows(const void* source, const std::int32_t* indices, const float* scales, void* destination,
+                   std::int64_t rows, std::int64_t cols, DataType type) override {
+    with_element(type, [&](auto element) {
+      using E = decltype(element);
+      for (std::int64_t row = 0; row < rows; ++row) {
+        const auto* __restrict in = elements<E>(source) + static_cast<std::int64_t>(indices[row]) * cols;
+        auto* __restrict out = elements<E>(destination) + row * cols;
+        const float factor = scales != nullptr ? scales[row] : 1.0f;
+        for (std::int64_t col = 0; col < cols; ++col) out[col] = E::store(factor * E::load(in[col]));
+      }
+    });
   }
 
-  void scatter_add_rows(const float* source, const std::int32_t* indices, const float* scales,
+  void scatter_add_rows(const void* source, DataType source_type, const std::int32_t* indices, const float* scales,
                         float* destination, std::int64_t rows, std::int64_t cols) override {
-    for (std::int64_t row = 0; row < rows; ++row) {
-      const float* __restrict in = source + row * cols;
-      float* __restrict out = destination + static_cast<std::int64_t>(indices[row]) * cols;
-      const float factor = scales != nullptr ? scales[row] : 1.0f;
-      for (std::int64_t col = 0; col < cols; ++col) out[col] += factor * in[col];
-    }
+    with_element(source_type, [&](auto element) {
+      using E = decltype(element);
+      for (std::int64_t row = 0; row < rows; ++row) {
+        const auto* __restrict in = elements<E>(source) + row * cols;
+        float* __restrict out = destination + static_cast<std::int64_t>(indices[row]) * cols;
+        const float factor = scales != nullptr ? scales[row] : 1.0f;
+        for (std::int64_t col = 0; col < cols; ++col) out[col] += factor * E::load(in[col]);
+      }
+    });
   }
 
-  void row_dots(const float* a, const std::int32_t* indices, const float* b, float* dots,
-                std::int64_t rows, std::int64_t cols) override {
-    for (std::int64_t row = 0; row < rows; ++row) {
-      const float* left = a + static_cast<std::int64_t>(indices[row]) * cols;
-      const float* right = b + row * cols;
-      dots[row] = static_cast<float>(lane_sum(static_cast<std::size_t>(cols), [&](std::size_t i) {
-        return static_cast<double>(left[i]) * right[i];
-      }));
-    }
+  void row_dots(const void* a, const std::int32_t* indices, const void* b, float* dots, std::int64_t rows,
+                std::int64_t cols, DataType type) override {
+    with_element(type, [&](auto element) {
+      using E = decltype(element);
+      for (std::int64_t row = 0; row < rows; ++row) {
+        const auto* left = elements<E>(a) + static_cast<std::int64_t>(indices[row]) * cols;
+        const auto* right = elements<E>(b) + row * cols;
+        dots[row] = static_cast<float>(lane_sum(static_cast<std::size_t>(cols), [&](std::size_t i) {
+          return static_cast<double>(E::load(left[i])) * E::load(right[i]);
+        }));
+      }
+    });
   }
 
-  double adamw(float* params, const float* grads, float* exp_avg, float* exp_avg_sq,
-               std::size_t count, const AdamWStep& step) override {
+  double adamw(float* master, const void* grads, DataType grads_type, float* exp_avg, float* exp_avg_sq,
+               std::size_t count, const AdamWStep& step, void* compute_copy, DataType compute_type) override {
     // The scalars are formed as torch.optim.AdamW forms them: in double, then used as float.
     const double correction1 = 1.0 - std::pow(step.beta1, static_cast<double>(step.step));
     const double correction2 = 1.0 - std::pow(step.beta2, static_cast<double>(step.step));
@@ -246,64 +304,68 @@ class CpuKernels final : public Kernels {
     const auto decay = static_cast<float>(1.0 - step.learning_rate * step.weight_decay);
     const auto beta1 = static_cast<float>(step.beta1), beta2 = static_cast<float>(step.beta2),
                eps = static_cast<float>(step.eps);
-    const float one_minus_beta1 = 1.0f - beta1, one_minus_beta2 = 1.0f - beta2;
-    float* __restrict p = params;
-    const float* __restrict g = grads;
-    float* __restrict m = exp_avg;
-    float* __restrict v = exp_avg_sq;
-    auto update = [&](std::size_t i) {
-      const float gradient = g[i];
-      const float first = m[i] * beta1 + one_minus_beta1 * gradient;
-      const float second = v[i] * beta2 + one_minus_beta2 * gradient * gradient;
-      m[i] = first;
-      v[i] = second;
-      const float denominator = std::sqrt(second) / correction2_sqrt + eps;
-      p[i] = p[i] * decay - step_size * (first / denominator);
-      return static_cast<double>(gradient) * gradient;
-    };
-    return lane_sum(count, update);
-  }
-
-  double sum_of_squares(const float* data, std::size_t count) override {
-    return lane_sum(count, [data](std::size_t i) {
-      const double value = data[i];
-      return value * value;
+    const float one_minus_beta1 = 1.0f - beta1, one_minus_beta2 = 1.0f - beta2, grad_scale = step.grad_scale;
+    return with_element(grads_type, [&](auto grad_element) {
+      using G = decltype(grad_element);
+      float* __restrict p = master;
+      const auto* __restrict g = elements<G>(grads);
+      float* __restrict m = exp_avg;
+      float* __restrict v = exp_avg_sq;
+      const auto update = [&](std::size_t i) {
+        const float gradient = grad_scale == 1.0f ? G::load(g[i]) : G::load(g[i]) * grad_scale;
+        const float first = m[i] * beta1 + one_minus_beta1 * gradient;
+        const float second = v[i] * beta2 + one_minus_beta2 * gradient * gradient;
+        m[i] = first;
+        v[i] = second;
+        const float denominator = std::sqrt(second) / correction2_sqrt + eps;
+        p[i] = p[i] * decay - step_size * (first / denominator);
+        return static_cast<double>(gradient) * gradient;
+      };
+      // The compute copy (when kept) is rounded block by block, from masters still in cache.
+      if (compute_copy == nullptr) return lane_sum(count, update);
+      return lane_sum(count, update, [&](std::size_t begin, std::size_t end) {
+        convert_elements(master + begin, DataType::float32, advance(compute_copy, begin, compute_type), compute_type,
+                         end - begin);
+      });
     });
   }
 
-  void scale(float* data, std::size_t count, float factor) override {
-    for (std::size_t i = 0; i < count; ++i) data[i] *= factor;
+  double sum_of_squares(const void* data, DataType type, std::size_t count) override {
+    return with_element(type, [&](auto element) {
+      using E = decltype(element);
+      const auto* values = elements<E>(data);
+      return lane_sum(count, [values](std::size_t i) {
+        const double value = E::load(values[i]);
+        return value * value;
+      });
+    });
   }
-  void fill(float* data, std::size_t count, float value) override {
-    std::fill(data, data + count, value);
+
+  void scale(void* data, DataType type, std::size_t count, float factor) override {
+    with_element(type, [&](auto element) {
+      using E = decltype(element);
+      auto* values = elements<E>(data);
+      for (std::size_t i = 0; i < count; ++i) values[i] = E::store(E::load(values[i]) * factor);
+    });
   }
-  void copy(float* destination, const float* source, std::size_t count) override {
-    if (count > 0) std::memcpy(destination, source, count * sizeof(float));
+
+  void fill(void* data, DataType type, std::size_t count, float value) override {
+    with_element(type, [&](auto element) {
+      using E = decltype(element);
+      std::fill(elements<E>(data), elements<E>(data) + count, E::store(value));
+    });
   }
-  void add(float* destination, const float* source, std::size_t count) override {
-    float* __restrict out = destination;
-    const float* __restrict in = source;
-    for (std::size_t i = 0; i < count; ++i) out[i] += in[i];
+
+  void add(void* destination, const void* source, DataType type, std::size_t count) override {
+    with_element(type, [&](auto element) {
+      using E = decltype(element);
+      auto* __restrict out = elements<E>(destination);
+      const auto* __restrict in = elements<E>(source);
+      for (std::size_t i = 0; i < count; ++i) out[i] = E::store(E::load(out[i]) + E::load(in[i]));
+    });
   }
 
  private:
-  // c = beta * c row by row, in c's element type.
-  void scale_matrix(const Gemm& gemm) {
-    const std::size_t element = size_of(gemm.output);
-    for (std::int64_t row = 0; row < gemm.m; ++row) {
-      void* c_row = static_cast<char*>(gemm.c) + static_cast<std::size_t>(row * gemm.ldc) * element;
-      const auto columns = static_cast<std::size_t>(gemm.n);
-      if (gemm.beta == 0.0f) {
-        std::memset(c_row, 0, columns * element);
-      } else if (gemm.beta != 1.0f) {
-        std::vector<float> widened(columns);
-        convert_elements(c_row, gemm.output, widened.data(), DataType::float32, columns);
-        scale(widened.data(), columns, gemm.beta);
-        convert_elements(widened.data(), DataType::float32, c_row, gemm.output, columns);
-      }
-    }
-  }
-
   OneDnnMatmul matmul_;
 };
 

@@ -33,6 +33,9 @@ namespace {
 
 class CudaKernels final : public Kernels {
  public:
+  using Kernels::bias_gelu_forward, Kernels::bias_add, Kernels::gelu_backward, Kernels::column_sums,
+      Kernels::gather_rows, Kernels::scatter_add_rows, Kernels::row_dots, Kernels::adamw,
+      Kernels::sum_of_squares, Kernels::scale, Kernels::fill, Kernels::add;
   CudaKernels(int device, bool tf32) : tf32_(tf32) {
     check(cudaSetDevice(device), "cudaSetDevice");
     check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
@@ -79,46 +82,58 @@ class CudaKernels final : public Kernels {
           "cublasGemmEx");
   }
 
-  void convert(const void* source, DataType source_type, void* destination,
-               DataType destination_type, std::size_t count) override {
-    const auto elements = static_cast<std::int64_t>(count);
+  void convert(const void* source, DataType source_type, void* destination, DataType destination_type,
+               std::size_t count) override {
     if (source_type == destination_type) {
       if (count > 0)
-        check(cudaMemcpyAsync(destination, source, count * size_of(source_type), cudaMemcpyDeviceToDevice,
-                              stream_),
+        check(cudaMemcpyAsync(destination, source, count * size_of(source_type), cudaMemcpyDeviceToDevice, stream_),
               "cudaMemcpyAsync");
-    } else if (source_type == DataType::float32 && destination_type == DataType::bfloat16) {
-      launch(float_to_bfloat16_kernel, elements, static_cast<const float*>(source),
-             static_cast<__nv_bfloat16*>(destination), elements);
-    } else if (source_type == DataType::bfloat16 && destination_type == DataType::float32) {
-      launch(bfloat16_to_float_kernel, elements, static_cast<const __nv_bfloat16*>(source),
-             static_cast<float*>(destination), elements);
-    } else if (source_type == DataType::float32 && destination_type == DataType::float16) {
-      launch(float_to_float16_kernel, elements, static_cast<const float*>(source),
-             static_cast<__half*>(destination), elements);
-    } else if (source_type == DataType::float16 && destination_type == DataType::float32) {
-      launch(float16_to_float_kernel, elements, static_cast<const __half*>(source),
-             static_cast<float*>(destination), elements);
-    } else {
-      throw std::logic_error("the CUDA backend converts between fp32 and one 16-bit float at a time");
+      return;
     }
+    with_device_element(source_type, [&](auto in) {
+      with_device_element(destination_type, [&](auto out) {
+        using In = decltype(in);
+        using Out = decltype(out);
+        launch(convert_kernel<In, Out>, static_cast<std::int64_t>(count), static_cast<const Stored<In>*>(source),
+               static_cast<Stored<Out>*>(destination), static_cast<std::int64_t>(count));
+      });
+    });
   }
 
-  void bias_gelu_forward(float* pre, const float* bias, float* activated, std::int64_t rows,
-                         std::int64_t cols) override {
-    launch(bias_gelu_forward_kernel, rows * cols, pre, bias, activated, rows, cols);
+  void bias_gelu_forward(void* pre, const void* bias, void* activated, std::int64_t rows, std::int64_t cols,
+                         DataType type) override {
+    with_device_element(type, [&](auto element) {
+      using E = decltype(element);
+      launch(bias_gelu_forward_kernel<E>, rows * cols, static_cast<Stored<E>*>(pre), static_cast<const Stored<E>*>(bias),
+             static_cast<Stored<E>*>(activated), rows, cols);
+    });
   }
-  void bias_add(float* data, const float* bias, std::int64_t rows, std::int64_t cols) override {
-    launch(bias_add_kernel, rows * cols, data, bias, rows, cols);
+  void bias_add(void* data, const void* bias, std::int64_t rows, std::int64_t cols, DataType type) override {
+    with_device_element(type, [&](auto element) {
+      using E = decltype(element);
+      launch(bias_add_kernel<E>, rows * cols, static_cast<Stored<E>*>(data), static_cast<const Stored<E>*>(bias), rows,
+             cols);
+    });
   }
-  void gelu_backward(const float* grad_activated, const float* pre, float* grad_pre, float* bias_grad,
-                     bool accumulate, std::int64_t rows, std::int64_t cols) override {
-    launch(gelu_backward_kernel, rows * cols, grad_activated, pre, grad_pre, rows * cols);
-    column_sums(grad_pre, bias_grad, accumulate, rows, cols);
+  void gelu_backward(const void* grad_activated, const void* pre, void* grad_pre, DataType type, void* bias_grad,
+                     DataType bias_grad_type, bool accumulate, std::int64_t rows, std::int64_t cols) override {
+    with_device_element(type, [&](auto element) {
+      using E = decltype(element);
+      launch(gelu_backward_kernel<E>, rows * cols, static_cast<const Stored<E>*>(grad_activated),
+             static_cast<const Stored<E>*>(pre), static_cast<Stored<E>*>(grad_pre), rows * cols);
+    });
+    column_sums(grad_pre, type, bias_grad, bias_grad_type, accumulate, rows, cols);
   }
-  void column_sums(const float* data, float* sums, bool accumulate, std::int64_t rows,
-                   std::int64_t cols) override {
-    launch(column_sums_kernel, cols, data, sums, accumulate, rows, cols);
+  void column_sums(const void* data, DataType type, void* sums, DataType sums_type, bool accumulate,
+                   std::int64_t rows, std::int64_t cols) override {
+    with_device_element(type, [&](auto element) {
+      with_device_element(sums_type, [&](auto sums_element) {
+        using E = decltype(element);
+        using S = decltype(sums_element);
+        launch(column_sums_kernel<E, S>, cols, static_cast<const Stored<E>*>(data), static_cast<Stored<S>*>(sums),
+               accumulate, rows, cols);
+      });
+    });
   }
 
   double mse(const float* prediction, const float* target, float* grad, std::int64_t rows,
@@ -142,23 +157,35 @@ class CudaKernels final : public Kernels {
                              std::int64_t rows, std::int64_t cols) override {
     launch(softmax_backward_rows_kernel, rows, probabilities, grad_probabilities, grad_logits, rows, cols);
   }
-  void gather_rows(const float* source, const std::int32_t* indices, const float* scales, float* destination,
-                   std::int64_t rows, std::int64_t cols) override {
-    launch(gather_rows_kernel, rows * cols, source, indices, scales, destination, rows, cols);
+  void gather_rows(const void* source, const std::int32_t* indices, const float* scales, void* destination,
+                   std::int64_t rows, std::int64_t cols, DataType type) override {
+    with_device_element(type, [&](auto element) {
+      using E = decltype(element);
+      launch(gather_rows_kernel<E>, rows * cols, static_cast<const Stored<E>*>(source), indices, scales,
+             static_cast<Stored<E>*>(destination), rows, cols);
+    });
   }
-  void scatter_add_rows(const float* source, const std::int32_t* indices, const float* scales,
+  void scatter_add_rows(const void* source, DataType source_type, const std::int32_t* indices, const float* scales,
                         float* destination, std::int64_t rows, std::int64_t cols) override {
-    launch(scatter_add_rows_kernel, cols, source, indices, scales, destination, rows, cols);
+    with_device_element(source_type, [&](auto element) {
+      using E = decltype(element);
+      launch(scatter_add_rows_kernel<E>, cols, static_cast<const Stored<E>*>(source), indices, scales, destination,
+             rows, cols);
+    });
   }
-  void row_dots(const float* a, const std::int32_t* indices, const float* b, float* dots, std::int64_t rows,
-                std::int64_t cols) override {
+  void row_dots(const void* a, const std::int32_t* indices, const void* b, float* dots, std::int64_t rows,
+                std::int64_t cols, DataType type) override {
     if (rows == 0) return;
-    row_dots_kernel<<<static_cast<unsigned>(rows), block_threads, 0, stream_>>>(a, indices, b, dots, cols);
+    with_device_element(type, [&](auto element) {
+      using E = decltype(element);
+      row_dots_kernel<E><<<static_cast<unsigned>(rows), block_threads, 0, stream_>>>(
+          static_cast<const Stored<E>*>(a), indices, static_cast<const Stored<E>*>(b), dots, cols);
+    });
     check(cudaGetLastError(), "row_dots launch");
   }
 
-  double adamw(float* params, const float* grads, float* exp_avg, float* exp_avg_sq, std::size_t count,
-               const AdamWStep& step) override {
+  double adamw(float* master, const void* grads, DataType grads_type, float* exp_avg, float* exp_avg_sq,
+               std::size_t count, const AdamWStep& step, void* compute_copy, DataType compute_type) override {
     // The scalars are formed as torch.optim.AdamW forms them: in double, then used as float.
     const double correction1 = 1.0 - std::pow(step.beta1, static_cast<double>(step.step));
     const double correction2 = 1.0 - std::pow(step.beta2, static_cast<double>(step.step));
@@ -170,32 +197,47 @@ class CudaKernels final : public Kernels {
                                .beta2 = beta2,
                                .one_minus_beta1 = 1.0f - beta1,
                                .one_minus_beta2 = 1.0f - beta2,
-                               .eps = static_cast<float>(step.eps)};
+                               .eps = static_cast<float>(step.eps),
+                               .grad_scale = step.grad_scale};
     clear_totals();
-    launch(adamw_kernel, static_cast<std::int64_t>(count), params, grads, exp_avg, exp_avg_sq,
-           static_cast<std::int64_t>(count), scalars, totals_device_);
+    with_device_element(grads_type, [&](auto element) {
+      using G = decltype(element);
+      launch(adamw_kernel<G>, static_cast<std::int64_t>(count), master, static_cast<const Stored<G>*>(grads), exp_avg,
+             exp_avg_sq, static_cast<std::int64_t>(count), scalars, totals_device_);
+    });
+    if (compute_copy != nullptr) convert(master, DataType::float32, compute_copy, compute_type, count);
     return read_totals()[0];
   }
 
-  double sum_of_squares(const float* data, std::size_t count) override {
+  double sum_of_squares(const void* data, DataType type, std::size_t count) override {
     clear_totals();
-    launch(sum_of_squares_kernel, static_cast<std::int64_t>(count), data, static_cast<std::int64_t>(count),
-           totals_device_);
+    with_device_element(type, [&](auto element) {
+      using E = decltype(element);
+      launch(sum_of_squares_kernel<E>, static_cast<std::int64_t>(count), static_cast<const Stored<E>*>(data),
+             static_cast<std::int64_t>(count), totals_device_);
+    });
     return read_totals()[0];
   }
-  void scale(float* data, std::size_t count, float factor) override {
-    launch(scale_kernel, static_cast<std::int64_t>(count), data, static_cast<std::int64_t>(count), factor);
+  void scale(void* data, DataType type, std::size_t count, float factor) override {
+    with_device_element(type, [&](auto element) {
+      using E = decltype(element);
+      launch(scale_kernel<E>, static_cast<std::int64_t>(count), static_cast<Stored<E>*>(data),
+             static_cast<std::int64_t>(count), factor);
+    });
   }
-  void fill(float* data, std::size_t count, float value) override {
-    launch(fill_kernel, static_cast<std::int64_t>(count), data, static_cast<std::int64_t>(count), value);
+  void fill(void* data, DataType type, std::size_t count, float value) override {
+    with_device_element(type, [&](auto element) {
+      using E = decltype(element);
+      launch(fill_kernel<E>, static_cast<std::int64_t>(count), static_cast<Stored<E>*>(data),
+             static_cast<std::int64_t>(count), value);
+    });
   }
-  void copy(float* destination, const float* source, std::size_t count) override {
-    if (count > 0)
-      check(cudaMemcpyAsync(destination, source, count * sizeof(float), cudaMemcpyDeviceToDevice, stream_),
-            "cudaMemcpyAsync");
-  }
-  void add(float* destination, const float* source, std::size_t count) override {
-    launch(add_kernel, static_cast<std::int64_t>(count), destination, source, static_cast<std::int64_t>(count));
+  void add(void* destination, const void* source, DataType type, std::size_t count) override {
+    with_device_element(type, [&](auto element) {
+      using E = decltype(element);
+      launch(add_kernel<E>, static_cast<std::int64_t>(count), static_cast<Stored<E>*>(destination),
+             static_cast<const Stored<E>*>(source), static_cast<std::int64_t>(count));
+    });
   }
 
  private:

@@ -1,5 +1,7 @@
 // The CUDA backend's device code (see cuda_kernels.cu, its only includer): one kernel per op of
-// the kernel interface besides the GEMMs, with grid-stride loops and per-block sums in double.
+// the kernel interface besides the GEMMs, with grid-stride loops and per-block sums in double,
+// written once for every element type (fp32, bf16, fp16: widened to fp32 to compute, results
+// rounded once to nearest even, as the CPU does).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -8,10 +10,43 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <stdexcept>
+
+#include "core/data_type.hpp"
 
 namespace mlptrain {
 
 namespace {
+
+struct DeviceFp32 {
+  using Storage = float;
+  __device__ static float load(float value) { return value; }
+  __device__ static float store(float value) { return value; }
+};
+struct DeviceBf16 {
+  using Storage = __nv_bfloat16;
+  __device__ static float load(__nv_bfloat16 value) { return __bfloat162float(value); }
+  __device__ static __nv_bfloat16 store(float value) { return __float2bfloat16_rn(value); }
+};
+struct DeviceFp16 {
+  using Storage = __half;
+  __device__ static float load(__half value) { return __half2float(value); }
+  __device__ static __half store(float value) { return __float2half_rn(value); }
+};
+
+// Calls body(Element{}) for the device traits of `type` (one of the training types).
+template <typename Body>
+decltype(auto) with_device_element(DataType type, Body&& body) {
+  switch (type) {
+    case DataType::float32: return body(DeviceFp32{});
+    case DataType::bfloat16: return body(DeviceBf16{});
+    case DataType::float16: return body(DeviceFp16{});
+    default: throw std::logic_error("the CUDA kernels compute on fp32, bf16 and fp16 only");
+  }
+}
+
+template <typename Element>
+using Stored = typename Element::Storage;
 constexpr int block_threads = 256;
 
 // Enough blocks to cover `count` elements with grid-stride loops, capped: more would only queue.
@@ -45,34 +80,40 @@ __device__ void block_sum_into(double value, double* total) {
   for (std::int64_t index = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; \
        index < (count); index += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
 
-__global__ void bias_gelu_forward_kernel(float* pre, const float* bias, float* activated,
+template <typename E>
+__global__ void bias_gelu_forward_kernel(Stored<E>* pre, const Stored<E>* bias, Stored<E>* activated,
                                          std::int64_t rows, std::int64_t cols) {
   GRID_STRIDE(i, rows * cols) {
-    const float value = pre[i] + bias[i % cols];
-    pre[i] = value;
-    activated[i] = value * normal_cdf(value);
+    const Stored<E> stored = E::store(E::load(pre[i]) + E::load(bias[i % cols]));
+    pre[i] = stored;
+    const float value = E::load(stored);  // GELU of the pre-activation as stored
+    activated[i] = E::store(value * normal_cdf(value));
   }
 }
 
-__global__ void bias_add_kernel(float* data, const float* bias, std::int64_t rows, std::int64_t cols) {
-  GRID_STRIDE(i, rows * cols) data[i] += bias[i % cols];
+template <typename E>
+__global__ void bias_add_kernel(Stored<E>* data, const Stored<E>* bias, std::int64_t rows, std::int64_t cols) {
+  GRID_STRIDE(i, rows * cols) data[i] = E::store(E::load(data[i]) + E::load(bias[i % cols]));
 }
 
-__global__ void gelu_backward_kernel(const float* grad_activated, const float* pre, float* grad_pre,
+template <typename E>
+__global__ void gelu_backward_kernel(const Stored<E>* grad_activated, const Stored<E>* pre, Stored<E>* grad_pre,
                                      std::int64_t count) {
   GRID_STRIDE(i, count) {
-    const float x = pre[i];
-    grad_pre[i] = grad_activated[i] * (normal_cdf(x) + x * normal_pdf(x));
+    const float x = E::load(pre[i]);
+    grad_pre[i] = E::store(E::load(grad_activated[i]) * (normal_cdf(x) + x * normal_pdf(x)));
   }
 }
 
-// One thread per column, rows in order (coalesced: neighbouring threads read neighbouring columns).
-__global__ void column_sums_kernel(const float* data, float* sums, bool accumulate, std::int64_t rows,
+// One thread per column, rows in order (coalesced: neighbouring threads read neighbouring columns);
+// summed in fp32 from the sums' own value when accumulating, rounded once into them.
+template <typename E, typename S>
+__global__ void column_sums_kernel(const Stored<E>* data, Stored<S>* sums, bool accumulate, std::int64_t rows,
                                    std::int64_t cols) {
   GRID_STRIDE(col, cols) {
-    float total = accumulate ? sums[col] : 0.0f;
-    for (std::int64_t row = 0; row < rows; ++row) total += data[row * cols + col];
-    sums[col] = total;
+    float total = accumulate ? S::load(sums[col]) : 0.0f;
+    for (std::int64_t row = 0; row < rows; ++row) total += E::load(data[row * cols + col]);
+    sums[col] = S::store(total);
   }
 }
 
@@ -137,48 +178,53 @@ __global__ void softmax_backward_rows_kernel(const float* probabilities, const f
   }
 }
 
-__global__ void gather_rows_kernel(const float* source, const std::int32_t* indices, const float* scales,
-                                   float* destination, std::int64_t rows, std::int64_t cols) {
+template <typename E>
+__global__ void gather_rows_kernel(const Stored<E>* source, const std::int32_t* indices, const float* scales,
+                                   Stored<E>* destination, std::int64_t rows, std::int64_t cols) {
   GRID_STRIDE(i, rows * cols) {
     const std::int64_t row = i / cols, col = i % cols;
     const float factor = scales != nullptr ? scales[row] : 1.0f;
-    destination[i] = factor * source[static_cast<std::int64_t>(indices[row]) * cols + col];
+    destination[i] = E::store(factor * E::load(source[static_cast<std::int64_t>(indices[row]) * cols + col]));
   }
 }
 
 // One thread per column, rows in order: destination rows may repeat, and the CPU's order of
 // additions is kept, so the sums agree bit for bit.
-__global__ void scatter_add_rows_kernel(const float* source, const std::int32_t* indices, const float* scales,
+template <typename E>
+__global__ void scatter_add_rows_kernel(const Stored<E>* source, const std::int32_t* indices, const float* scales,
                                         float* destination, std::int64_t rows, std::int64_t cols) {
   GRID_STRIDE(col, cols) {
     for (std::int64_t row = 0; row < rows; ++row) {
       const float factor = scales != nullptr ? scales[row] : 1.0f;
-      destination[static_cast<std::int64_t>(indices[row]) * cols + col] += factor * source[row * cols + col];
+      destination[static_cast<std::int64_t>(indices[row]) * cols + col] += factor * E::load(source[row * cols + col]);
     }
   }
 }
 
 // One block per row.
-__global__ void row_dots_kernel(const float* a, const std::int32_t* indices, const float* b, float* dots,
+template <typename E>
+__global__ void row_dots_kernel(const Stored<E>* a, const std::int32_t* indices, const Stored<E>* b, float* dots,
                                 std::int64_t cols) {
   const std::int64_t row = blockIdx.x;
-  const float* left = a + static_cast<std::int64_t>(indices[row]) * cols;
-  const float* right = b + row * cols;
+  const Stored<E>* left = a + static_cast<std::int64_t>(indices[row]) * cols;
+  const Stored<E>* right = b + row * cols;
   double sum = 0;
-  for (std::int64_t col = threadIdx.x; col < cols; col += blockDim.x) sum += static_cast<double>(left[col]) * right[col];
+  for (std::int64_t col = threadIdx.x; col < cols; col += blockDim.x)
+    sum += static_cast<double>(E::load(left[col])) * E::load(right[col]);
   const double total = block_sum(sum);
   if (threadIdx.x == 0) dots[row] = static_cast<float>(total);
 }
 
 struct AdamWScalars {
-  float step_size, correction2_sqrt, decay, beta1, beta2, one_minus_beta1, one_minus_beta2, eps;
+  float step_size, correction2_sqrt, decay, beta1, beta2, one_minus_beta1, one_minus_beta2, eps, grad_scale;
 };
 
-__global__ void adamw_kernel(float* params, const float* grads, float* exp_avg, float* exp_avg_sq,
+template <typename G>
+__global__ void adamw_kernel(float* params, const Stored<G>* grads, float* exp_avg, float* exp_avg_sq,
                              std::int64_t count, AdamWScalars s, double* squared_gradients) {
   double sum = 0;
   GRID_STRIDE(i, count) {
-    const float gradient = grads[i];
+    const float gradient = s.grad_scale == 1.0f ? G::load(grads[i]) : G::load(grads[i]) * s.grad_scale;
     const float first = exp_avg[i] * s.beta1 + s.one_minus_beta1 * gradient;
     const float second = exp_avg_sq[i] * s.beta2 + s.one_minus_beta2 * gradient * gradient;
     exp_avg[i] = first;
@@ -190,36 +236,34 @@ __global__ void adamw_kernel(float* params, const float* grads, float* exp_avg, 
   block_sum_into(sum, squared_gradients);
 }
 
-__global__ void sum_of_squares_kernel(const float* data, std::int64_t count, double* total) {
+template <typename E>
+__global__ void sum_of_squares_kernel(const Stored<E>* data, std::int64_t count, double* total) {
   double sum = 0;
-  GRID_STRIDE(i, count) sum += static_cast<double>(data[i]) * data[i];
+  GRID_STRIDE(i, count) {
+    const double value = E::load(data[i]);
+    sum += value * value;
+  }
   block_sum_into(sum, total);
 }
 
-__global__ void scale_kernel(float* data, std::int64_t count, float factor) {
-  GRID_STRIDE(i, count) data[i] *= factor;
+template <typename E>
+__global__ void scale_kernel(Stored<E>* data, std::int64_t count, float factor) {
+  GRID_STRIDE(i, count) data[i] = E::store(E::load(data[i]) * factor);
 }
 
-__global__ void fill_kernel(float* data, std::int64_t count, float value) {
-  GRID_STRIDE(i, count) data[i] = value;
+template <typename E>
+__global__ void fill_kernel(Stored<E>* data, std::int64_t count, float value) {
+  GRID_STRIDE(i, count) data[i] = E::store(value);
 }
 
-__global__ void add_kernel(float* destination, const float* source, std::int64_t count) {
-  GRID_STRIDE(i, count) destination[i] += source[i];
+template <typename E>
+__global__ void add_kernel(Stored<E>* destination, const Stored<E>* source, std::int64_t count) {
+  GRID_STRIDE(i, count) destination[i] = E::store(E::load(destination[i]) + E::load(source[i]));
 }
 
-// Conversions between fp32 and the 16-bit floats, rounding to nearest even as the CPU does.
-__global__ void float_to_bfloat16_kernel(const float* source, __nv_bfloat16* destination, std::int64_t count) {
-  GRID_STRIDE(i, count) destination[i] = __float2bfloat16_rn(source[i]);
-}
-__global__ void bfloat16_to_float_kernel(const __nv_bfloat16* source, float* destination, std::int64_t count) {
-  GRID_STRIDE(i, count) destination[i] = __bfloat162float(source[i]);
-}
-__global__ void float_to_float16_kernel(const float* source, __half* destination, std::int64_t count) {
-  GRID_STRIDE(i, count) destination[i] = __float2half_rn(source[i]);
-}
-__global__ void float16_to_float_kernel(const __half* source, float* destination, std::int64_t count) {
-  GRID_STRIDE(i, count) destination[i] = __half2float(source[i]);
+template <typename In, typename Out>
+__global__ void convert_kernel(const Stored<In>* source, Stored<Out>* destination, std::int64_t count) {
+  GRID_STRIDE(i, count) destination[i] = Out::store(In::load(source[i]));
 }
 
 }  // namespace

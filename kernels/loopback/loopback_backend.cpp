@@ -95,6 +95,9 @@ class LoopbackAllocator final : public HostAllocator {
 
 class LoopbackKernels final : public Kernels {
  public:
+  using Kernels::bias_gelu_forward, Kernels::bias_add, Kernels::gelu_backward, Kernels::column_sums,
+      Kernels::gather_rows, Kernels::scatter_add_rows, Kernels::row_dots, Kernels::adamw,
+      Kernels::sum_of_squares, Kernels::scale, Kernels::fill, Kernels::add;
   Device device() const override { return Device::loopback; }
   std::string description() const override { return cpu_->description(); }
 
@@ -109,21 +112,21 @@ class LoopbackKernels final : public Kernels {
                DataType destination_type, std::size_t count) override {
     cpu_->convert(host(source), source_type, host(destination), destination_type, count);
   }
-  void bias_gelu_forward(float* pre, const float* bias, float* activated, std::int64_t rows,
-                         std::int64_t cols) override {
-    cpu_->bias_gelu_forward(host(pre), host(bias), host(activated), rows, cols);
+  void bias_gelu_forward(void* pre, const void* bias, void* activated, std::int64_t rows, std::int64_t cols,
+                         DataType type) override {
+    cpu_->bias_gelu_forward(host(pre), host(bias), host(activated), rows, cols, type);
   }
-  void bias_add(float* data, const float* bias, std::int64_t rows, std::int64_t cols) override {
-    cpu_->bias_add(host(data), host(bias), rows, cols);
+  void bias_add(void* data, const void* bias, std::int64_t rows, std::int64_t cols, DataType type) override {
+    cpu_->bias_add(host(data), host(bias), rows, cols, type);
   }
-  void gelu_backward(const float* grad_activated, const float* pre, float* grad_pre, float* bias_grad,
-                     bool accumulate, std::int64_t rows, std::int64_t cols) override {
-    cpu_->gelu_backward(host(grad_activated), host(pre), host(grad_pre), host(bias_grad), accumulate,
-                        rows, cols);
+  void gelu_backward(const void* grad_activated, const void* pre, void* grad_pre, DataType type, void* bias_grad,
+                     DataType bias_grad_type, bool accumulate, std::int64_t rows, std::int64_t cols) override {
+    cpu_->gelu_backward(host(grad_activated), host(pre), host(grad_pre), type, host(bias_grad), bias_grad_type,
+                        accumulate, rows, cols);
   }
-  void column_sums(const float* data, float* sums, bool accumulate, std::int64_t rows,
-                   std::int64_t cols) override {
-    cpu_->column_sums(host(data), host(sums), accumulate, rows, cols);
+  void column_sums(const void* data, DataType type, void* sums, DataType sums_type, bool accumulate,
+                   std::int64_t rows, std::int64_t cols) override {
+    cpu_->column_sums(host(data), type, host(sums), sums_type, accumulate, rows, cols);
   }
   double mse(const float* prediction, const float* target, float* grad, std::int64_t rows,
              std::int64_t cols, float grad_scale) override {
@@ -141,32 +144,34 @@ class LoopbackKernels final : public Kernels {
     cpu_->softmax_backward_rows(host(probabilities), host(grad_probabilities), host(grad_logits), rows,
                                 cols);
   }
-  void gather_rows(const float* source, const std::int32_t* indices, const float* scales,
-                   float* destination, std::int64_t rows, std::int64_t cols) override {
-    cpu_->gather_rows(host(source), host(indices), host(scales), host(destination), rows, cols);
+  void gather_rows(const void* source, const std::int32_t* indices, const float* scales, void* destination,
+                   std::int64_t rows, std::int64_t cols, DataType type) override {
+    cpu_->gather_rows(host(source), host(indices), host(scales), host(destination), rows, cols, type);
   }
-  void scatter_add_rows(const float* source, const std::int32_t* indices, const float* scales,
+  void scatter_add_rows(const void* source, DataType source_type, const std::int32_t* indices, const float* scales,
                         float* destination, std::int64_t rows, std::int64_t cols) override {
-    cpu_->scatter_add_rows(host(source), host(indices), host(scales), host(destination), rows, cols);
+    cpu_->scatter_add_rows(host(source), source_type, host(indices), host(scales), host(destination), rows, cols);
   }
-  void row_dots(const float* a, const std::int32_t* indices, const float* b, float* dots,
-                std::int64_t rows, std::int64_t cols) override {
-    cpu_->row_dots(host(a), host(indices), host(b), host(dots), rows, cols);
+  void row_dots(const void* a, const std::int32_t* indices, const void* b, float* dots, std::int64_t rows,
+                std::int64_t cols, DataType type) override {
+    cpu_->row_dots(host(a), host(indices), host(b), host(dots), rows, cols, type);
   }
-  double adamw(float* params, const float* grads, float* exp_avg, float* exp_avg_sq, std::size_t count,
-               const AdamWStep& step) override {
-    return cpu_->adamw(host(params), host(grads), host(exp_avg), host(exp_avg_sq), count, step);
+  double adamw(float* master, const void* grads, DataType grads_type, float* exp_avg, float* exp_avg_sq,
+               std::size_t count, const AdamWStep& step, void* compute_copy, DataType compute_type) override {
+    return cpu_->adamw(host(master), host(grads), grads_type, host(exp_avg), host(exp_avg_sq), count, step,
+                       host(compute_copy), compute_type);
   }
-  double sum_of_squares(const float* data, std::size_t count) override {
-    return cpu_->sum_of_squares(host(data), count);
+  double sum_of_squares(const void* data, DataType type, std::size_t count) override {
+    return cpu_->sum_of_squares(host(data), type, count);
   }
-  void scale(float* data, std::size_t count, float factor) override { cpu_->scale(host(data), count, factor); }
-  void fill(float* data, std::size_t count, float value) override { cpu_->fill(host(data), count, value); }
-  void copy(float* destination, const float* source, std::size_t count) override {
-    cpu_->copy(host(destination), host(source), count);
+  void scale(void* data, DataType type, std::size_t count, float factor) override {
+    cpu_->scale(host(data), type, count, factor);
   }
-  void add(float* destination, const float* source, std::size_t count) override {
-    cpu_->add(host(destination), host(source), count);
+  void fill(void* data, DataType type, std::size_t count, float value) override {
+    cpu_->fill(host(data), type, count, value);
+  }
+  void add(void* destination, const void* source, DataType type, std::size_t count) override {
+    cpu_->add(host(destination), host(source), type, count);
   }
 
  private:

@@ -8,7 +8,9 @@
 // send/recv. The path `mpi-host` is MPI on host buffers; `mpi-staged` is MPI on device buffers
 // staged through host memory (--device cuda, or loopback to check the path without a GPU);
 // `nccl` is NCCL on GPU buffers, one rank per GPU. Both device paths get their communicator as
-// the trainer does (compute_device.hpp).
+// the trainer does (compute_device.hpp). --dtype fp32|bf16|fp16 sets the element type, as the
+// trainer's gradients and activations have it (half sums are the communicators' own: fp32 sums
+// rounded once where a backend can, pairwise otherwise), and each measurement names it.
 #include <algorithm>
 #include <boost/program_options.hpp>
 #include <cstdio>
@@ -22,6 +24,7 @@
 #include "comm/consensus.hpp"
 #include "comm/mpi_program.hpp"
 #include "core/error.hpp"
+#include "core/half_float.hpp"
 #include "core/timer.hpp"
 #include "train/compute_device.hpp"
 
@@ -32,6 +35,7 @@ using namespace mlptrain;
 struct Settings {
   std::vector<std::string> collectives;
   std::string path = "mpi-host";
+  DataType dtype = DataType::float32;
   std::string device = "cuda";  // of the staged path
   std::int64_t chunk_bytes = 4 << 20;  // of the staged path's all-reduce pipeline; 0: one chunk
   std::int64_t min_bytes = 8;
@@ -74,7 +78,7 @@ std::int64_t parse_bytes(const std::string& text) {
 Settings parse(int argc, char** argv) {
   namespace po = boost::program_options;
   Settings settings;
-  std::string collectives = "all", min_bytes = "8", max_bytes = "256M", chunk_bytes = "4M";
+  std::string collectives = "all", min_bytes = "8", max_bytes = "256M", chunk_bytes = "4M", dtype = "fp32";
   po::options_description options("commbench options");
   options.add_options()
       ("help", "print this help")
@@ -82,6 +86,7 @@ Settings parse(int argc, char** argv) {
        "comma-separated: all_reduce, reduce_scatter, all_gather, all_to_all, broadcast, send_recv, or all; "
        "on a device path also copy_to_host, copy_to_device (each rank's pinned copies)")
       ("path", po::value(&settings.path)->default_value(settings.path), "mpi-host | mpi-staged | nccl")
+      ("dtype", po::value(&dtype)->default_value(dtype), "element type: fp32 | bf16 | fp16")
       ("device", po::value(&settings.device)->default_value(settings.device),
        "device of mpi-staged buffers: cuda | loopback (the CPU behind device-style memory); nccl needs cuda")
       ("chunk-bytes", po::value(&chunk_bytes)->default_value(chunk_bytes),
@@ -107,6 +112,9 @@ Settings parse(int argc, char** argv) {
   settings.min_bytes = parse_bytes(min_bytes);
   settings.max_bytes = parse_bytes(max_bytes);
   settings.chunk_bytes = chunk_bytes == "0" ? 0 : parse_bytes(chunk_bytes);
+  const auto element = parse_choice<DataType>(dtype);
+  if (!element) throw UsageError(fmt::format("unknown --dtype '{}' (fp32, bf16 or fp16)", dtype));
+  settings.dtype = *element;
   if (settings.min_bytes < 1 || settings.min_bytes > settings.max_bytes)
     throw UsageError(fmt::format("--min-bytes {} must be at least 1 and at most --max-bytes {}", min_bytes, max_bytes));
   if (settings.step_factor < 2) throw UsageError("--step-factor must be at least 2");
@@ -134,9 +142,10 @@ Settings parse(int argc, char** argv) {
   return settings;
 }
 
-// A value every rank can compute for (rank, element): small integers, so sums are exact in fp32.
-float value(int rank, std::size_t element) {
-  return static_cast<float>((rank * 7 + static_cast<int>(element % 61) * 3) % 64);
+// A value every rank can compute for (rank, element): small integers below `range`, chosen so that
+// a sum over every rank stays an integer the element type holds exactly (bf16: up to 256).
+float value(int rank, std::size_t element, int range) {
+  return static_cast<float>((rank * 7 + static_cast<int>(element % 61) * 3) % range);
 }
 
 // One collective at one size: buffers, the operation, and what this rank must hold afterwards.
@@ -144,41 +153,44 @@ float value(int rank, std::size_t element) {
 // buffer to pinned memory, or pinned memory to the receive buffer, through `copier`).
 class Case {
  public:
-  Case(const std::string& collective, std::int64_t bytes, Communicator& group, Allocator* device,
+  Case(const std::string& collective, std::int64_t bytes, DataType type, Communicator& group, Allocator* device,
        AsyncCopier* copier)
-      : collective_(collective), group_(group), device_(device), copier_(copier) {
+      : collective_(collective), type_(type), group_(group), device_(device), copier_(copier) {
     const int ranks = group.size(), rank = group.rank();
     const bool per_rank = collective == "reduce_scatter" || collective == "all_gather" ||
                           collective == "all_to_all";
-    count_ = static_cast<std::size_t>(bytes / 4 / (per_rank ? ranks : 1));  // floats per block
+    const std::size_t element = size_of(type);
+    range_ = type == DataType::float32 ? 64 : std::clamp(256 / ranks, 2, 64);
+    count_ = static_cast<std::size_t>(bytes) / element / static_cast<std::size_t>(per_rank ? ranks : 1);
     const std::size_t whole = count_ * (per_rank ? ranks : 1);
-    bytes_ = static_cast<std::int64_t>(whole * 4);
-    send_.resize(collective == "all_gather" ? count_ : whole);
-    receive_.resize(collective == "reduce_scatter" ? count_ : whole);
-    expected_.resize(receive_.size());
+    bytes_ = static_cast<std::int64_t>(whole * element);
+    send_.resize((collective == "all_gather" ? count_ : whole) * element);
+    receive_.resize((collective == "reduce_scatter" ? count_ : whole) * element);
+    expected_.resize(receive_.size() / element);
     if (device_ != nullptr) {
-      send_device_ = device_->allocate(MemoryState::comm_buffers, send_.size() * 4);
-      receive_device_ = device_->allocate(MemoryState::comm_buffers, receive_.size() * 4);
+      send_device_ = device_->allocate(MemoryState::comm_buffers, send_.size());
+      receive_device_ = device_->allocate(MemoryState::comm_buffers, receive_.size());
     }
-    if (is_copy(collective)) pinned_ = copier_->host_memory().allocate(MemoryState::comm_buffers, whole * 4);
+    if (is_copy(collective)) pinned_ = copier_->host_memory().allocate(MemoryState::comm_buffers, whole * element);
     const auto n = static_cast<std::size_t>(ranks);
     const auto r = static_cast<std::size_t>(rank);
+    const auto of = [this](int source, std::size_t index) { return value(source, index, range_); };
     for (std::size_t index = 0; index < expected_.size(); ++index) {
       float sum = 0;
       if (collective == "all_reduce") {
-        for (int source = 0; source < ranks; ++source) sum += value(source, index);
+        for (int source = 0; source < ranks; ++source) sum += of(source, index);
       } else if (collective == "reduce_scatter") {
-        for (int source = 0; source < ranks; ++source) sum += value(source, r * count_ + index);
+        for (int source = 0; source < ranks; ++source) sum += of(source, r * count_ + index);
       } else if (collective == "all_gather") {
-        sum = value(static_cast<int>(index / count_), index % count_);
+        sum = of(static_cast<int>(index / count_), index % count_);
       } else if (collective == "all_to_all") {  // block s came from rank s: its block for me
-        sum = value(static_cast<int>(index / count_), r * count_ + index % count_);
+        sum = of(static_cast<int>(index / count_), r * count_ + index % count_);
       } else if (collective == "broadcast") {
-        sum = value(0, index);
+        sum = of(0, index);
       } else if (is_copy(collective)) {
-        sum = value(rank, index);
+        sum = of(rank, index);
       } else {  // send_recv around the ring: from the previous rank
-        sum = value(static_cast<int>((r + n - 1) % n), index);
+        sum = of(static_cast<int>((r + n - 1) % n), index);
       }
       expected_[index] = sum;
     }
@@ -190,53 +202,65 @@ class Case {
   // The inputs; a broadcast's buffer is its receive buffer, holding the data at the root.
   void fill() {
     const int rank = group_.rank();
-    for (std::size_t index = 0; index < send_.size(); ++index) send_[index] = value(rank, index);
-    for (std::size_t index = 0; index < receive_.size(); ++index)
-      receive_[index] = collective_ == "broadcast" && rank == 0 ? value(0, index) : -1.0f;
-    if (!pinned_.empty())
-      for (std::size_t index = 0; index < receive_.size(); ++index)
-        pinned_.floats()[index] = collective_ == "copy_to_device" ? value(rank, index) : -1.0f;
+    for (std::size_t index = 0; index < send_.size() / size_of(type_); ++index)
+      store_element(send_.data(), index, type_, value(rank, index, range_));
+    for (std::size_t index = 0; index < expected_.size(); ++index) {
+      const float initial = collective_ == "broadcast" && rank == 0 ? value(0, index, range_) : -1.0f;
+      store_element(receive_.data(), index, type_, initial);
+      if (!pinned_.empty())
+        store_element(pinned_.as<void>(), index, type_, collective_ == "copy_to_device" ? value(rank, index, range_) : -1.0f);
+    }
     if (device_ == nullptr) return;
-    device_->copy_to_device(send_device_.as<void>(), send_.data(), send_.size() * 4);
-    device_->copy_to_device(receive_device_.as<void>(), receive_.data(), receive_.size() * 4);
+    device_->copy_to_device(send_device_.as<void>(), send_.data(), send_.size());
+    device_->copy_to_device(receive_device_.as<void>(), receive_.data(), receive_.size());
   }
 
   void run() {
     const int ranks = group_.size(), rank = group_.rank();
-    float* send = device_ != nullptr ? send_device_.floats() : send_.data();
-    float* receive = device_ != nullptr ? receive_device_.floats() : receive_.data();
+    void* send = device_ != nullptr ? send_device_.as<void>() : send_.data();
+    void* receive = device_ != nullptr ? receive_device_.as<void>() : receive_.data();
+    const auto operation = [&](CommOp op) {
+      return Operation{.op = op, .send = send, .receive = receive, .count = count_, .type = type_};
+    };
     if (collective_ == "copy_to_host") {
-      copier_->start_to_host(0, pinned_.floats(), send, static_cast<std::size_t>(bytes_));
+      copier_->start_to_host(0, pinned_.as<void>(), send, static_cast<std::size_t>(bytes_));
       copier_->wait_to_host(0);
     } else if (collective_ == "copy_to_device") {
-      copier_->start_to_device(0, receive, pinned_.floats(), static_cast<std::size_t>(bytes_));
+      copier_->start_to_device(0, receive, pinned_.as<void>(), static_cast<std::size_t>(bytes_));
       copier_->wait_to_device(0);
-    } else if (collective_ == "all_reduce") {
-      group_.run({.op = CommOp::all_reduce, .send = send, .receive = receive, .count = count_});
-    } else if (collective_ == "reduce_scatter") {
-      group_.reduce_scatter(send, receive, count_);
-    } else if (collective_ == "all_gather") {
-      group_.all_gather(send, receive, count_);
-    } else if (collective_ == "all_to_all") {
-      group_.all_to_all(send, receive, count_);
+    } else if (collective_ == "all_reduce" || collective_ == "reduce_scatter" || collective_ == "all_gather" ||
+               collective_ == "all_to_all") {
+      group_.run(operation(collective_ == "all_reduce"       ? CommOp::all_reduce
+                           : collective_ == "reduce_scatter" ? CommOp::reduce_scatter
+                           : collective_ == "all_gather"     ? CommOp::all_gather
+                                                             : CommOp::all_to_all));
     } else if (collective_ == "broadcast") {
-      group_.broadcast(receive, receive_.size(), 0);
+      Operation broadcast = operation(CommOp::broadcast);
+      broadcast.send = nullptr;
+      broadcast.count = expected_.size();
+      group_.run(broadcast);
     } else {
-      Request received = group_.start({.op = CommOp::recv, .receive = receive, .count = count_,
-                                       .peer = (rank + ranks - 1) % ranks});
-      Request sent = group_.start({.op = CommOp::send, .send = send, .count = count_,
-                                   .peer = (rank + 1) % ranks});
-      sent.wait();
-      received.wait();
+      Operation received = operation(CommOp::recv), sent = operation(CommOp::send);
+      received.send = nullptr;
+      received.peer = (rank + ranks - 1) % ranks;
+      sent.receive = nullptr;
+      sent.peer = (rank + 1) % ranks;
+      Request receiving = group_.start(received), sending = group_.start(sent);
+      sending.wait();
+      receiving.wait();
     }
   }
 
   bool correct() {
-    if (collective_ == "copy_to_host")
-      return std::equal(expected_.begin(), expected_.end(), pinned_.floats());
-    if (device_ != nullptr)
-      device_->copy_to_host(receive_.data(), receive_device_.as<void>(), receive_.size() * 4);
-    return receive_ == expected_;
+    const void* result = receive_.data();
+    if (collective_ == "copy_to_host") {
+      result = pinned_.as<void>();
+    } else if (device_ != nullptr) {
+      device_->copy_to_host(receive_.data(), receive_device_.as<void>(), receive_.size());
+    }
+    for (std::size_t index = 0; index < expected_.size(); ++index)
+      if (load_element(result, index, type_) != expected_[index]) return false;
+    return true;
   }
 
   // nccl-tests' bus factor: what each rank's link carries relative to the size.
@@ -249,10 +273,13 @@ class Case {
 
  private:
   std::string collective_;
+  DataType type_;
   Communicator& group_;
   std::size_t count_ = 0;
   std::int64_t bytes_ = 0;
-  std::vector<float> send_, receive_, expected_;
+  int range_ = 64;
+  std::vector<std::byte> send_, receive_;
+  std::vector<float> expected_;
   Allocator* device_ = nullptr;
   AsyncCopier* copier_ = nullptr;
   Buffer send_device_, receive_device_, pinned_;
@@ -261,9 +288,10 @@ class Case {
 void measure(const Settings& settings, Communicator& world, Allocator* device) {
   const int rank = world.rank();
   if (rank == 0 && !settings.json) {
-    std::printf("# commbench: path %s%s, %d rank(s), %d iterations after %d warm-up\n",
+    std::printf("# commbench: path %s%s, %s elements, %d rank(s), %d iterations after %d warm-up\n",
                 settings.path.c_str(), device != nullptr ? (" on " + settings.device).c_str() : "",
-                world.size(), settings.iterations, settings.warmup);
+                std::string(data_type_name(settings.dtype)).c_str(), world.size(), settings.iterations,
+                settings.warmup);
     std::printf("# %-15s %12s %12s %12s %12s %8s\n", "collective", "bytes", "time_us", "algbw_GB/s",
                 "busbw_GB/s", "correct");
   }
@@ -271,8 +299,8 @@ void measure(const Settings& settings, Communicator& world, Allocator* device) {
   const std::unique_ptr<AsyncCopier> copier = device != nullptr ? device->make_async_copier(1) : nullptr;
   for (const std::string& collective : settings.collectives) {
     for (std::int64_t size = settings.min_bytes; size <= settings.max_bytes; size *= settings.step_factor) {
-      Case current(collective, size, world, device, copier.get());
-      if (current.empty()) continue;  // smaller than one float per rank
+      Case current(collective, size, settings.dtype, world, device, copier.get());
+      if (current.empty()) continue;  // smaller than one element per rank
       current.fill();
       for (int iteration = 0; iteration < settings.warmup; ++iteration) current.run();
       world.barrier();
@@ -291,6 +319,7 @@ void measure(const Settings& settings, Communicator& world, Allocator* device) {
       if (settings.json) {
         nlohmann::json row = {{"collective", collective}, {"path", settings.path},
                                     {"device", device != nullptr ? settings.device : "cpu"},
+                                    {"dtype", data_type_name(settings.dtype)},
                                     {"bytes", current.bytes()}, {"ranks", world.size()},
                                     {"time_us", time_us}, {"algbw_gbps", algbw},
                                     {"busbw_gbps", busbw}, {"correct", correct == 1}};

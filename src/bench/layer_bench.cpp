@@ -1,10 +1,11 @@
 // layerbench: times one Linear layer's kernels as the trainer calls them (forward GEMM, the two
 // backward GEMMs, bias+GELU forward and backward, AdamW over the layer's parameters) on a device
 // (the CPU by default; --device cuda [--tf32] or loopback), and prints one JSON object per GEMM
-// input type (--dtype fp32,bf16: fp32 accumulation and output either way). On the CPU each object
-// also holds the same GEMMs timed through oneDNN's own interface, the library's rate beside ours,
-// and with --sequence N the fp32 one the library's time per GEMM when N layers' GEMMs run in a
-// training step's order over buffers of their own. The speed scripts set these beside whole
+// param type (--dtype fp32,bf16,fp16: activations and weights of that type, fp32 accumulation,
+// fp32 weight gradients and optimizer state). On the CPU each object also holds the same GEMMs
+// timed through oneDNN's own interface, the library's rate beside ours, and with --sequence N the
+// library's time per GEMM when N layers' GEMMs run in a training step's order over buffers of
+// their own. The speed scripts set these beside whole
 // training steps measured in the same run.
 //
 // usage: layerbench [ROWS IN OUT [REPEATS]] [--device cpu|cuda|loopback] [--tf32] [--dtype LIST]
@@ -97,85 +98,67 @@ void run(const std::vector<std::string>& arguments) {
   ComputeDevice device = open_compute_device(config, MPI_COMM_WORLD, ledger, host_ledger);
   Kernels& kernels = *device.kernels;
   Allocator& memory = *device.memory;
-  const auto floats = [&](long count, float value) {
-    Buffer buffer = memory.allocate_floats(MemoryState::workspace, static_cast<std::size_t>(count));
-    kernels.fill(buffer.floats(), static_cast<std::size_t>(count), value);
+  // Buffers of `count` elements of `type` filled with `value` (rounded).
+  const auto filled = [&](long count, float value, DataType type) {
+    Buffer buffer = memory.allocate_elements(MemoryState::workspace, static_cast<std::size_t>(count), type);
+    kernels.fill(buffer.as<void>(), type, static_cast<std::size_t>(count), value);
     return buffer;
   };
-  Buffer x = floats(rows * in, 0.5f), w = floats(out * in, 0.01f), pre = floats(rows * out, 0.1f),
-         act = floats(rows * out, 0), grad = floats(rows * out, 0.2f), grad_pre = floats(rows * out, 0),
-         grad_x = floats(rows * in, 0), grad_w = floats(out * in, 0), bias = floats(out, 0.1f),
-         bias_grad = floats(out, 0), m = floats(out * in, 0), v = floats(out * in, 0);
-  // Reading one float back waits for the device's queued work (a plain copy on the host).
+  // Reading one byte back waits for the device's queued work (a plain copy on the host).
+  Buffer probe_buffer = filled(1, 0, DataType::float32);
   const auto finish = [&] {
     float probe = 0;
-    memory.copy_to_host(&probe, act.floats(), sizeof(float));
+    memory.copy_to_host(&probe, probe_buffer.floats(), sizeof(float));
   };
   const auto time = [&](auto&& body) { return best_ms(repeats, body, finish); };
-
-  // The elementwise kernels and AdamW, on fp32 as the trainer runs them.
-  const double gelu_forward =
-      time([&] { kernels.bias_gelu_forward(pre.floats(), bias.floats(), act.floats(), rows, out); });
-  const double gelu_backward = time([&] {
-    kernels.gelu_backward(grad.floats(), pre.floats(), grad_pre.floats(), bias_grad.floats(), false,
-                          rows, out);
-  });
-  const auto parameters = static_cast<std::size_t>(out * in);
-  const double adamw = time([&] {
-    kernels.adamw(w.floats(), grad_w.floats(), m.floats(), v.floats(), parameters, AdamWStep{});
-  });
-
-  // The three GEMMs of the layer's step: pre = x W^T, dW = grad^T x, dx = grad W.
-  const GemmShape shapes[] = {
-      {"forward", Transpose::no, Transpose::yes, rows, out, in, in, in, out},
-      {"weight_grad", Transpose::yes, Transpose::no, out, in, rows, out, in, in},
-      {"input_grad", Transpose::no, Transpose::no, rows, in, out, out, in, in}};
-  const void* operands[][2] = {{x.floats(), w.floats()}, {grad.floats(), x.floats()}, {grad.floats(), w.floats()}};
-  float* results[] = {pre.floats(), grad_w.floats(), grad_x.floats()};
   const double flops = 2.0 * static_cast<double>(rows) * static_cast<double>(in) * static_cast<double>(out);
-  // The library's time per GEMM in a step's order: every layer forward, then each layer's input
-  // and weight gradients from the last back, each layer over buffers of its own. Its operands no
-  // longer repeat, as they do above, so this is the rate a training step's GEMMs can have.
-  std::optional<double> sequence_gemm_ms;
-  if (sequence > 0 && config.device == Device::cpu) {
-    std::vector<Buffer> held;
-    const auto layer_floats = [&](long count, float value) { return held.emplace_back(floats(count, value)).floats(); };
-    std::vector<Gemm> forward, backward;
-    for (long layer = 0; layer < sequence; ++layer) {
-      float *x_l = layer_floats(rows * in, 0.5f), *w_l = layer_floats(out * in, 0.01f);
-      float *grad_l = layer_floats(rows * out, 0.2f), *pre_l = layer_floats(rows * out, 0);
-      float *grad_x_l = layer_floats(rows * in, 0), *grad_w_l = layer_floats(out * in, 0);
-      forward.push_back({.transpose_b = Transpose::yes, .m = rows, .n = out, .k = in, .a = x_l, .lda = in, .b = w_l,
-                         .ldb = in, .c = pre_l, .ldc = out});
-      backward.insert(backward.begin(),
-                      {Gemm{.m = rows, .n = in, .k = out, .a = grad_l, .lda = out, .b = w_l, .ldb = in, .c = grad_x_l, .ldc = in},
-                       Gemm{.transpose_a = Transpose::yes, .m = out, .n = in, .k = rows, .a = grad_l, .lda = out, .b = x_l,
-                            .ldb = in, .c = grad_w_l, .ldc = in}});
-    }
-    forward.insert(forward.end(), backward.begin(), backward.end());
-    if (const auto library = time_library_gemms(forward, repeats))
-      sequence_gemm_ms = library->best_ms / static_cast<double>(forward.size());
-  }
-  for (DataType input : inputs) {
-    // Half inputs are the fp32 operands rounded (their values do not change the time).
-    Buffer half_a[3], half_b[3];
-    nlohmann::json result = {{"device", choice_name(config.device)}, {"tf32", config.tf32}, {"dtype", data_type_name(input)},
+  const auto parameters = static_cast<std::size_t>(out * in);
+
+  for (DataType type : inputs) {
+    // Activations, weights and their GEMM outputs of the param type `type`; gradients of the
+    // parameters and the optimizer state in fp32, as the trainer holds them by default.
+    const DataType fp32 = DataType::float32;
+    Buffer x = filled(rows * in, 0.5f, type), w = filled(out * in, 0.01f, type), pre = filled(rows * out, 0.1f, type),
+           act = filled(rows * out, 0, type), grad = filled(rows * out, 0.2f, type),
+           grad_pre = filled(rows * out, 0, type), grad_x = filled(rows * in, 0, type),
+           grad_w = filled(out * in, 0, fp32), bias = filled(out, 0.1f, type), bias_grad = filled(out, 0, fp32),
+           master = filled(out * in, 0.01f, fp32), m = filled(out * in, 0, fp32), v = filled(out * in, 0, fp32);
+    nlohmann::json result = {{"device", choice_name(config.device)}, {"tf32", config.tf32}, {"dtype", data_type_name(type)},
                              {"rows", rows}, {"in", in}, {"out", out}, {"kernels", kernels.description()}};
+    // The elementwise kernels and AdamW as the trainer runs them at this param type (a 16-bit
+    // one updates fp32 masters and writes their rounded copy).
+    result["bias_gelu_forward_ms"] = time([&] {
+      kernels.bias_gelu_forward(pre.as<void>(), bias.as<void>(), act.as<void>(), rows, out, type);
+    });
+    result["gelu_backward_ms"] = time([&] {
+      kernels.gelu_backward(grad.as<void>(), pre.as<void>(), grad_pre.as<void>(), type, bias_grad.as<void>(), fp32,
+                            false, rows, out);
+    });
+    const bool half = type != fp32;
+    const double adamw = time([&] {
+      kernels.adamw(half ? master.floats() : w.floats(), grad_w.as<void>(), fp32, m.floats(), v.floats(), parameters,
+                    AdamWStep{}, half ? w.as<void>() : nullptr, type);
+    });
+    // Bytes AdamW moves per parameter: weights, gradients and two moments read, weights and
+    // moments written, and a 16-bit run's compute copy written.
+    const double adamw_bytes = 28.0 + (half ? 2.0 : 0.0);
+    result.update({{"adamw_ms", adamw}, {"adamw_gbytes_per_s", adamw_bytes * static_cast<double>(parameters) / adamw / 1e6}});
+
+    // The three GEMMs of the layer's step: pre = x W^T, dW = grad^T x, dx = grad W.
+    const GemmShape shapes[] = {
+        {"forward", Transpose::no, Transpose::yes, rows, out, in, in, in, out},
+        {"weight_grad", Transpose::yes, Transpose::no, out, in, rows, out, in, in},
+        {"input_grad", Transpose::no, Transpose::no, rows, in, out, out, in, in}};
+    const Buffer* operands[][2] = {{&x, &w}, {&grad, &x}, {&grad, &w}};
+    const Buffer* results[] = {&pre, &grad_w, &grad_x};
+    const DataType output_types[] = {type, fp32, type};
     double gemm_ms = 0, library_ms = 0;
     for (std::size_t index = 0; index < 3; ++index) {
       const GemmShape& shape = shapes[index];
-      Gemm gemm{.transpose_a = shape.transpose_a, .transpose_b = shape.transpose_b, .m = shape.m, .n = shape.n,
-                .k = shape.k, .a = operands[index][0], .lda = shape.lda, .b = operands[index][1],
-                .ldb = shape.ldb, .c = results[index], .ldc = shape.ldc, .input = input};
-      if (input != DataType::float32) {
-        const auto a_count = static_cast<std::size_t>(shape.m * shape.k), b_count = static_cast<std::size_t>(shape.k * shape.n);
-        half_a[index] = memory.allocate(MemoryState::workspace, a_count * size_of(input));
-        half_b[index] = memory.allocate(MemoryState::workspace, b_count * size_of(input));
-        kernels.convert(gemm.a, DataType::float32, half_a[index].as<void>(), input, a_count);
-        kernels.convert(gemm.b, DataType::float32, half_b[index].as<void>(), input, b_count);
-        gemm.a = half_a[index].as<void>();
-        gemm.b = half_b[index].as<void>();
-      }
+      const Gemm gemm{.transpose_a = shape.transpose_a, .transpose_b = shape.transpose_b, .m = shape.m, .n = shape.n,
+                      .k = shape.k, .a = operands[index][0]->as<void>(), .lda = shape.lda,
+                      .b = operands[index][1]->as<void>(), .ldb = shape.ldb, .c = results[index]->as<void>(),
+                      .ldc = shape.ldc, .input = type, .output = output_types[index]};
       const double ms = time([&] { kernels.gemm(gemm); });
       result[std::string(shape.name) + "_gemm_ms"] = ms;
       gemm_ms += ms;
@@ -193,10 +176,32 @@ void run(const std::vector<std::string>& arguments) {
       result["library_gemm_gflops"] = 3 * flops / library_ms / 1e6;
       result["gemm_over_library"] = gemm_ms / library_ms;
     }
-    if (sequence_gemm_ms && input == DataType::float32)
-      result.update({{"sequence_layers", sequence}, {"library_sequence_gemm_ms", *sequence_gemm_ms}});
-    result.update({{"bias_gelu_forward_ms", gelu_forward}, {"gelu_backward_ms", gelu_backward},
-                   {"adamw_ms", adamw}, {"adamw_gbytes_per_s", 28.0 * static_cast<double>(parameters) / adamw / 1e6}});
+    // The library's time per GEMM in a step's order: every layer forward, then each layer's input
+    // and weight gradients from the last back, each layer over buffers of its own. Its operands no
+    // longer repeat, as they do above, so this is the rate a training step's GEMMs can have.
+    if (sequence > 0 && config.device == Device::cpu) {
+      std::vector<Buffer> held;
+      const auto layer_buffer = [&](long count, float value, DataType element) {
+        return held.emplace_back(filled(count, value, element)).as<void>();
+      };
+      std::vector<Gemm> forward, backward;
+      for (long layer = 0; layer < sequence; ++layer) {
+        void *x_l = layer_buffer(rows * in, 0.5f, type), *w_l = layer_buffer(out * in, 0.01f, type);
+        void *grad_l = layer_buffer(rows * out, 0.2f, type), *pre_l = layer_buffer(rows * out, 0, type);
+        void *grad_x_l = layer_buffer(rows * in, 0, type), *grad_w_l = layer_buffer(out * in, 0, fp32);
+        forward.push_back({.transpose_b = Transpose::yes, .m = rows, .n = out, .k = in, .a = x_l, .lda = in, .b = w_l,
+                           .ldb = in, .c = pre_l, .ldc = out, .input = type, .output = type});
+        backward.insert(backward.begin(),
+                        {Gemm{.m = rows, .n = in, .k = out, .a = grad_l, .lda = out, .b = w_l, .ldb = in, .c = grad_x_l,
+                              .ldc = in, .input = type, .output = type},
+                         Gemm{.transpose_a = Transpose::yes, .m = out, .n = in, .k = rows, .a = grad_l, .lda = out,
+                              .b = x_l, .ldb = in, .c = grad_w_l, .ldc = in, .input = type, .output = fp32}});
+      }
+      forward.insert(forward.end(), backward.begin(), backward.end());
+      if (const auto library = time_library_gemms(forward, repeats))
+        result.update({{"sequence_layers", sequence},
+                       {"library_sequence_gemm_ms", library->best_ms / static_cast<double>(forward.size())}});
+    }
     std::puts(result.dump().c_str());
   }
 }

@@ -12,7 +12,7 @@ void CommLedger::update(std::string_view group, Update&& change) {
   change(found->second);
 }
 
-std::uint64_t CommLedger::record_posted(CommOp op, std::string_view group, std::int64_t bytes) {
+std::uint64_t CommLedger::record_posted(CommOp op, std::string_view group, std::int64_t bytes, DataType type) {
   const int index = static_cast<int>(op);
   update(group, [&](CommTotals& totals) {
     totals.bytes[index] += bytes;
@@ -25,6 +25,7 @@ std::uint64_t CommLedger::record_posted(CommOp op, std::string_view group, std::
   slot.op = op;
   slot.group.assign(group);  // short names: no allocation once the slot has held one
   slot.bytes = bytes;
+  slot.type = type;
   slot.completed = false;
   return sequence;
 }
@@ -38,8 +39,8 @@ std::vector<RecentOperation> CommLedger::recent() const {
   return operations;
 }
 
-void CommLedger::record_completed(std::uint64_t sequence, CommOp op, std::string_view group,
-                                  std::int64_t bytes, double start_ms, double end_ms) {
+void CommLedger::record_completed(std::uint64_t sequence, CommOp op, std::string_view group, std::int64_t bytes,
+                                  DataType type, double start_ms, double end_ms) {
   {
     const std::lock_guard lock(recent_mutex_);
     RecentOperation& slot = recent_[sequence % recent_count];
@@ -54,7 +55,8 @@ void CommLedger::record_completed(std::uint64_t sequence, CommOp op, std::string
                     .start_ms = start_ms,
                     .end_ms = end_ms,
                     .bytes = bytes,
-                    .group = std::string(group)});
+                    .group = std::string(group),
+                    .type = type});
   }
 }
 

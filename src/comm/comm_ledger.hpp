@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/comm_op.hpp"
+#include "core/data_type.hpp"
 #include "core/trace.hpp"
 
 namespace mlptrain {
@@ -31,6 +32,7 @@ struct RecentOperation {
   CommOp op = CommOp::all_reduce;
   std::string group;
   std::int64_t bytes = 0;
+  DataType type = DataType::float32;  // of its elements
   bool completed = false;
 };
 
@@ -43,10 +45,10 @@ struct RecentOperation {
 class CommLedger {
  public:
   // Returns the operation's sequence number, which its completion quotes.
-  std::uint64_t record_posted(CommOp op, std::string_view group, std::int64_t bytes);
+  std::uint64_t record_posted(CommOp op, std::string_view group, std::int64_t bytes, DataType type);
   // An operation posted at start_ms (with `bytes` recorded then) is complete at end_ms.
-  void record_completed(std::uint64_t sequence, CommOp op, std::string_view group,
-                        std::int64_t bytes, double start_ms, double end_ms);
+  void record_completed(std::uint64_t sequence, CommOp op, std::string_view group, std::int64_t bytes,
+                        DataType type, double start_ms, double end_ms);
   // The latest operations posted, oldest first (safe from any thread).
   std::vector<RecentOperation> recent() const;
   // Completed operations also go to `trace` as spans (null: no trace).

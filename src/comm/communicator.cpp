@@ -29,9 +29,9 @@ std::int64_t Operation::ledger_bytes(int group_size) const {
 }
 
 Request::Request(std::unique_ptr<PendingOperation> pending, CommLedger* ledger, std::string group,
-                 CommOp op, std::int64_t bytes, std::uint64_t sequence, double start_ms)
+                 CommOp op, std::int64_t bytes, DataType type, std::uint64_t sequence, double start_ms)
     : pending_(std::move(pending)), ledger_(ledger), group_(std::move(group)), op_(op),
-      bytes_(bytes), sequence_(sequence), start_ms_(start_ms) {}
+      bytes_(bytes), type_(type), sequence_(sequence), start_ms_(start_ms) {}
 
 Request& Request::operator=(Request&& other) noexcept {
   if (this != &other) {
@@ -41,6 +41,7 @@ Request& Request::operator=(Request&& other) noexcept {
     group_ = std::move(other.group_);
     op_ = other.op_;
     bytes_ = other.bytes_;
+    type_ = other.type_;
     sequence_ = other.sequence_;
     start_ms_ = other.start_ms_;
   }
@@ -68,23 +69,23 @@ void Request::wait() {
 void Request::finish() {
   pending_.reset();
   if (ledger_ != nullptr)
-    ledger_->record_completed(sequence_, op_, group_, bytes_, start_ms_, now_ms());
+    ledger_->record_completed(sequence_, op_, group_, bytes_, type_, start_ms_, now_ms());
 }
 
 void Communicator::run(const Operation& operation) {
   const double start_ms = now_ms();
   const std::int64_t bytes = operation.ledger_bytes(size());
-  const std::uint64_t sequence = ledger_.record_posted(operation.op, group_, bytes);
+  const std::uint64_t sequence = ledger_.record_posted(operation.op, group_, bytes, operation.type);
   run_backend(operation);
-  ledger_.record_completed(sequence, operation.op, group_, bytes, start_ms, now_ms());
+  ledger_.record_completed(sequence, operation.op, group_, bytes, operation.type, start_ms, now_ms());
 }
 
 Request Communicator::start(const Operation& operation) {
   const double start_ms = now_ms();
   const std::int64_t bytes = operation.ledger_bytes(size());
-  const std::uint64_t sequence = ledger_.record_posted(operation.op, group_, bytes);
+  const std::uint64_t sequence = ledger_.record_posted(operation.op, group_, bytes, operation.type);
   auto pending = start_backend(operation);
-  return Request(std::move(pending), &ledger_, group_, operation.op, bytes, sequence, start_ms);
+  return Request(std::move(pending), &ledger_, group_, operation.op, bytes, operation.type, sequence, start_ms);
 }
 
 }  // namespace mlptrain

@@ -58,7 +58,7 @@ class Request {
  public:
   Request() = default;
   Request(std::unique_ptr<PendingOperation> pending, CommLedger* ledger, std::string group,
-          CommOp op, std::int64_t bytes, std::uint64_t sequence, double start_ms);
+          CommOp op, std::int64_t bytes, DataType type, std::uint64_t sequence, double start_ms);
   Request(Request&&) noexcept = default;
   Request& operator=(Request&& other) noexcept;
   ~Request();
@@ -74,6 +74,7 @@ class Request {
   std::string group_;
   CommOp op_ = CommOp::all_reduce;
   std::int64_t bytes_ = 0;
+  DataType type_ = DataType::float32;
   std::uint64_t sequence_ = 0;
   double start_ms_ = 0;
 };
@@ -99,6 +100,25 @@ class Communicator {
     return fallback.allocate(state, bytes);
   }
 
+  // Sums of elements of a run-time type (fp32, bf16, fp16: training's tensors), in place.
+  void all_reduce(void* data, std::size_t count, DataType type) {
+    run(all_reduce_operation(data, count, type, ReduceOp::sum));
+  }
+  Request all_reduce_async(void* data, std::size_t count, DataType type) {
+    return start(all_reduce_operation(data, count, type, ReduceOp::sum));
+  }
+  Request reduce_scatter_in_place_async(void* data, std::size_t count_per_rank, DataType type) {
+    return start({.op = CommOp::reduce_scatter, .send = data, .receive = data, .count = count_per_rank, .type = type});
+  }
+  Request all_gather_in_place_async(void* data, std::size_t count_per_rank, DataType type) {
+    return start({.op = CommOp::all_gather, .send = data, .receive = data, .count = count_per_rank, .type = type});
+  }
+  void all_to_all_variable(const void* send, std::vector<std::size_t> send_counts, void* receive,
+                           std::vector<std::size_t> receive_counts, DataType type) {
+    run({.op = CommOp::all_to_all, .send = send, .receive = receive, .send_counts = std::move(send_counts),
+         .receive_counts = std::move(receive_counts), .type = type});
+  }
+
   // Typed conveniences for the common cases.
   template <typename T>
   void all_reduce(T* data, std::size_t count, ReduceOp reduce = ReduceOp::sum) {
@@ -107,16 +127,6 @@ class Communicator {
   template <typename T>
   Request all_reduce_async(T* data, std::size_t count, ReduceOp reduce = ReduceOp::sum) {
     return start(all_reduce_operation(data, count, data_type_of<T>(), reduce));
-  }
-  template <typename T>
-  Request reduce_scatter_in_place_async(T* data, std::size_t count_per_rank) {
-    return start({.op = CommOp::reduce_scatter, .send = data, .receive = data,
-                  .count = count_per_rank, .type = data_type_of<T>()});
-  }
-  template <typename T>
-  Request all_gather_in_place_async(T* data, std::size_t count_per_rank) {
-    return start({.op = CommOp::all_gather, .send = data, .receive = data, .count = count_per_rank,
-                  .type = data_type_of<T>()});
   }
   template <typename T>
   void reduce_scatter(const T* send, T* receive, std::size_t receive_count) {

@@ -9,6 +9,7 @@
 #include <string>
 #include <utility>
 
+#include "core/elements.hpp"
 #include "core/error.hpp"
 
 namespace mlptrain {
@@ -29,10 +30,20 @@ MPI_Datatype mpi_type(DataType type) {
   return MPI_DATATYPE_NULL;
 }
 
-MPI_Op mpi_op(ReduceOp reduce, DataType type) {
-  if (is_half(type))
-    throw std::logic_error("the MPI communicator cannot reduce " + std::string(data_type_name(type)) +
-                           " elements");
+// Sums of 16-bit floats, which MPI has no type for: each pair widened to fp32, added, rounded.
+template <typename Element>
+void sum_halves(void* in, void* inout, int* length, MPI_Datatype*) {
+  const auto* __restrict source = static_cast<const typename Element::Storage*>(in);
+  auto* __restrict target = static_cast<typename Element::Storage*>(inout);
+  for (int i = 0; i < *length; ++i) target[i] = Element::store(Element::load(target[i]) + Element::load(source[i]));
+}
+
+MPI_Op mpi_op(ReduceOp reduce, DataType type, const MpiHalfSums& half_sums) {
+  if (is_half(type)) {
+    if (reduce != ReduceOp::sum)
+      throw std::logic_error("the MPI communicator only sums " + std::string(data_type_name(type)) + " elements");
+    return type == DataType::bfloat16 ? half_sums.bfloat16 : half_sums.float16;
+  }
   switch (reduce) {
     case ReduceOp::sum: return MPI_SUM;
     case ReduceOp::max: return MPI_MAX;
@@ -136,6 +147,8 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm, std::string group, CommLedger& l
     : Communicator(std::move(group), ledger), comm_(comm), staging_(staging) {
   MPI_Comm_rank(comm_, &rank_);
   MPI_Comm_size(comm_, &size_);
+  MPI_Op_create(sum_halves<Bf16>, 1, &half_sums_.bfloat16);
+  MPI_Op_create(sum_halves<Fp16>, 1, &half_sums_.float16);
   shares_node_ = shared_memory && size_ > 1 && group_shares_node(comm_);
 }
 
@@ -144,6 +157,10 @@ MpiCommunicator::~MpiCommunicator() {
   windows_.clear();
   int finalized = 0;
   MPI_Finalized(&finalized);
+  if (!finalized) {
+    MPI_Op_free(&half_sums_.bfloat16);
+    MPI_Op_free(&half_sums_.float16);
+  }
   const bool predefined = comm_ == MPI_COMM_WORLD || comm_ == MPI_COMM_SELF || comm_ == MPI_COMM_NULL;
   if (!finalized && !predefined) MPI_Comm_free(&comm_);
 }
@@ -162,7 +179,8 @@ Buffer MpiCommunicator::allocate_collective_memory(Allocator& fallback, MemorySt
 }
 
 std::unique_ptr<PendingOperation> MpiCommunicator::start_shared(const Operation& operation) {
-  if (operation.type != DataType::float32 || operation.send != operation.receive) return nullptr;
+  const bool summable = operation.type == DataType::float32 || is_half(operation.type);
+  if (!summable || operation.send != operation.receive) return nullptr;
   SharedWindow::Kind kind;
   std::size_t count = operation.count;
   switch (operation.op) {
@@ -182,8 +200,8 @@ std::unique_ptr<PendingOperation> MpiCommunicator::start_shared(const Operation&
     default: return nullptr;
   }
   for (const auto& window : windows_)
-    if (window->contains(operation.receive, count * sizeof(float)))
-      return window->start(kind, static_cast<float*>(operation.receive), count);
+    if (window->contains(operation.receive, count * size_of(operation.type)))
+      return window->start(kind, operation.receive, count, operation.type);
   return nullptr;
 }
 
@@ -211,11 +229,11 @@ void MpiCommunicator::run_host(const Operation& operation) {
   switch (operation.op) {
     case CommOp::all_reduce:
       MPI_Allreduce(send_or_in_place(operation), operation.receive, count, type,
-                    mpi_op(operation.reduce, operation.type), comm_);
+                    mpi_op(operation.reduce, operation.type, half_sums_), comm_);
       return;
     case CommOp::reduce_scatter:
       MPI_Reduce_scatter_block(send_or_in_place(operation), operation.receive, count, type,
-                               mpi_op(operation.reduce, operation.type), comm_);
+                               mpi_op(operation.reduce, operation.type, half_sums_), comm_);
       if (in_place(operation)) move_to_own_block(operation, rank_);
       return;
     case CommOp::all_gather:
@@ -269,11 +287,11 @@ std::unique_ptr<MpiPending> MpiCommunicator::start_host(const Operation& operati
   switch (operation.op) {
     case CommOp::all_reduce:
       MPI_Iallreduce(send_or_in_place(operation), operation.receive, count, type,
-                     mpi_op(operation.reduce, operation.type), comm_, request);
+                     mpi_op(operation.reduce, operation.type, half_sums_), comm_, request);
       break;
     case CommOp::reduce_scatter:
       MPI_Ireduce_scatter_block(send_or_in_place(operation), operation.receive, count, type,
-                                mpi_op(operation.reduce, operation.type), comm_, request);
+                                mpi_op(operation.reduce, operation.type, half_sums_), comm_, request);
       if (in_place(operation))
         pending->on_completion = [operation, rank = rank_] { move_to_own_block(operation, rank); };
       break;

@@ -16,6 +16,12 @@ namespace mlptrain {
 
 class MpiPending;
 
+// MPI's sum operations for the 16-bit floats (made with MPI_Op_create per communicator).
+struct MpiHalfSums {
+  MPI_Op bfloat16 = MPI_OP_NULL;
+  MPI_Op float16 = MPI_OP_NULL;
+};
+
 class MpiCommunicator final : public Communicator {
  public:
   // Takes ownership of `comm` (freed on destruction unless it is predefined). Collective.
@@ -50,6 +56,7 @@ class MpiCommunicator final : public Communicator {
   int size_ = 1;
   bool shares_node_ = false;
   HostStaging* staging_ = nullptr;
+  MpiHalfSums half_sums_;
   // One window per allocation; each window hands out its one segment.
   std::vector<std::unique_ptr<SharedWindow>> windows_;
   std::vector<std::unique_ptr<Allocator>> window_allocators_;

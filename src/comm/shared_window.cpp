@@ -4,8 +4,11 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <cstring>
 #include <exception>
 #include <new>
+
+#include "core/elements.hpp"
 
 namespace mlptrain {
 
@@ -17,8 +20,8 @@ class Done final : public PendingOperation {
   void wait() override {}
 };
 
-std::uint32_t chunk_count(std::size_t count, std::size_t chunk_floats) {
-  return static_cast<std::uint32_t>((count + chunk_floats - 1) / chunk_floats);
+std::uint32_t chunk_count(std::size_t count, std::size_t chunk_elements) {
+  return static_cast<std::uint32_t>((count + chunk_elements - 1) / chunk_elements);
 }
 
 // An operation's mark in a slot's claims word: the low 32 bits of its sequence number (slots are
@@ -106,13 +109,12 @@ bool SharedWindow::contains(const void* data, std::size_t bytes) const {
   return pointer >= begin && pointer + bytes <= begin + bytes_;
 }
 
-std::unique_ptr<PendingOperation> SharedWindow::start(Kind kind, float* data, std::size_t count) {
+std::unique_ptr<PendingOperation> SharedWindow::start(Kind kind, void* data, std::size_t count, DataType type) {
   const std::uint64_t sequence = ++sequence_;
   if (count == 0 || size_ == 1) return std::make_unique<Done>();
   const Task task{kind, sequence,
-                  static_cast<std::size_t>(reinterpret_cast<char*>(data) -
-                                           segments_[static_cast<std::size_t>(rank_)]),
-                  count};
+                  static_cast<std::size_t>(static_cast<char*>(data) - segments_[static_cast<std::size_t>(rank_)]),
+                  count, type};
   Slot& slot = slot_of(sequence);
   Task& previous = posted_[sequence % slot_count];
   // The slot's previous operation must be over before the slot is reused (only with more than
@@ -123,7 +125,7 @@ std::unique_ptr<PendingOperation> SharedWindow::start(Kind kind, float* data, st
   if (slot.arrivals.fetch_add(1, std::memory_order_acq_rel) == size_ - 1) {
     slot.finished.store(0, std::memory_order_relaxed);
     slot.claims.store(tag(sequence), std::memory_order_release);  // open the chunks
-    help(task, (chunk_count(count, chunk_floats) + size_ - 1) / size_);  // a fair share
+    help(task, (chunk_count(count, chunk_elements) + size_ - 1) / size_);  // a fair share
   }
   return std::make_unique<Pending>(*this, task);
 }
@@ -131,7 +133,7 @@ std::unique_ptr<PendingOperation> SharedWindow::start(Kind kind, float* data, st
 bool SharedWindow::help(const Task& task, std::uint32_t most) {
   Slot& slot = slot_of(task.sequence);
   if (slot.completed.load(std::memory_order_acquire) >= task.sequence) return true;
-  const std::uint32_t chunks = chunk_count(task.count, chunk_floats);
+  const std::uint32_t chunks = chunk_count(task.count, chunk_elements);
   std::uint64_t claims = slot.claims.load(std::memory_order_acquire);
   for (std::uint32_t done = 0;
        done < most && (claims & ~0xffffffffull) == tag(task.sequence) &&
@@ -151,8 +153,8 @@ bool SharedWindow::help(const Task& task, std::uint32_t most) {
 }
 
 void SharedWindow::do_chunk(const Task& task, std::size_t chunk) {
-  const std::size_t first = chunk * chunk_floats;
-  const std::size_t end = std::min(task.count, first + chunk_floats);
+  const std::size_t first = chunk * chunk_elements;
+  const std::size_t end = std::min(task.count, first + chunk_elements);
   if (task.kind == Kind::sum) {
     sum_piece(task, first, end, -1);
     return;
@@ -165,31 +167,36 @@ void SharedWindow::do_chunk(const Task& task, std::size_t chunk) {
     if (task.kind == Kind::sum_scatter) {
       sum_piece(task, at, piece_end, owner);
     } else {
-      const float* source = range_of(owner, task) + at;
+      const std::size_t element = size_of(task.type);
+      const void* source = advance(range_of(owner, task), at, task.type);
       for (int rank = 0; rank < size_; ++rank)
-        if (rank != owner) std::copy(source, source + (piece_end - at), range_of(rank, task) + at);
+        if (rank != owner) std::memcpy(advance(range_of(rank, task), at, task.type), source, (piece_end - at) * element);
     }
     at = piece_end;
   }
 }
 
 void SharedWindow::sum_piece(const Task& task, std::size_t first, std::size_t end, int owner) {
-  // Sub-pieces small enough to stay in the first-level cache between the sum and the write-back.
-  constexpr std::size_t piece = 2048;
-  float total[piece];
-  for (std::size_t at = first; at < end; at += piece) {
-    const std::size_t length = std::min(piece, end - at);
-    std::copy_n(range_of(0, task) + at, length, total);
-    for (int rank = 1; rank < size_; ++rank) {
-      const float* __restrict part = range_of(rank, task) + at;
-      for (std::size_t i = 0; i < length; ++i) total[i] += part[i];
+  with_element(task.type, [&](auto element) {
+    using E = decltype(element);
+    // Sub-pieces small enough to stay in the first-level cache between the sum and the write-back.
+    constexpr std::size_t piece = 2048;
+    float total[piece];
+    const auto values = [&](int rank) { return elements<E>(range_of(rank, task)); };
+    for (std::size_t at = first; at < end; at += piece) {
+      const std::size_t length = std::min(piece, end - at);
+      const auto* __restrict first_part = values(0) + at;
+      for (std::size_t i = 0; i < length; ++i) total[i] = E::load(first_part[i]);
+      for (int rank = 1; rank < size_; ++rank) {
+        const auto* __restrict part = values(rank) + at;
+        for (std::size_t i = 0; i < length; ++i) total[i] += E::load(part[i]);
+      }
+      for (int rank = owner >= 0 ? owner : 0; rank < (owner >= 0 ? owner + 1 : size_); ++rank) {
+        auto* __restrict out = values(rank) + at;
+        for (std::size_t i = 0; i < length; ++i) out[i] = E::store(total[i]);
+      }
     }
-    if (owner >= 0) {
-      std::copy_n(total, length, range_of(owner, task) + at);
-    } else {
-      for (int rank = 0; rank < size_; ++rank) std::copy_n(total, length, range_of(rank, task) + at);
-    }
-  }
+  });
 }
 
 }  // namespace mlptrain

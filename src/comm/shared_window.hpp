@@ -4,8 +4,9 @@
 // by chunk, each chunk claimed by whichever rank looks first (the last to arrive takes a fair
 // share; a rank that is ahead takes the rest while it tests or waits, so it spends idle time on
 // the work instead of the rank that is behind), and nobody has to call into MPI for it to progress.
-//   sum:         every rank's range becomes the element-wise sum (summed in rank order, so every
-//                replica holds the same bits): an all-reduce.
+//   sum:         every rank's range becomes the element-wise sum (summed in rank order in fp32 and
+//                rounded once for 16-bit floats, so every replica holds the same bits): an
+//                all-reduce.
 //   sum_scatter: the range is split in `size` equal blocks; block b of rank b becomes the sum of
 //                every rank's block b (a reduce-scatter); other blocks are left as they were
 //                (callers may not rely on that: other backends leave them undefined).
@@ -38,10 +39,10 @@ class SharedWindow {
   std::size_t segment_bytes() const { return bytes_; }
   bool contains(const void* data, std::size_t bytes) const;
 
-  // Starts an operation on the `count` floats at `data` (inside this rank's segment; for the
-  // block kinds, count is the whole range, a multiple of the group size). Every rank must pass the
-  // same range of its own segment: the ranks lay out their buffers alike.
-  std::unique_ptr<PendingOperation> start(Kind kind, float* data, std::size_t count);
+  // Starts an operation on the `count` elements of `type` (fp32, bf16, fp16) at `data` (inside this
+  // rank's segment; for the block kinds, count is the whole range, a multiple of the group size).
+  // Every rank must pass the same range of its own segment: the ranks lay out their buffers alike.
+  std::unique_ptr<PendingOperation> start(Kind kind, void* data, std::size_t count, DataType type);
 
  private:
   static_assert(std::atomic<std::uint64_t>::is_always_lock_free,
@@ -59,15 +60,14 @@ class SharedWindow {
     std::uint64_t sequence;
     std::size_t offset_bytes;
     std::size_t count;
+    DataType type;
   };
   class Pending;
   static constexpr std::size_t slot_count = 1024;
-  static constexpr std::size_t chunk_floats = 16384;
+  static constexpr std::size_t chunk_elements = 16384;
 
   Slot& slot_of(std::uint64_t sequence) const { return slots_[sequence % slot_count]; }
-  float* range_of(int rank, const Task& task) const {
-    return reinterpret_cast<float*>(segments_[static_cast<std::size_t>(rank)] + task.offset_bytes);
-  }
+  void* range_of(int rank, const Task& task) const { return segments_[static_cast<std::size_t>(rank)] + task.offset_bytes; }
   // Does up to `most` unclaimed chunks of `task`; true once the operation is complete.
   bool help(const Task& task, std::uint32_t most = ~std::uint32_t{0});
   void do_chunk(const Task& task, std::size_t chunk);

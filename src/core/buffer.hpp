@@ -8,6 +8,7 @@
 #include <memory>
 #include <vector>
 
+#include "core/data_type.hpp"
 #include "core/memory_ledger.hpp"
 
 namespace mlptrain {
@@ -57,6 +58,9 @@ class Allocator {
   Buffer allocate(MemoryState state, std::size_t bytes);
   Buffer allocate_floats(MemoryState state, std::size_t count) {
     return allocate(state, count * sizeof(float));
+  }
+  Buffer allocate_elements(MemoryState state, std::size_t count, DataType type) {
+    return allocate(state, count * size_of(type));
   }
   MemoryLedger& ledger() { return ledger_; }
 

@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "core/buffer.hpp"
+#include "core/precision.hpp"
 
 namespace mlptrain {
 
@@ -51,6 +52,10 @@ template <> struct ChoiceNames<CommBackend> {
 template <> struct ChoiceNames<PipelineKind> {
   static constexpr std::array<std::pair<PipelineKind, std::string_view>, 2> names = {
       {{PipelineKind::one_f_one_b, "1f1b"}, {PipelineKind::gpipe, "gpipe"}}};
+};
+template <> struct ChoiceNames<DataType> {  // the training types
+  static constexpr std::array<std::pair<DataType, std::string_view>, 3> names = {
+      {{DataType::float32, "fp32"}, {DataType::bfloat16, "bf16"}, {DataType::float16, "fp16"}}};
 };
 template <> struct ChoiceNames<Device> {
   static constexpr std::array<std::pair<Device, std::string_view>, 3> names = {
@@ -119,6 +124,16 @@ struct Config {
   PipelineKind schedule = PipelineKind::one_f_one_b;
   bool recompute = false;
   bool offload = false;
+  // Precision
+  DataType param_dtype = DataType::float32;
+  DataType reduce_dtype = DataType::float32;
+  // fp16's loss scaling; these defaults mean "not given" (validation fills in fp16's defaults).
+  double loss_scale = -1;          // 0: dynamic, else a fixed scale
+  double initial_loss_scale = 0;   // dynamic: the first scale (65536)
+  int loss_scale_window = 0;       // dynamic: finite steps before the scale doubles (1000)
+  double min_loss_scale = 0;       // dynamic: the scale never halves below this (1)
+
+  Precision precision() const { return {.param = param_dtype, .reduce = reduce_dtype}; }
   // Devices
   Device device = Device::cpu;
   bool tf32 = false;

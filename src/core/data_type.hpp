@@ -41,6 +41,14 @@ constexpr bool is_half(DataType type) {
   return type == DataType::bfloat16 || type == DataType::float16;
 }
 
+// The element `elements` past `data` (null stays null).
+inline void* advance(void* data, std::size_t elements, DataType type) {
+  return data == nullptr ? nullptr : static_cast<char*>(data) + elements * size_of(type);
+}
+inline const void* advance(const void* data, std::size_t elements, DataType type) {
+  return data == nullptr ? nullptr : static_cast<const char*>(data) + elements * size_of(type);
+}
+
 template <typename T>
 constexpr DataType data_type_of();
 template <> constexpr DataType data_type_of<float>() { return DataType::float32; }

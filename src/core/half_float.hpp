@@ -7,7 +7,11 @@
 #pragma once
 
 #include <bit>
+#include <cstddef>
 #include <cstdint>
+#include <cstring>
+
+#include "core/data_type.hpp"
 
 namespace mlptrain {
 
@@ -33,8 +37,9 @@ inline std::uint16_t round_to_float16(float value) {
   const std::uint32_t special = magnitude > 0x7f800000u ? 0x7e00u : 0x7c00u;
   // Below 2^-14 the result is subnormal: adding 2^-1 aligns the 10 kept bits at the bottom of
   // the mantissa, and the float addition itself rounds to nearest even.
-  constexpr std::uint32_t subnormal_magic = 126u << 23;  // 0.5f
-  const float aligned = std::bit_cast<float>(magnitude) + std::bit_cast<float>(subnormal_magic);
+  // (The constants are float literals: a bit_cast of a constant keeps GCC from vectorizing.)
+  constexpr std::uint32_t subnormal_magic = 126u << 23;  // the bits of 0.5f
+  const float aligned = std::bit_cast<float>(magnitude) + 0.5f;
   const std::uint32_t subnormal = std::bit_cast<std::uint32_t>(aligned) - subnormal_magic;
   // Normal: rebias the exponent and round the 13 dropped bits to nearest even.
   const std::uint32_t odd = (magnitude >> 13) & 1u;
@@ -53,11 +58,28 @@ inline float float16_to_float(std::uint16_t bits) {
   // Infinity and NaN take fp32's widest exponent; a subnormal m x 2^-24 is renormalized by
   // giving it the smallest normal exponent and subtracting that exponent's implicit one.
   const std::uint32_t special = normal + (112u << 23);
-  const float subnormal = std::bit_cast<float>(normal + (1u << 23)) - std::bit_cast<float>(113u << 23);
+  const float subnormal = std::bit_cast<float>(normal + (1u << 23)) - 6.103515625e-05f;  // 2^-14: 113u << 23
   const std::uint32_t magnitude = exponent == (0x7c00u << 13) ? special
                                   : exponent == 0             ? std::bit_cast<std::uint32_t>(subnormal)
                                                               : normal;
   return std::bit_cast<float>(magnitude | (static_cast<std::uint32_t>(bits & 0x8000u) << 16));
+}
+
+// Element `index` of an fp32, bf16 or fp16 array, widened; and stored, rounded. One element at a
+// time, for the host's bookkeeping (initialization, checkpoints); kernels convert whole arrays.
+inline float load_element(const void* data, std::size_t index, DataType type) {
+  if (type == DataType::float32) return static_cast<const float*>(data)[index];
+  const std::uint16_t bits = static_cast<const std::uint16_t*>(data)[index];
+  return type == DataType::bfloat16 ? bfloat16_to_float(bits) : float16_to_float(bits);
+}
+
+inline void store_element(void* data, std::size_t index, DataType type, float value) {
+  if (type == DataType::float32) {
+    static_cast<float*>(data)[index] = value;
+    return;
+  }
+  static_cast<std::uint16_t*>(data)[index] =
+      type == DataType::bfloat16 ? round_to_bfloat16(value) : round_to_float16(value);
 }
 
 }  // namespace mlptrain

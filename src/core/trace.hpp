@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "core/data_type.hpp"
+
 namespace mlptrain {
 
 // The rows of a rank in the trace viewer. Computations follow one another; transfers and
@@ -26,6 +28,7 @@ struct TraceSpan {
   int micro_batch = -1;
   std::int64_t bytes = 0;
   std::string group;  // process group of a transfer or collective
+  DataType type = DataType::float32;  // its elements' type
 };
 
 class TraceRecorder {

@@ -38,8 +38,11 @@ ActivationProfile activation_profile(const RankLayout& layout, const RoutingSeen
   const RecomputePlan plan(specs, layout.config.recompute);
   const std::int64_t rows = layout.rows;
   const std::int64_t output_width = specs.back().out_features;
+  // Activations and their gradients are of the param type; targets and labels as read.
+  const DataType row_type = layout.config.param_dtype;
+  const auto row_bytes = static_cast<std::int64_t>(size_of(row_type));
   // What arrives with a micro-batch: its input, and targets or labels where the loss is.
-  ActivationProfile profile{.received = rows * specs.front().in_features * 4};
+  ActivationProfile profile{.received = rows * specs.front().in_features * row_bytes};
   if (computes_loss(layout))
     profile.received += layout.loss_kind == LossKind::mse ? rows * output_width * 4 : rows * 4;
   // Forward and backward, allocation by allocation, as the runner makes them.
@@ -48,12 +51,12 @@ ActivationProfile activation_profile(const RankLayout& layout, const RoutingSeen
   const auto free = [&](std::int64_t& bytes) { alive -= std::exchange(bytes, 0); };
   const std::size_t count = specs.size();
   std::vector<std::int64_t> pre(count, 0), output(count, 0);
-  const auto layer_bytes = [&](std::size_t local) { return rows * specs[local].out_features * 4; };
+  const auto layer_bytes = [&](std::size_t local) { return rows * specs[local].out_features * row_bytes; };
   for (std::size_t local = 0; local < count; ++local) {
     allocate(pre[local] = layer_bytes(local));
     if (specs[local].gelu) allocate(output[local] = layer_bytes(local));
     if (specs[local].moe() && routing.largest_moe_activation_bytes == 0)
-      allocate(moe_activation_bytes(specs[local], local_experts(layout, specs[local].index), rows));
+      allocate(moe_activation_bytes(specs[local], local_experts(layout, specs[local].index), rows, row_type));
     if (specs[local].gelu && !plan.keeps_pre(local, true)) free(pre[local]);
     if (!plan.keeps_input(local, true)) {
       free(output[local - 1]);
@@ -61,7 +64,7 @@ ActivationProfile activation_profile(const RankLayout& layout, const RoutingSeen
     }
   }
   allocate(routing.largest_moe_activation_bytes);
-  if (computes_loss(layout)) allocate(rows * output_width * 4);  // the loss gradient
+  if (computes_loss(layout)) allocate(rows * output_width * row_bytes);  // the loss gradient
   profile.forward_peak = peak;
   profile.kept = peak = alive;
   for (std::size_t local = count; local-- > 0;) {
@@ -87,20 +90,25 @@ std::int64_t step_sum_values(const RankLayout& layout) {
 
 Prediction base_prediction(const RankLayout& layout, const RoutingSeen& routing) {
   Prediction prediction;
-  const auto store_bytes = static_cast<std::int64_t>(layout.store_size() * sizeof(float));
-  prediction.params.bytes = layout.plan.hold_values ? store_bytes : 0;
-  prediction.grads.bytes = layout.plan.hold_grads ? store_bytes : 0;
-  // Two moments per parameter the rank updates: every element of its tensors.
+  const Precision precision = layout.config.precision();
+  const auto store_bytes = [&](std::size_t element_bytes) {
+    return static_cast<std::int64_t>(layout.store_size() * element_bytes);
+  };
+  prediction.params.bytes = layout.plan.hold_values ? store_bytes(precision.param_bytes()) : 0;
+  prediction.grads.bytes = layout.plan.hold_grads ? store_bytes(precision.reduce_bytes()) : 0;
+  // Two moments (and a master, with a 16-bit param type) per parameter the rank updates: every
+  // element of its tensors.
   const std::size_t elements = std::accumulate(layout.tensors.begin(), layout.tensors.end(), std::size_t{0},
                                                [](std::size_t sum, const ParameterTensor& tensor) { return sum + tensor.count; });
-  prediction.optimizer.bytes = static_cast<std::int64_t>(8 * elements);
+  prediction.optimizer.bytes = static_cast<std::int64_t>(precision.optimizer_bytes() * elements);
   prediction.activations.bytes = peak_activation_bytes(layout.schedule, activation_profile(layout, routing));
   if (layout.shape.world > 1)
     prediction.comm(CommOp::all_reduce) += step_sum_values(layout) * static_cast<std::int64_t>(sizeof(double));
   // The schedule's transfers across stage boundaries: inputs in, outputs out, and their gradients
   // the other way.
-  const std::int64_t input_bytes = layout.rows * layout.local_spec(layout.layers.first).in_features * 4;
-  const std::int64_t output_bytes = layout.rows * layout.local_spec(layout.layers.last - 1).out_features * 4;
+  const auto row_bytes = static_cast<std::int64_t>(precision.param_bytes());
+  const std::int64_t input_bytes = layout.rows * layout.local_spec(layout.layers.first).in_features * row_bytes;
+  const std::int64_t output_bytes = layout.rows * layout.local_spec(layout.layers.last - 1).out_features * row_bytes;
   for (const Action& action : layout.schedule) {
     if (action.kind == ActionKind::send_activations) prediction.comm(CommOp::send) += output_bytes;
     if (action.kind == ActionKind::send_gradients) prediction.comm(CommOp::send) += input_bytes;

@@ -33,8 +33,8 @@ constexpr int part_count = 3;
 constexpr const char* part_prefixes[part_count] = {"/model/", "/optimizer/exp_avg/",
                                                    "/optimizer/exp_avg_sq/"};
 
-constexpr RunPart run_parts[part_count] = {&StateRun::values, &StateRun::exp_avg,
-                                           &StateRun::exp_avg_sq};
+// The model is stored as the fp32 masters: any precision resumes from any other.
+constexpr RunField run_parts[part_count] = {RunField::master, RunField::exp_avg, RunField::exp_avg_sq};
 
 std::string dataset_name(const ParameterTensor& tensor, int part) {
   return part_prefixes[part] + tensor.path;
@@ -82,10 +82,10 @@ std::vector<std::uint32_t> dataset_checksums(const TrainingState& state,
   const bool host_memory = scope.allocator.device() == Device::cpu;
   std::vector<float> host;  // a device's runs are summed from a host copy
   for (std::size_t index = 0; index < globals.size(); ++index) {
-    for (const StateRun* run : owned_runs_of(state.updated, globals[index].global_index)) {
+    for (const StateRun* run : owned_runs_of(state.placement.updated, globals[index].global_index)) {
       for (int part = 0; part < part_count; ++part) {
         const auto bytes = static_cast<uInt>(run->count * sizeof(float));
-        const float* data = run->*run_parts[part];
+        const auto* data = static_cast<const float*>(field_of(*run, run_parts[part]));
         if (!host_memory) {
           host.resize(static_cast<std::size_t>(run->count));
           scope.allocator.copy_any_to_host(host.data(), data, bytes);
@@ -199,7 +199,7 @@ std::string save_checkpoint(const std::string& directory, const TrainingState& s
     bool written = true;
     for (std::size_t index = 0; index < scope.global_tensors.size(); ++index) {
       const ParameterTensor& global = scope.global_tensors[index];
-      const std::vector<const StateRun*> runs = owned_runs_of(state.updated, global.global_index);
+      const std::vector<const StateRun*> runs = owned_runs_of(state.placement.updated, global.global_index);
       const std::vector<hsize_t> dims(global.global_shape.begin(), global.global_shape.end());
       for (int part = 0; part < part_count; ++part) {
         Hdf5Handle file_space =
@@ -222,8 +222,15 @@ std::string save_checkpoint(const std::string& directory, const TrainingState& s
     written = write_string_attribute(root, "config", description.config_ini) && written;
     written = write_string_attribute(root, "layout", description.layout) && written;
     written = write_int64_attribute(root, "seed", description.seed) && written;
+    const Precision& precision = state.placement.precision;
+    written = write_string_attribute(root, "param_dtype", std::string(data_type_name(precision.param))) && written;
+    written = write_string_attribute(root, "reduce_dtype", std::string(data_type_name(precision.reduce))) && written;
     Hdf5Handle optimizer = group_handle(H5Gopen2(root, "/optimizer", H5P_DEFAULT));
-    written = write_int64_attribute(optimizer.get(), "step", state.step) && written;
+    written = write_int64_attribute(optimizer.get(), "step", state.optimizer_step) && written;
+    if (state.loss_scale > 0)
+      written = write_double_attribute(optimizer.get(), "loss_scale", state.loss_scale) &&
+                write_int64_attribute(optimizer.get(), "loss_scale_finite_steps", state.loss_scale_finite_steps) &&
+                written;
     optimizer.close();
     if (!file.close() || !written)
       throw RuntimeFailure("checkpoint: writing '" + temporary.string() + "' failed");
@@ -308,6 +315,19 @@ std::string load_checkpoint(const std::string& path, TrainingState& state,
     const auto position = read_int64_attribute(file.get(), "data_position");
     if (!position || *position < 0) throw UsageError(where + " has no valid data_position attribute");
     state.data_position = *position;
+    Hdf5Handle optimizer = group_handle(H5Gopen2(file.get(), "/optimizer", H5P_DEFAULT));
+    const auto optimizer_step = optimizer.valid() ? read_int64_attribute(optimizer.get(), "step") : std::nullopt;
+    if (!optimizer_step || *optimizer_step < 0 || *optimizer_step > *step)
+      throw UsageError(where + " has no valid step attribute on /optimizer");
+    state.optimizer_step = *optimizer_step;
+    // A run that scales its loss continues with the stored scale (none stored: its own start).
+    if (const auto scale = read_double_attribute(optimizer.get(), "loss_scale"); scale && state.loss_scale > 0) {
+      const auto finite_steps = read_int64_attribute(optimizer.get(), "loss_scale_finite_steps");
+      if (!(*scale >= 1) || !finite_steps || *finite_steps < 0)
+        throw UsageError(where + " has an invalid loss_scale or loss_scale_finite_steps attribute on /optimizer");
+      state.loss_scale = *scale;
+      state.loss_scale_finite_steps = *finite_steps;
+    }
     const std::int64_t layers = count_links(file.get(), "/model/layers");
     if (layers != scope.layer_count)
       throw UsageError(where + " holds " + std::to_string(std::max<std::int64_t>(layers, 0)) +
@@ -331,14 +351,19 @@ std::string load_checkpoint(const std::string& path, TrainingState& state,
   agree_or_throw(scope.world, [&] {
     Hdf5Handle transfer = collective_transfer();
     bool read = true;
+    const StatePlacement& placement = state.placement;
     for (const ParameterTensor& global : scope.global_tensors) {
       for (int part = 0; part < part_count; ++part) {
-        // Values go wherever this rank holds them; moments wherever it updates them.
-        const auto runs = runs_of(part == 0 ? state.held : state.updated, global.global_index);
-        Hdf5Handle dataset = dataset_handle(
-            H5Dopen2(file.get(), dataset_name(global, part).c_str(), H5P_DEFAULT));
-        read = read_runs(dataset.get(), transfer.get(), runs, run_parts[part], scope.allocator) &&
-               read;
+        // Masters and moments go wherever this rank updates them; the values (the masters
+        // rounded, with a 16-bit param type) wherever it holds them.
+        Hdf5Handle dataset = dataset_handle(H5Dopen2(file.get(), dataset_name(global, part).c_str(), H5P_DEFAULT));
+        const bool held_apart = part == 0 && placement.precision.keeps_master();
+        if (part > 0 || held_apart)
+          read = read_runs(dataset.get(), transfer.get(), runs_of(placement.updated, global.global_index),
+                           run_parts[part], DataType::float32, scope.allocator) && read;
+        if (part == 0)
+          read = read_runs(dataset.get(), transfer.get(), runs_of(placement.held, global.global_index),
+                           RunField::values, placement.precision.param, scope.allocator) && read;
       }
     }
     if (!read) throw RuntimeFailure(where + ": reading the tensors failed (corrupted?)");

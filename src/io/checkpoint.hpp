@@ -20,14 +20,18 @@ namespace mlptrain {
 inline constexpr const char* checkpoint_format = "mlptrain-checkpoint";
 inline constexpr std::int64_t checkpoint_format_version = 1;
 
-// The state a checkpoint holds: the runs a rank updates (values and AdamW moments; the owned ones
-// are written), the runs of values it holds (read back on load), the optimizer steps taken and the
-// data position (global samples consumed) to continue from.
+// The state a checkpoint holds: the runs a rank updates (fp32 master weights and AdamW moments;
+// the owned ones are written), the runs of values it holds (read back on load, rounded to the
+// param type), the training steps taken, the updates AdamW applied (its step: skipped steps do not
+// count), the data position (global samples consumed) to continue from, and fp16's loss scale
+// with the finite steps counted toward its next doubling.
 struct TrainingState {
-  const std::vector<StateRun>& updated;
-  const std::vector<StateRun>& held;
+  const StatePlacement& placement;
   std::int64_t step = 0;
+  std::int64_t optimizer_step = 0;
   std::int64_t data_position = 0;
+  double loss_scale = 0;  // 0: the run scales no loss
+  std::int64_t loss_scale_finite_steps = 0;
 };
 
 struct CheckpointDescription {

@@ -31,6 +31,10 @@ bool write_uint32_attribute(hid_t object, const char* name, std::uint32_t value)
   return write_scalar(object, name, H5T_STD_U32LE, H5T_NATIVE_UINT32, &value);
 }
 
+bool write_double_attribute(hid_t object, const char* name, double value) {
+  return write_scalar(object, name, H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, &value);
+}
+
 std::optional<std::string> read_string_attribute(hid_t object, const char* name) {
   if (H5Aexists(object, name) <= 0) return std::nullopt;
   Hdf5Handle attribute = attribute_handle(H5Aopen(object, name, H5P_DEFAULT));
@@ -54,14 +58,26 @@ std::optional<std::string> read_string_attribute(hid_t object, const char* name)
   return value;
 }
 
-std::optional<std::int64_t> read_int64_attribute(hid_t object, const char* name) {
+namespace {
+// A scalar attribute of `type_class`, converted to `memory_type`.
+template <typename T>
+std::optional<T> read_scalar(hid_t object, const char* name, H5T_class_t type_class, hid_t memory_type) {
   if (H5Aexists(object, name) <= 0) return std::nullopt;
   Hdf5Handle attribute = attribute_handle(H5Aopen(object, name, H5P_DEFAULT));
   Hdf5Handle file_type = type_handle(H5Aget_type(attribute.get()));
-  if (H5Tget_class(file_type.get()) != H5T_INTEGER) return std::nullopt;
-  std::int64_t value = 0;
-  if (H5Aread(attribute.get(), H5T_NATIVE_INT64, &value) < 0) return std::nullopt;
+  if (H5Tget_class(file_type.get()) != type_class) return std::nullopt;
+  T value{};
+  if (H5Aread(attribute.get(), memory_type, &value) < 0) return std::nullopt;
   return value;
+}
+}  // namespace
+
+std::optional<std::int64_t> read_int64_attribute(hid_t object, const char* name) {
+  return read_scalar<std::int64_t>(object, name, H5T_INTEGER, H5T_NATIVE_INT64);
+}
+
+std::optional<double> read_double_attribute(hid_t object, const char* name) {
+  return read_scalar<double>(object, name, H5T_FLOAT, H5T_NATIVE_DOUBLE);
 }
 
 }  // namespace mlptrain

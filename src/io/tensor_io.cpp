@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "core/half_float.hpp"
 #include "core/hdf5_handle.hpp"
 
 namespace mlptrain {
@@ -73,12 +74,14 @@ Hdf5Handle select_runs(hid_t file_space, const std::vector<const StateRun*>& run
   return memory;
 }
 
-// The runs' memory when it is one contiguous piece of host memory (no staging needed), else null.
-float* contiguous(const std::vector<const StateRun*>& runs, RunPart part, const Allocator& allocator) {
-  if (runs.empty() || allocator.device() != Device::cpu) return nullptr;
+// The runs' memory when it is one contiguous piece of host memory of fp32 (no staging needed),
+// else null.
+float* contiguous(const std::vector<const StateRun*>& runs, RunField field, DataType type, const Allocator& allocator) {
+  if (runs.empty() || allocator.device() != Device::cpu || type != DataType::float32) return nullptr;
   for (std::size_t index = 1; index < runs.size(); ++index)
-    if (runs[index]->*part != runs[index - 1]->*part + runs[index - 1]->count) return nullptr;
-  return runs.front()->*part;
+    if (field_of(*runs[index], field) != advance(field_of(*runs[index - 1], field), runs[index - 1]->count, type))
+      return nullptr;
+  return static_cast<float*>(field_of(*runs.front(), field));
 }
 
 // Host memory for `count` floats: a workspace buffer of a host allocator, else plain host memory
@@ -98,41 +101,58 @@ struct HostStagingBuffer {
 
 }  // namespace
 
-bool write_runs(hid_t dataset, hid_t transfer, const std::vector<const StateRun*>& runs,
-                RunPart part, Allocator& allocator) {
+void* field_of(const StateRun& run, RunField field) {
+  switch (field) {
+    case RunField::values: return run.values;
+    case RunField::master: return run.master;
+    case RunField::exp_avg: return run.exp_avg;
+    case RunField::exp_avg_sq: return run.exp_avg_sq;
+  }
+  return nullptr;
+}
+
+bool write_runs(hid_t dataset, hid_t transfer, const std::vector<const StateRun*>& runs, RunField field,
+                Allocator& allocator) {
   Hdf5Handle file_space = dataspace_handle(H5Dget_space(dataset));
   hsize_t total = 0;
   Hdf5Handle memory_space = select_runs(file_space.get(), runs, total);
-  const float* data = contiguous(runs, part, allocator);
+  const float* data = contiguous(runs, field, DataType::float32, allocator);
   HostStagingBuffer staging;
   if (data == nullptr && total > 0) {
     float* at = staging.get(allocator, total);
     data = at;
     for (const StateRun* run : runs) {
-      allocator.copy_any_to_host(at, run->*part, static_cast<std::size_t>(run->count) * sizeof(float));
+      allocator.copy_any_to_host(at, field_of(*run, field), static_cast<std::size_t>(run->count) * sizeof(float));
       at += run->count;
     }
   }
   return H5Dwrite(dataset, H5T_NATIVE_FLOAT, memory_space.get(), file_space.get(), transfer, data) >= 0;
 }
 
-bool read_runs(hid_t dataset, hid_t transfer, const std::vector<const StateRun*>& runs,
-               RunPart part, Allocator& allocator) {
+bool read_runs(hid_t dataset, hid_t transfer, const std::vector<const StateRun*>& runs, RunField field,
+               DataType type, Allocator& allocator) {
   Hdf5Handle file_space = dataspace_handle(H5Dget_space(dataset));
   hsize_t total = 0;
   Hdf5Handle memory_space = select_runs(file_space.get(), runs, total);
-  float* data = contiguous(runs, part, allocator);
+  float* data = contiguous(runs, field, type, allocator);
   const bool staged = data == nullptr && total > 0;
   HostStagingBuffer staging;
   if (staged) data = staging.get(allocator, total);
   const bool read = H5Dread(dataset, H5T_NATIVE_FLOAT, memory_space.get(), file_space.get(),
                             transfer, data) >= 0;
-  if (staged) {
-    const float* at = data;
-    for (const StateRun* run : runs) {
-      allocator.copy_host_to_any(run->*part, at, static_cast<std::size_t>(run->count) * sizeof(float));
-      at += run->count;
+  if (!staged) return read;
+  std::vector<std::byte> rounded;  // a run in a 16-bit type, on the host
+  const float* at = data;
+  for (const StateRun* run : runs) {
+    const auto count = static_cast<std::size_t>(run->count);
+    const void* source = at;
+    if (type != DataType::float32) {
+      rounded.resize(count * size_of(type));
+      for (std::size_t i = 0; i < count; ++i) store_element(rounded.data(), i, type, at[i]);
+      source = rounded.data();
     }
+    allocator.copy_host_to_any(field_of(*run, field), source, count * size_of(type));
+    at += count;
   }
   return read;
 }

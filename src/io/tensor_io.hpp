@@ -24,13 +24,17 @@ struct Hyperslab {
 std::vector<Hyperslab> hyperslabs_of_range(const std::vector<std::int64_t>& shape,
                                            std::int64_t offset, std::int64_t count);
 
-// Which part of a run moves: its values or one of its AdamW moments.
-using RunPart = float* StateRun::*;
+// Which part of a run moves: its fp32 master weights or AdamW moments, or its values (of the
+// param type: a 16-bit one is rounded from the file's float32 on the way in).
+enum class RunField { values, master, exp_avg, exp_avg_sq };
+void* field_of(const StateRun& run, RunField field);
 
-// Collective (every rank calls it for the same dataset; a rank without runs passes none).
-bool write_runs(hid_t dataset, hid_t transfer, const std::vector<const StateRun*>& runs,
-                RunPart part, Allocator& allocator);
-bool read_runs(hid_t dataset, hid_t transfer, const std::vector<const StateRun*>& runs,
-               RunPart part, Allocator& allocator);
+// Collective (every rank calls it for the same dataset; a rank without runs passes none). The
+// dataset holds float32; `type` is the field's element type in memory (only values may be of a
+// 16-bit type, and are only read).
+bool write_runs(hid_t dataset, hid_t transfer, const std::vector<const StateRun*>& runs, RunField field,
+                Allocator& allocator);
+bool read_runs(hid_t dataset, hid_t transfer, const std::vector<const StateRun*>& runs, RunField field,
+               DataType type, Allocator& allocator);
 
 }  // namespace mlptrain

@@ -12,32 +12,35 @@
 
 namespace mlptrain {
 
-// Views into the flat buffers; in/out are this rank's local sizes.
+// Views into the flat buffers; in/out are this rank's local sizes. The weights, the bias and the
+// activations the layer reads and writes are of the precision's param type, the gradients of its
+// reduce type: GEMMs accumulate in fp32 and round each result once.
 struct LinearLayer {
   LayerSpec spec;
-  float* weight = nullptr;
-  float* bias = nullptr;
-  float* weight_grad = nullptr;
-  float* bias_grad = nullptr;
+  void* weight = nullptr;
+  void* bias = nullptr;
+  void* weight_grad = nullptr;
+  void* bias_grad = nullptr;
+  Precision precision;
 };
 
 LinearLayer linear_layer_view(const ParameterStore& store, const LayerSpec& spec,
                               const std::string& base_path);
 
 // pre [rows, out] = input [rows, in] W^T (no bias yet).
-void linear_forward_matmul(Kernels& kernels, const LinearLayer& layer, const float* input,
-                           std::int64_t rows, float* pre);
+void linear_forward_matmul(Kernels& kernels, const LinearLayer& layer, const void* input,
+                           std::int64_t rows, void* pre);
 // pre += b; activated = GELU(pre) when the layer has one (activated may be null otherwise).
-void linear_forward_finish(Kernels& kernels, const LinearLayer& layer, std::int64_t rows, float* pre,
-                           float* activated);
+void linear_forward_finish(Kernels& kernels, const LinearLayer& layer, std::int64_t rows, void* pre,
+                           void* activated);
 
 // From grad_output (d loss / d output of the layer: of the GELU if it has one, else of pre):
 // grad_pre (workspace [rows, out]) = d loss / d pre, bias and weight gradients written
 // (accumulate = false) or added (accumulate = true), and grad_input [rows, in] if not null. The
 // bias and the weight are read before their gradients are written, so the gradients may share
 // their memory (sharded parameters gathered only for this layer's use do).
-void linear_backward(Kernels& kernels, const LinearLayer& layer, const float* input, const float* pre,
-                     const float* grad_output, std::int64_t rows, float* grad_pre,
-                     float* grad_input, bool accumulate);
+void linear_backward(Kernels& kernels, const LinearLayer& layer, const void* input, const void* pre,
+                     const void* grad_output, std::int64_t rows, void* grad_pre, void* grad_input,
+                     bool accumulate);
 
 }  // namespace mlptrain

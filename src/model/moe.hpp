@@ -41,10 +41,10 @@ class ExpertExchange {
   virtual int expert_rank() const = 0;
   // Every data rank's `count` values, in rank order: `all` holds data_ranks() x count.
   virtual void gather_statistics(const double* local, double* all, std::size_t count) = 0;
-  // Rows to the EP group: `send` packed by destination rank, `receive` by source rank (floats
-  // per rank given). Only called when there is more than one expert rank.
-  virtual void exchange_rows(const float* send, const std::vector<std::size_t>& send_floats,
-                             float* receive, const std::vector<std::size_t>& receive_floats) = 0;
+  // Rows to the EP group: `send` packed by destination rank, `receive` by source rank (elements
+  // of `type` per rank given). Only called when there is more than one expert rank.
+  virtual void exchange_rows(const void* send, const std::vector<std::size_t>& send_elements, void* receive,
+                             const std::vector<std::size_t>& receive_elements, DataType type) = 0;
 };
 
 // One process: its micro-batch is the global one, and it holds every expert.
@@ -55,8 +55,8 @@ class SingleProcessExchange final : public ExpertExchange {
   int expert_ranks() const override { return 1; }
   int expert_rank() const override { return 0; }
   void gather_statistics(const double* local, double* all, std::size_t count) override;
-  void exchange_rows(const float* send, const std::vector<std::size_t>& send_floats, float* receive,
-                     const std::vector<std::size_t>& receive_floats) override;
+  void exchange_rows(const void* send, const std::vector<std::size_t>& send_elements, void* receive,
+                     const std::vector<std::size_t>& receive_elements, DataType type) override;
 };
 
 // The routing of one micro-batch, as backward needs it. "Packed" order is this rank's kept
@@ -89,7 +89,8 @@ struct MoeRoutingTables {
   std::size_t bytes() const { return token.bytes() + weight.bytes() + grouping.bytes() + ungrouping.bytes(); }
 };
 
-// What one micro-batch's forward keeps for backward (charged as activations).
+// What one micro-batch's forward keeps for backward (charged as activations). Rows are of the
+// param type; the router's probabilities fp32.
 struct MoeActivations {
   Buffer probabilities;  // [rows, E]
   Buffer expert_input;   // [received, hidden], grouped by local expert
@@ -116,9 +117,9 @@ struct MoeStatistics {
 };
 
 // Bytes one micro-batch of `rows` tokens keeps for backward in an MoE layer of which this rank
-// holds `local_experts` experts, when its routing is balanced (k rows per token reach the
-// experts; the actual figure follows the routing).
-std::int64_t moe_activation_bytes(const LayerSpec& spec, int local_experts, std::int64_t rows);
+// holds `local_experts` experts, rows of `row_type`, when its routing is balanced (k rows per
+// token reach the experts; the actual figure follows the routing).
+std::int64_t moe_activation_bytes(const LayerSpec& spec, int local_experts, std::int64_t rows, DataType row_type);
 
 // Views of an MoE layer's parameters in the store (this rank's experts) and its passes.
 class MoeLayer {
@@ -136,12 +137,13 @@ class MoeLayer {
   };
   // output [rows, hidden] from input [rows, hidden]; `statistics` (training) gathers routing
   // figures. Collective over the exchange's groups.
-  void forward(const Pass& pass, const float* input, std::int64_t rows, float* output,
-               MoeActivations& saved, MoeStatistics* statistics) const;
+  void forward(const Pass& pass, const void* input, std::int64_t rows, void* output, MoeActivations& saved,
+               MoeStatistics* statistics) const;
   // grad_input [rows, hidden] from grad_output, parameter gradients written (or added, when
-  // `accumulate`); the auxiliary loss's gradient is that of its mean over `micro_batches`.
-  void backward(const Pass& pass, const float* input, const float* grad_output, std::int64_t rows,
-                float* grad_input, MoeActivations& saved, bool accumulate, int micro_batches) const;
+  // `accumulate`); the auxiliary loss's gradient is that of its mean over `micro_batches`, times
+  // `loss_scale` as the rest of the loss's gradient is.
+  void backward(const Pass& pass, const void* input, const void* grad_output, std::int64_t rows, void* grad_input,
+                MoeActivations& saved, bool accumulate, int micro_batches, float loss_scale = 1.0f) const;
 
  private:
   MoeRouting route(const Pass& pass, const float* probabilities, std::int64_t rows,
@@ -151,12 +153,13 @@ class MoeLayer {
   MoeSettings settings_;
   int first_expert_ = 0;
   int local_experts_ = 0;
-  float* router_ = nullptr;  // [E, hidden]
-  float* router_grad_ = nullptr;
-  float* weight_ = nullptr;  // [local experts, hidden, hidden]
-  float* weight_grad_ = nullptr;
-  float* bias_ = nullptr;  // [local experts, hidden]
-  float* bias_grad_ = nullptr;
+  Precision precision_;        // values and rows of the param type, gradients of the reduce type
+  void* router_ = nullptr;     // [E, hidden]
+  void* router_grad_ = nullptr;
+  void* weight_ = nullptr;     // [local experts, hidden, hidden]
+  void* weight_grad_ = nullptr;
+  void* bias_ = nullptr;       // [local experts, hidden]
+  void* bias_grad_ = nullptr;
 };
 
 }  // namespace mlptrain

@@ -66,32 +66,30 @@ std::size_t store_size(const std::vector<ParameterTensor>& tensors, int unit_mul
 }
 
 ParameterStore::ParameterStore(std::vector<ParameterTensor> tensors, Allocator& allocator,
-                               const ParameterPlan& plan)
+                               const ParameterPlan& plan, const Precision& precision)
     : tensors_(std::move(tensors)), unit_multiple_(plan.unit_multiple),
-      size_(store_size(tensors_, unit_multiple_)) {
-  if (plan.hold_values) values_ = allocator.allocate_floats(MemoryState::params, size_);
-  if (plan.hold_grads) grads_ = allocator.allocate_floats(MemoryState::grads, size_);
+      size_(store_size(tensors_, unit_multiple_)), precision_(precision) {
+  if (plan.hold_values) values_ = allocator.allocate_elements(MemoryState::params, size_, precision_.param);
+  if (plan.hold_grads) grads_ = allocator.allocate_elements(MemoryState::grads, size_, precision_.reduce);
   // The padding is never trained, but it is summed and gathered: keep it finite.
   values_.fill_zero();
 }
 
 namespace {
-void reallocate(Buffer& buffer, std::size_t count,
-                const std::function<Buffer(std::size_t bytes)>& allocate) {
+void reallocate(Buffer& buffer, std::size_t bytes, const std::function<Buffer(std::size_t bytes)>& allocate) {
   buffer.reset();
-  buffer = allocate(count * sizeof(float));
-  if (buffer.bytes() != count * sizeof(float))
-    throw std::invalid_argument("replacement parameter buffer of the wrong size");
+  buffer = allocate(bytes);
+  if (buffer.bytes() != bytes) throw std::invalid_argument("replacement parameter buffer of the wrong size");
 }
 }  // namespace
 
 void ParameterStore::reallocate_values(const std::function<Buffer(std::size_t bytes)>& allocate) {
-  reallocate(values_, size_, allocate);
+  reallocate(values_, size_ * precision_.param_bytes(), allocate);
   values_.fill_zero();
 }
 
 void ParameterStore::reallocate_grads(const std::function<Buffer(std::size_t bytes)>& allocate) {
-  reallocate(grads_, size_, allocate);
+  reallocate(grads_, size_ * precision_.reduce_bytes(), allocate);
 }
 
 const ParameterTensor& ParameterStore::tensor(const std::string& path) const {

@@ -12,6 +12,7 @@
 
 #include "core/process_grid.hpp"
 #include "core/buffer.hpp"
+#include "core/precision.hpp"
 #include "model/model_spec.hpp"
 
 namespace mlptrain {
@@ -66,14 +67,20 @@ FlatRange unit_range(const std::vector<ParameterTensor>& tensors, int layer, int
 // Elements of a store holding `tensors`: the end of the last unit, padded.
 std::size_t store_size(const std::vector<ParameterTensor>& tensors, int unit_multiple);
 
+// The values are the parameters' compute copy, of the precision's param type; the gradients are of
+// its reduce type.
 class ParameterStore {
  public:
   ParameterStore(std::vector<ParameterTensor> tensors, Allocator& allocator,
-                 const ParameterPlan& plan = {});
+                 const ParameterPlan& plan = {}, const Precision& precision = {});
 
   std::size_t size() const { return size_; }  // elements of the padded layout
-  float* values() const { return values_.floats(); }  // null when the plan does not hold them
-  float* grads() const { return grads_.floats(); }
+  const Precision& precision() const { return precision_; }
+  void* values() const { return values_.as<void>(); }  // null when the plan does not hold them
+  void* grads() const { return grads_.as<void>(); }
+  // The value or gradient at `element` of the flat layout (null where not held).
+  void* value_at(std::size_t element) const { return advance(values(), element, precision_.param); }
+  void* grad_at(std::size_t element) const { return advance(grads(), element, precision_.reduce); }
   const std::vector<ParameterTensor>& tensors() const { return tensors_; }
   // Moves the values or the gradients into memory from `allocate(bytes)`, e.g. memory a
   // communicator works on in place. The old buffer goes first, so the ledger never holds both (its
@@ -94,6 +101,7 @@ class ParameterStore {
   std::vector<ParameterTensor> tensors_;
   int unit_multiple_ = 1;
   std::size_t size_ = 0;
+  Precision precision_;
   Buffer values_;
   Buffer grads_;
 };

@@ -2,19 +2,20 @@
 #include "model/state_runs.hpp"
 
 #include <algorithm>
+#include <cstddef>
 
+#include "core/half_float.hpp"
 #include "core/rng.hpp"
 
 namespace mlptrain {
 
 StatePlacement store_placement(const ParameterStore& store, const GridShape& shape,
                                const GridCoordinates& place) {
-  StatePlacement placement;
+  StatePlacement placement{.precision = store.precision()};
   for (const ParameterTensor& tensor : store.tensors()) {
-    append_local_range(placement.updated, tensor, 0, tensor.count,
-                       store.values() ? store.values() + tensor.offset : nullptr,
-                       store.grads() ? store.grads() + tensor.offset : nullptr,
-                       placement.moment_count, ParameterStore::owns(tensor, shape, place));
+    append_local_range(placement.updated, tensor, 0, tensor.count, store.value_at(tensor.offset),
+                       store.grad_at(tensor.offset), placement.moment_count,
+                       ParameterStore::owns(tensor, shape, place), store.precision());
     placement.moment_count += tensor.count;
   }
   placement.held = placement.updated;
@@ -22,8 +23,8 @@ StatePlacement store_placement(const ParameterStore& store, const GridShape& sha
 }
 
 void append_local_range(std::vector<StateRun>& runs, const ParameterTensor& tensor,
-                        std::size_t local_offset, std::size_t count, float* values, float* grads,
-                        std::size_t moment_offset, bool owned) {
+                        std::size_t local_offset, std::size_t count, void* values, void* grads,
+                        std::size_t moment_offset, bool owned, const Precision& precision) {
   const auto begin = static_cast<std::int64_t>(local_offset);
   const auto end = begin + static_cast<std::int64_t>(count);
   for_each_run(tensor.global_shape, tensor.local_start, tensor.local_shape,
@@ -35,24 +36,37 @@ void append_local_range(std::vector<StateRun>& runs, const ParameterTensor& tens
                  runs.push_back({.tensor = &tensor,
                                  .offset = global_offset + (first - run_local),
                                  .count = last - first,
-                                 .values = values ? values + skip : nullptr,
-                                 .grads = grads ? grads + skip : nullptr,
+                                 .values = advance(values, skip, precision.param),
+                                 .grads = advance(grads, skip, precision.reduce),
                                  .moment_offset = moment_offset + skip,
+                                 // fp32 values are their own masters; else the optimizer's
+                                 .master = precision.keeps_master() ? nullptr
+                                                                    : static_cast<float*>(advance(values, skip, precision.param)),
                                  .owned = owned});
                });
 }
 
-void initialize_values(const std::vector<StateRun>& held, std::uint64_t seed, Allocator& memory) {
-  std::vector<float> host;  // where the values are drawn when they live in a device's memory
-  for (const StateRun& run : held) {
-    const CounterRng rng(seed, run.tensor->path);
-    const auto count = static_cast<std::size_t>(run.count);
-    const bool direct = memory.device() == Device::cpu;
-    if (!direct) host.resize(count);
-    float* values = direct ? run.values : host.data();
-    rng.fill_uniform(values, static_cast<std::uint64_t>(run.offset), count, -run.tensor->init_bound,
-                     run.tensor->init_bound);
-    if (!direct) memory.copy_to_device(run.values, values, count * sizeof(float));
+void initialize_state(const StatePlacement& placement, std::uint64_t seed, Allocator& memory,
+                      Allocator& master_memory) {
+  std::vector<float> drawn;                  // a run's values in fp32, as drawn
+  std::vector<std::byte> rounded;            // ... and in the param type
+  const DataType type = placement.precision.param;
+  const auto draw = [&](const StateRun& run) {
+    drawn.resize(static_cast<std::size_t>(run.count));
+    CounterRng(seed, run.tensor->path)
+        .fill_uniform(drawn.data(), static_cast<std::uint64_t>(run.offset), drawn.size(), -run.tensor->init_bound,
+                      run.tensor->init_bound);
+  };
+  for (const StateRun& run : placement.held) {
+    draw(run);
+    rounded.resize(drawn.size() * size_of(type));
+    for (std::size_t i = 0; i < drawn.size(); ++i) store_element(rounded.data(), i, type, drawn[i]);
+    memory.copy_host_to_any(run.values, rounded.data(), rounded.size());
+  }
+  if (!placement.precision.keeps_master()) return;  // the values are the masters
+  for (const StateRun& run : placement.updated) {
+    draw(run);
+    master_memory.copy_host_to_any(run.master, drawn.data(), drawn.size() * sizeof(float));
   }
 }
 

@@ -1,6 +1,7 @@
 // Where a rank's share of the training state lives, as runs: row-major ranges of one tensor's
-// elements (flat indices into the whole tensor) with pointers to their values, gradients and AdamW
-// moments. A replicated layout has one run per row range of every tensor; a sharded one has the
+// elements (flat indices into the whole tensor) with pointers to their values (the compute copy,
+// of the param type), gradients (of the reduce type), fp32 master weights (the values themselves
+// in fp32) and AdamW moments. A replicated layout has one run per row range of every tensor; a sharded one has the
 // pieces of its shards. The optimizer updates runs, norms and checkpoints count the owned ones,
 // and initialization fills held runs, so none of them needs to know the layout.
 #pragma once
@@ -17,10 +18,11 @@ struct StateRun {
   const ParameterTensor* tensor = nullptr;  // its path, global shape and init bound
   std::int64_t offset = 0;                  // first element, flat row-major in the whole tensor
   std::int64_t count = 0;
-  float* values = nullptr;
-  float* grads = nullptr;
-  std::size_t moment_offset = 0;  // where its AdamW moments sit in the optimizer's buffers
-  float* exp_avg = nullptr;        // set by the optimizer that owns the moments
+  void* values = nullptr;
+  void* grads = nullptr;
+  std::size_t moment_offset = 0;  // where its master and moments sit in the optimizer's buffers
+  float* master = nullptr;        // the values themselves (fp32), or set by the optimizer
+  float* exp_avg = nullptr;
   float* exp_avg_sq = nullptr;
   bool owned = true;  // this rank counts it in norms and writes it to checkpoints
 };
@@ -33,6 +35,7 @@ struct StatePlacement {
   std::vector<StateRun> updated;
   std::vector<StateRun> held;
   std::size_t moment_count = 0;
+  Precision precision;  // the values' and the gradients' types
 };
 
 // The runs of a store that holds every local value and gradient: every rank updates what it
@@ -42,14 +45,17 @@ StatePlacement store_placement(const ParameterStore& store, const GridShape& sha
 
 // Appends the runs of the local elements [local_offset, local_offset + count) of `tensor` (flat
 // in its local box): one per row piece of the box they cross, with global offsets. `values`,
-// `grads` and the moment offset belong to the first of those elements and advance with them.
+// `grads` (of `precision`'s types) and the moment offset belong to the first of those elements and
+// advance with them.
 void append_local_range(std::vector<StateRun>& runs, const ParameterTensor& tensor,
-                        std::size_t local_offset, std::size_t count, float* values, float* grads,
-                        std::size_t moment_offset, bool owned);
+                        std::size_t local_offset, std::size_t count, void* values, void* grads,
+                        std::size_t moment_offset, bool owned, const Precision& precision);
 
-// Every held value from the counter RNG keyed by (seed, tensor path, global element index), so
-// any placement starts from the same model.
-void initialize_values(const std::vector<StateRun>& held, std::uint64_t seed, Allocator& memory);
+// Every held value and every master weight from the counter RNG keyed by (seed, tensor path,
+// global element index), so any placement starts from the same model: the masters as drawn, the
+// values rounded to the param type. `memory` reaches the values; `master_memory` the masters.
+void initialize_state(const StatePlacement& placement, std::uint64_t seed, Allocator& memory,
+                      Allocator& master_memory);
 
 // The runs among `runs` of the tensor with this global index, in row-major order.
 std::vector<const StateRun*> runs_of(const std::vector<StateRun>& runs, int global_index);

@@ -21,25 +21,34 @@ CheckpointScope Checkpointer::scope() const {
           .shape_options = model_shape_options()};
 }
 
-TrainingState Checkpointer::state(std::int64_t step) const {
-  const StatePlacement& placement = run_.model->placement;
-  return {placement.updated, placement.held, step, run_.batch.step_position(step)};
+TrainingState Checkpointer::state(const Progress& progress) const {
+  return {.placement = run_.model->placement,
+          .step = progress.step,
+          .optimizer_step = progress.optimizer_step,
+          .data_position = run_.batch.step_position(progress.step),
+          .loss_scale = progress.loss_scale,
+          .loss_scale_finite_steps = progress.loss_scale_finite_steps};
 }
 
-Checkpointer::Resumed Checkpointer::resume() {
-  TrainingState loaded = state(0);
+Checkpointer::Resumed Checkpointer::resume(const Progress& start) {
+  TrainingState loaded = state(start);
   const std::string file = load_checkpoint(run_.config.resume, loaded, scope());
   run_.batch.resumed_step = loaded.step;
   run_.batch.resumed_position = loaded.data_position;
-  return {loaded.step, file};
+  return {{.step = loaded.step,
+           .optimizer_step = loaded.optimizer_step,
+           .loss_scale = loaded.loss_scale,
+           .loss_scale_finite_steps = loaded.loss_scale_finite_steps},
+          file};
 }
 
-std::string Checkpointer::save(std::int64_t step) {
+std::string Checkpointer::save(const Progress& progress) {
+  const std::int64_t step = progress.step;
   AdamW& optimizer = *run_.model->optimizer;
   optimizer.finish_update();
   // A checkpoint is only ever written of finite parameters.
   double square_sum =
-      AdamW::owned_square_sum(*run_.device.kernels, run_.model->placement.updated, AdamW::Field::values);
+      AdamW::owned_square_sum(*run_.device.kernels, run_.model->placement, AdamW::Field::values);
   if (run_.world().size() > 1) run_.world().all_reduce(&square_sum, 1);
   if (!std::isfinite(square_sum))
     throw AgreedError(ExitCode::runtime_failure,
@@ -50,7 +59,7 @@ std::string Checkpointer::save(std::int64_t step) {
       .layout = fmt::format("dp={} tp={} pp={} ep={} zero={}", shape.dp, shape.tp, shape.pp, shape.ep,
                             run_.config.zero),
       .seed = run_.config.seed};
-  return save_checkpoint(run_.config.checkpoint_dir, state(step), description, scope());
+  return save_checkpoint(run_.config.checkpoint_dir, state(progress), description, scope());
 }
 
 }  // namespace mlptrain

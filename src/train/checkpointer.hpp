@@ -16,19 +16,27 @@ class Checkpointer {
  public:
   explicit Checkpointer(Run& run) : run_(run) {}
 
+  // Where training stands besides the state's tensors.
+  struct Progress {
+    std::int64_t step = 0;            // training steps taken
+    std::int64_t optimizer_step = 0;  // updates applied (skipped steps do not count)
+    double loss_scale = 0;            // fp16's loss scale (0: none)...
+    std::int64_t loss_scale_finite_steps = 0;  // ...and the finite steps toward its doubling
+  };
   // Loads --resume into the run's state and sets the data position it continues from. Returns
-  // the optimizer steps the checkpoint had taken and the file it read. Collective.
+  // where the checkpoint stood (`start`: the loss scale this run starts with, kept unless the
+  // checkpoint stored one) and the file it read. Collective.
   struct Resumed {
-    std::int64_t step = 0;
+    Progress progress;
     std::string file;
   };
-  Resumed resume();
-  // Saves the state after `step` optimizer steps; returns the file written. Collective.
-  std::string save(std::int64_t step);
+  Resumed resume(const Progress& start);
+  // Saves the state; returns the file written. Collective.
+  std::string save(const Progress& progress);
 
  private:
   CheckpointScope scope() const;
-  TrainingState state(std::int64_t step) const;
+  TrainingState state(const Progress& progress) const;
 
   Run& run_;
 };

@@ -15,7 +15,7 @@ std::vector<LinearLayer> local_views(const ParameterStore& parameters, const std
   std::vector<LinearLayer> views;
   for (int layer = local.first; layer < local.last; ++layer) {
     const LayerSpec& spec = specs[static_cast<std::size_t>(layer)];
-    views.push_back(spec.moe() ? LinearLayer{.spec = spec}
+    views.push_back(spec.moe() ? LinearLayer{.spec = spec, .precision = parameters.precision()}
                                : linear_layer_view(parameters, spec, layer_path(layer, static_cast<int>(specs.size()))));
   }
   return views;
@@ -33,7 +33,7 @@ ModelRunner::ModelRunner(Kernels& kernels, Allocator& allocator, const Parameter
                          const std::vector<LayerSpec>& specs, LayerRange local, StrategyStack& strategies,
                          const MoeSettings& moe, bool recompute)
     : kernels_(kernels), allocator_(allocator), strategies_(strategies),
-      layers_(local_views(parameters, specs, local)), first_layer_(local.first), last_layer_(local.last),
+      activation_type_(parameters.precision().param), layers_(local_views(parameters, specs, local)), first_layer_(local.first), last_layer_(local.last),
       layer_count_(static_cast<int>(specs.size())), plan_(specs_of(layers_), recompute) {
   for (int layer = local.first; layer < local.last; ++layer) {
     const LayerSpec& spec = specs[static_cast<std::size_t>(layer)];
@@ -58,7 +58,7 @@ MicroBatchActivations ModelRunner::prepare(std::int64_t rows, LossKind loss_kind
     return allocator_.allocate_floats(MemoryState::activations,
                                       static_cast<std::size_t>(rows * columns));
   };
-  activations.input = floats(layers_.front().spec.in_features);
+  activations.input = allocate_rows(MemoryState::activations, rows, layers_.front().spec.in_features);
   if (computes_loss()) {
     const std::int64_t outputs = layers_.back().spec.out_features;
     if (loss_kind == LossKind::mse) {
@@ -71,13 +71,12 @@ MicroBatchActivations ModelRunner::prepare(std::int64_t rows, LossKind loss_kind
   return activations;
 }
 
-float* ModelRunner::layer_output(MicroBatchActivations& activations, std::size_t local) const {
-  return layers_[local].spec.gelu ? activations.output[local].floats()
-                                  : activations.pre[local].floats();
+void* ModelRunner::layer_output(MicroBatchActivations& activations, std::size_t local) const {
+  return layers_[local].spec.gelu ? activations.output[local].as<void>() : activations.pre[local].as<void>();
 }
 
 void ModelRunner::layer_forward(MicroBatchActivations& activations, std::size_t local,
-                                const float* input, std::int64_t rows, float* scratch, int micro_batch,
+                                const void* input, std::int64_t rows, void* scratch, int micro_batch,
                                 int micro_batches, bool training, bool recomputing) {
   const LinearLayer& layer = layers_[local];
   LinearLayer view = layer;
@@ -86,6 +85,7 @@ void ModelRunner::layer_forward(MicroBatchActivations& activations, std::size_t 
                    .micro_batches = micro_batches,
                    .training = training,
                    .recomputing = recomputing,
+                   .activation_type = activation_type_,
                    .rows = rows,
                    .input = input,
                    .layer_rows = rows,
@@ -95,12 +95,13 @@ void ModelRunner::layer_forward(MicroBatchActivations& activations, std::size_t 
   strategies_.before_layer_forward(event);
   // The layer's outputs, for the rows it computes on (a recomputed layer's kept ones stay).
   activations.layer_rows[local] = event.layer_rows;
-  const auto size = static_cast<std::size_t>(event.layer_rows * layer.spec.out_features);
-  if (activations.pre[local].empty()) activations.pre[local] = allocator_.allocate_floats(MemoryState::activations, size);
+  const std::int64_t out = layer.spec.out_features;
+  if (activations.pre[local].empty())
+    activations.pre[local] = allocate_rows(MemoryState::activations, event.layer_rows, out);
   if (layer.spec.gelu && scratch == nullptr && activations.output[local].empty())
-    activations.output[local] = allocator_.allocate_floats(MemoryState::activations, size);
-  float* output = scratch != nullptr ? scratch : activations.output[local].floats();
-  event.pre = activations.pre[local].floats();
+    activations.output[local] = allocate_rows(MemoryState::activations, event.layer_rows, out);
+  void* output = scratch != nullptr ? scratch : activations.output[local].as<void>();
+  event.pre = activations.pre[local].as<void>();
   if (moe_layers_[local]) {
     const MoeLayer::Pass moe_pass{kernels_, allocator_, strategies_.expert_exchange()};
     moe_layers_[local]->forward(moe_pass, event.layer_input, event.layer_rows, event.pre, activations.moe[local],
@@ -117,14 +118,13 @@ void ModelRunner::layer_forward(MicroBatchActivations& activations, std::size_t 
 
 LossSums ModelRunner::forward(MicroBatchActivations& activations, int micro_batch,
                               int micro_batches, bool training, LossKind loss_kind,
-                              std::int64_t loss_samples) {
-  const std::int64_t rows = activations.rows;
+                              std::int64_t loss_samples, float loss_scale) {
   activations.pre.resize(layers_.size());
   activations.output.resize(layers_.size());
   activations.moe.resize(layers_.size());
   activations.layer_rows.resize(layers_.size());
   for (std::size_t local = 0; local < layers_.size(); ++local) {
-    const float* input = local == 0 ? activations.input.floats() : layer_output(activations, local - 1);
+    const void* input = local == 0 ? activations.input.as<void>() : layer_output(activations, local - 1);
     layer_forward(activations, local, input, input_rows(activations, local), nullptr, micro_batch,
                   micro_batches, training, false);
     // What backward will not read (or will recompute) goes now; the stage's output stays.
@@ -140,28 +140,46 @@ LossSums ModelRunner::forward(MicroBatchActivations& activations, int micro_batc
     largest_moe_bytes_ = std::max(largest_moe_bytes_, moe_bytes);
   }
   if (!computes_loss()) return {};
-  const std::int64_t outputs = layers_.back().spec.out_features;
-  if (training)
-    activations.loss_grad = allocator_.allocate_floats(MemoryState::activations,
-                                                       static_cast<std::size_t>(rows * outputs));
-  return compute_loss(kernels_, loss_kind, output(activations), activations.targets.floats(),
-                      activations.labels.as<std::int32_t>(), rows, outputs, loss_samples,
-                      activations.loss_grad.floats());
+  return loss(activations, training, loss_kind, loss_samples, loss_scale);
+}
+
+LossSums ModelRunner::loss(MicroBatchActivations& activations, bool training, LossKind loss_kind,
+                           std::int64_t loss_samples, float loss_scale) {
+  const std::int64_t rows = activations.rows, outputs = layers_.back().spec.out_features;
+  const auto count = static_cast<std::size_t>(rows * outputs);
+  if (training) activations.loss_grad = allocate_rows(MemoryState::activations, rows, outputs);
+  // fp32 output and gradient: the layer's own memory, or widened copies in the workspace.
+  const bool widened = activation_type_ != DataType::float32;
+  Buffer output32, grad32;
+  if (widened) {
+    output32 = allocator_.allocate_floats(MemoryState::workspace, count);
+    kernels_.convert(output(activations), activation_type_, output32.floats(), DataType::float32, count);
+    if (training) grad32 = allocator_.allocate_floats(MemoryState::workspace, count);
+  }
+  float* grad = !training ? nullptr : widened ? grad32.floats() : activations.loss_grad.floats();
+  const LossSums sums =
+      compute_loss(kernels_, loss_kind, widened ? output32.floats() : static_cast<const float*>(output(activations)),
+                   activations.targets.floats(), activations.labels.as<std::int32_t>(), rows, outputs, loss_samples,
+                   grad);
+  if (grad == nullptr) return sums;
+  if (loss_scale != 1.0f) kernels_.scale(grad, count, loss_scale);
+  if (widened) kernels_.convert(grad, DataType::float32, activations.loss_grad.as<void>(), activation_type_, count);
+  return sums;
 }
 
 void ModelRunner::recompute_segment(MicroBatchActivations& activations, std::size_t first,
-                                    std::size_t last, float* scratch, int micro_batch,
+                                    std::size_t last, void* scratch, int micro_batch,
                                     int micro_batches) {
   for (std::size_t local = first; local <= last; ++local) {
     if (!activations.pre[local].empty()) continue;  // kept by forward
-    const float* input = local == 0 ? activations.input.floats() : layer_output(activations, local - 1);
+    const void* input = local == 0 ? activations.input.as<void>() : layer_output(activations, local - 1);
     layer_forward(activations, local, input, input_rows(activations, local), local < last ? nullptr : scratch,
                   micro_batch, micro_batches, true, true);
   }
 }
 
 void ModelRunner::backward(MicroBatchActivations& activations, int micro_batch,
-                           int micro_batches) {
+                           int micro_batches, float loss_scale) {
   const std::int64_t rows = activations.rows;
   std::int64_t widest = 0, most_rows = rows;
   for (const LinearLayer& layer : layers_)
@@ -170,29 +188,26 @@ void ModelRunner::backward(MicroBatchActivations& activations, int micro_batch,
   // Three rotating gradient buffers: the incoming gradient, d loss / d pre (and a recomputed
   // segment's discarded last output before that), and the outgoing one.
   Buffer workspace[3];
-  for (Buffer& buffer : workspace)
-    buffer = allocator_.allocate_floats(MemoryState::workspace, static_cast<std::size_t>(most_rows * widest));
-  const float* grad_output =
-      computes_loss() ? activations.loss_grad.floats() : activations.output_grad.floats();
-  if (!reads_inputs())
-    activations.input_grad = allocator_.allocate_floats(MemoryState::comm_buffers,
-                                                        static_cast<std::size_t>(rows * input_width()));
+  for (Buffer& buffer : workspace) buffer = allocate_rows(MemoryState::workspace, most_rows, widest);
+  const void* grad_output = computes_loss() ? activations.loss_grad.as<void>() : activations.output_grad.as<void>();
+  if (!reads_inputs()) activations.input_grad = allocate_rows(MemoryState::comm_buffers, rows, input_width());
   const MoeLayer::Pass moe_pass{kernels_, allocator_, strategies_.expert_exchange()};
   int outgoing = 0;
   for (std::size_t local = layers_.size(); local-- > 0;) {
     if (plan_.ends_segment(local))
-      recompute_segment(activations, plan_.segment_start(local), local, workspace[2].floats(), micro_batch,
+      recompute_segment(activations, plan_.segment_start(local), local, workspace[2].as<void>(), micro_batch,
                         micro_batches);
     const LinearLayer& layer = layers_[local];
     const int global_layer = first_layer_ + static_cast<int>(local);
-    const float* input = local == 0 ? activations.input.floats() : layer_output(activations, local - 1);
-    float* grad_input = global_layer == 0 ? nullptr
-                        : local == 0        ? activations.input_grad.floats()
-                                            : workspace[outgoing].floats();
+    const void* input = local == 0 ? activations.input.as<void>() : layer_output(activations, local - 1);
+    void* grad_input = global_layer == 0 ? nullptr
+                       : local == 0        ? activations.input_grad.as<void>()
+                                           : workspace[outgoing].as<void>();
     LinearLayer view = layer;
     LayerEvent event{.layer = global_layer,
                      .micro_batch = micro_batch,
                      .micro_batches = micro_batches,
+                     .activation_type = activation_type_,
                      .rows = input_rows(activations, local),
                      .input = input,
                      .grad_input = grad_input,
@@ -201,16 +216,16 @@ void ModelRunner::backward(MicroBatchActivations& activations, int micro_batch,
                      .layer_grad_input = grad_input,
                      .parameters = &view,
                      .accumulate_grads = micro_batch > 0,
-                     .pre = activations.pre[local].floats(),
+                     .pre = activations.pre[local].as<void>(),
                      .grad_output = grad_output};
     strategies_.before_layer_backward(event);
     if (moe_layers_[local]) {
       moe_layers_[local]->backward(moe_pass, event.layer_input, grad_output, event.layer_rows,
                                    event.layer_grad_input, activations.moe[local], event.accumulate_grads,
-                                   micro_batches);
+                                   micro_batches, loss_scale);
     } else {
       linear_backward(kernels_, view, event.layer_input, event.pre, grad_output, event.layer_rows,
-                      workspace[2].floats(), event.layer_grad_input, event.accumulate_grads);
+                      workspace[2].as<void>(), event.layer_grad_input, event.accumulate_grads);
     }
     strategies_.after_layer_backward(event);
     // The layer's activations and its input are read for the last time (the layer below needs

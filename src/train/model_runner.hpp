@@ -21,6 +21,7 @@ namespace mlptrain {
 
 // What one micro-batch's forward keeps for its backward (charged as activations), and the
 // gradients that cross a stage boundary (charged as comm_buffers: they exist for a transfer).
+// Activations and their gradients are of the param type; targets and labels as read.
 struct MicroBatchActivations {
   std::int64_t rows = 0;
   Buffer input;               // the first local layer's input
@@ -43,11 +44,12 @@ class ModelRunner {
 
   bool computes_loss() const { return last_layer_ == layer_count_; }
   bool reads_inputs() const { return first_layer_ == 0; }
-  // Features per row of the local input and output (this rank's slices).
+  // Features per row of the local input and output (this rank's slices), and their type.
   std::int64_t input_width() const { return layers_.front().spec.in_features; }
   std::int64_t output_width() const { return layers_.back().spec.out_features; }
+  DataType activation_type() const { return activation_type_; }
   // The last local layer's output of a micro-batch whose forward is done, and its rows.
-  float* output(MicroBatchActivations& activations) const {
+  void* output(MicroBatchActivations& activations) const {
     return layer_output(activations, layers_.size() - 1);
   }
   static std::int64_t output_rows(const MicroBatchActivations& activations) {
@@ -63,15 +65,17 @@ class ModelRunner {
   // computes the loss.
   MicroBatchActivations prepare(std::int64_t rows, LossKind loss_kind);
 
-  // Forward through the local layers. Where the loss is computed, returns its sums and (when
-  // training) fills loss_grad with the gradient of the mean over `loss_samples` samples.
+  // Forward through the local layers. Where the loss is computed (in fp32, from the widened
+  // output), returns its sums and (when training) fills loss_grad with the gradient of the mean
+  // over `loss_samples` samples times `loss_scale`, rounded to the param type.
   LossSums forward(MicroBatchActivations& activations, int micro_batch, int micro_batches,
-                   bool training, LossKind loss_kind, std::int64_t loss_samples);
+                   bool training, LossKind loss_kind, std::int64_t loss_samples, float loss_scale = 1.0f);
   // Backward through the local layers, accumulating parameter gradients over micro-batches
   // (the first micro-batch overwrites), from the loss gradient where the loss is computed and
-  // else from output_grad. Frees the micro-batch's activations; input_grad holds d loss / d input
-  // afterwards unless the local layers start the model.
-  void backward(MicroBatchActivations& activations, int micro_batch, int micro_batches);
+  // else from output_grad (both scaled by `loss_scale`, as the MoE layers' auxiliary loss is
+  // here). Frees the micro-batch's activations; input_grad holds d loss / d input afterwards
+  // unless the local layers start the model.
+  void backward(MicroBatchActivations& activations, int micro_batch, int micro_batches, float loss_scale = 1.0f);
 
   // Called with a layer's index before each forward of it reads its parameters (whose values
   // may still be arriving: an offloaded update runs into the next forward).
@@ -79,14 +83,20 @@ class ModelRunner {
   const RecomputePlan& recompute_plan() const { return plan_; }
 
  private:
-  float* layer_output(MicroBatchActivations& activations, std::size_t local) const;
+  void* layer_output(MicroBatchActivations& activations, std::size_t local) const;
+  // The loss of the last layer's output, its gradient into loss_grad when training.
+  LossSums loss(MicroBatchActivations& activations, bool training, LossKind loss_kind, std::int64_t loss_samples,
+                float loss_scale);
+  Buffer allocate_rows(MemoryState state, std::int64_t rows, std::int64_t columns) {
+    return allocator_.allocate_elements(state, static_cast<std::size_t>(rows * columns), activation_type_);
+  }
   // Runs layer `local` forward from `input` (`rows` rows) with the strategies' forward hooks,
   // into its pre-activation and output, allocated for the rows the layer computes on unless
   // kept; the output goes to `scratch` when given (a recomputed segment's last layer, whose
   // output backward does not read). Recomputing: in backward, for a layer whose activations
   // forward did not keep.
-  void layer_forward(MicroBatchActivations& activations, std::size_t local, const float* input,
-                     std::int64_t rows, float* scratch, int micro_batch, int micro_batches,
+  void layer_forward(MicroBatchActivations& activations, std::size_t local, const void* input,
+                     std::int64_t rows, void* scratch, int micro_batch, int micro_batches,
                      bool training, bool recomputing);
   // The rows layer `local` receives.
   std::int64_t input_rows(const MicroBatchActivations& activations, std::size_t local) const {
@@ -95,11 +105,12 @@ class ModelRunner {
   // Recomputes the activations of the local layers [first, last] that forward dropped; the last
   // layer's output is not needed again and goes to `scratch`.
   void recompute_segment(MicroBatchActivations& activations, std::size_t first, std::size_t last,
-                         float* scratch, int micro_batch, int micro_batches);
+                         void* scratch, int micro_batch, int micro_batches);
 
   Kernels& kernels_;
   Allocator& allocator_;
   StrategyStack& strategies_;
+  const DataType activation_type_;
   std::function<void(int layer)> forward_gate_;
   // Per local layer: a Linear layer's views, or an MoE layer's shape (its parameters are in
   // moe_layers_).

@@ -13,7 +13,8 @@ int grads_lane(std::size_t piece) { return static_cast<int>(2 * piece + 1); }
 
 }  // namespace
 
-std::vector<OffloadedUpdate::Piece> OffloadedUpdate::layer_pieces(const std::vector<StateRun>& runs) {
+std::vector<OffloadedUpdate::Piece> OffloadedUpdate::layer_pieces(const std::vector<StateRun>& runs,
+                                                                   const Precision& precision) {
   std::vector<Piece> pieces;
   for (const StateRun& run : runs) {
     const auto count = static_cast<std::size_t>(run.count);
@@ -21,8 +22,9 @@ std::vector<OffloadedUpdate::Piece> OffloadedUpdate::layer_pieces(const std::vec
     const int layer = run.tensor != nullptr ? run.tensor->layer : 0;
     if (!pieces.empty()) {
       Piece& last = pieces.back();
-      if (last.layer == layer && last.values + last.count == run.values &&
-          last.grads + last.count == run.grads && last.moment_offset + last.count == run.moment_offset) {
+      if (last.layer == layer && advance(last.values, last.count, precision.param) == run.values &&
+          advance(last.grads, last.count, precision.reduce) == run.grads &&
+          last.moment_offset + last.count == run.moment_offset) {
         last.count += count;
         continue;
       }
@@ -34,15 +36,9 @@ std::vector<OffloadedUpdate::Piece> OffloadedUpdate::layer_pieces(const std::vec
   return pieces;
 }
 
-OffloadedUpdate::OffloadedUpdate(Allocator& device, Kernels& host_kernels,
-                                 const std::vector<StateRun>& runs, float* host_values,
-                                 float* host_grads, float* exp_avg, float* exp_avg_sq)
-    : host_kernels_(host_kernels),
-      host_values_(host_values),
-      host_grads_(host_grads),
-      exp_avg_(exp_avg),
-      exp_avg_sq_(exp_avg_sq),
-      pieces_(layer_pieces(runs)) {
+OffloadedUpdate::OffloadedUpdate(Allocator& device, Kernels& host_kernels, const std::vector<StateRun>& runs,
+                                 const HostState& host)
+    : host_kernels_(host_kernels), host_(host), pieces_(layer_pieces(runs, host.precision)) {
   copier_ = device.make_async_copier(static_cast<int>(std::max<std::size_t>(2 * pieces_.size(), 1)));
   if (!copier_) throw std::logic_error("offloading needs a device with background copies");
 }
@@ -55,16 +51,26 @@ OffloadedUpdate::~OffloadedUpdate() {
   }
 }
 
+void* OffloadedUpdate::host_values(std::size_t at) const {
+  return host_.compute_copy != nullptr ? advance(host_.compute_copy, at, host_.precision.param)
+                                       : static_cast<void*>(host_.master + at);
+}
+
 void OffloadedUpdate::start(const AdamWStep& settings) {
   finish();
+  const Precision& precision = host_.precision;
+  // fp32 values are the masters and come down; a 16-bit compute copy is only ever sent up.
+  const bool values_down = !precision.keeps_master();
   for (std::size_t index = 0; index < pieces_.size(); ++index) {
     const Piece& piece = pieces_[index];
-    const std::size_t bytes = piece.count * sizeof(float);
-    copier_->start_to_host(values_lane(index), host_values_ + piece.moment_offset, piece.values, bytes);
-    copier_->start_to_host(grads_lane(index), host_grads_ + piece.moment_offset, piece.grads, bytes);
+    const std::size_t at = piece.moment_offset;
+    if (values_down)
+      copier_->start_to_host(values_lane(index), host_.master + at, piece.values, piece.count * sizeof(float));
+    copier_->start_to_host(grads_lane(index), advance(host_.grads, at, precision.reduce), piece.grads,
+                           piece.count * precision.reduce_bytes());
   }
   for (std::size_t index = 0; index < pieces_.size(); ++index) {
-    copier_->wait_to_host(values_lane(index));
+    if (values_down) copier_->wait_to_host(values_lane(index));
     copier_->wait_to_host(grads_lane(index));
   }
   {
@@ -81,10 +87,12 @@ void OffloadedUpdate::update_pieces(AdamWStep settings) {
     for (std::size_t index = 0; index < pieces_.size(); ++index) {
       const Piece& piece = pieces_[index];
       const std::size_t at = piece.moment_offset;
-      host_kernels_.adamw(host_values_ + at, host_grads_ + at, exp_avg_ + at, exp_avg_sq_ + at,
-                          piece.count, settings);
-      copier_->start_to_device(values_lane(index), piece.values, host_values_ + at,
-                               piece.count * sizeof(float));
+      const Precision& precision = host_.precision;
+      host_kernels_.adamw(host_.master + at, advance(host_.grads, at, precision.reduce), precision.reduce,
+                          host_.exp_avg + at, host_.exp_avg_sq + at, piece.count, settings,
+                          host_.compute_copy != nullptr ? host_values(at) : nullptr, precision.param);
+      copier_->start_to_device(values_lane(index), piece.values, host_values(at),
+                               piece.count * precision.param_bytes());
       const std::lock_guard lock(mutex_);
       sent_ = index + 1;
       progress_.notify_all();

@@ -1,9 +1,11 @@
 // The AdamW update with the optimizer state in host memory (--offload, ZeRO-Offload's split),
-// pipelined so that it overlaps the next step's forward. Each step the values and gradients of
-// every piece of the rank's state (a layer's contiguous runs) come down to the host together;
-// then a host thread updates the pieces in forward order and sends each one's values back up as
-// soon as it is done, while the next forward waits, layer by layer, only for the pieces it reads.
-// Numerics are those of the synchronous update: every element gets the same AdamW arithmetic.
+// pipelined so that it overlaps the next step's forward. Each step the gradients of every piece
+// of the rank's state (a layer's contiguous runs) come down to the host together, with the values
+// when they are the fp32 masters (a 16-bit param type keeps its masters on the host); then a host
+// thread updates the pieces in forward order and sends each one's values (or their rounded
+// compute copy) back up as soon as it is done, while the next forward waits, layer by layer, only
+// for the pieces it reads. Numerics are those of the synchronous update: every element gets the
+// same AdamW arithmetic.
 #pragma once
 
 #include <condition_variable>
@@ -21,11 +23,19 @@ namespace mlptrain {
 
 class OffloadedUpdate {
  public:
-  // Pieces of `runs` (whose moments sit in `exp_avg` / `exp_avg_sq` at their moment offsets) with
-  // host copies of their values and gradients in `host_values` / `host_grads`, indexed alike.
-  // `host_kernels` run on the host thread; `device` is where the runs' values and gradients live.
+  // The host's buffers, indexed like the moments (at the runs' moment offsets).
+  struct HostState {
+    float* master = nullptr;        // fp32: the host copy of the values; else the masters
+    void* compute_copy = nullptr;   // a 16-bit param type: the rounded masters going up
+    void* grads = nullptr;          // of the reduce type
+    float* exp_avg = nullptr;
+    float* exp_avg_sq = nullptr;
+    Precision precision;
+  };
+  // Pieces of `runs` updated in `host`'s buffers by `host_kernels` on the host thread; `device` is
+  // where the runs' values and gradients live.
   OffloadedUpdate(Allocator& device, Kernels& host_kernels, const std::vector<StateRun>& runs,
-                  float* host_values, float* host_grads, float* exp_avg, float* exp_avg_sq);
+                  const HostState& host);
   ~OffloadedUpdate();  // waits for an update in flight, whatever happened meanwhile
   OffloadedUpdate(const OffloadedUpdate&) = delete;
   OffloadedUpdate& operator=(const OffloadedUpdate&) = delete;
@@ -44,22 +54,21 @@ class OffloadedUpdate {
 
  private:
   struct Piece {
-    float* values;  // on the device; gradients and host copies follow the same offsets
-    float* grads;
+    void* values;  // on the device; gradients and host copies follow the same offsets
+    void* grads;
     std::size_t moment_offset;
     std::size_t count;
     int layer;
   };
   // Runs of one layer that follow each other in values, gradients and moments at once, merged
   // (what one copy each way moves: usually a layer's weight and bias), in forward order.
-  static std::vector<Piece> layer_pieces(const std::vector<StateRun>& runs);
+  static std::vector<Piece> layer_pieces(const std::vector<StateRun>& runs, const Precision& precision);
   void update_pieces(AdamWStep settings);  // the host thread
+  // The host's copy of what goes up to the device's values.
+  void* host_values(std::size_t at) const;
 
   Kernels& host_kernels_;
-  float* host_values_;
-  float* host_grads_;
-  float* exp_avg_;
-  float* exp_avg_sq_;
+  HostState host_;
   std::vector<Piece> pieces_;  // in forward order
   std::unique_ptr<AsyncCopier> copier_;  // lane 2i: piece i's values, lane 2i + 1: its gradients
 

@@ -23,56 +23,68 @@ double clip_coefficient(double max_norm, double total_norm) {
 AdamW::AdamW(const Config& config, Allocator& device, StatePlacement& placement, HostSide* offload)
     : config_(config) {
   const std::size_t total = placement.moment_count;
+  const Precision& precision = placement.precision;
   Allocator& allocator = offload != nullptr ? *offload->memory : device;
-  exp_avg_ = allocator.allocate_floats(MemoryState::optimizer, total);
-  exp_avg_sq_ = allocator.allocate_floats(MemoryState::optimizer, total);
-  exp_avg_.fill_zero();
-  exp_avg_sq_.fill_zero();
+  const auto zeroed = [&](MemoryState state, std::size_t count, DataType type) {
+    Buffer buffer = allocator.allocate_elements(state, count, type);
+    buffer.fill_zero();
+    return buffer;
+  };
+  if (precision.keeps_master()) master_ = zeroed(MemoryState::optimizer, total, DataType::float32);
+  exp_avg_ = zeroed(MemoryState::optimizer, total, DataType::float32);
+  exp_avg_sq_ = zeroed(MemoryState::optimizer, total, DataType::float32);
   for (StateRun& run : placement.updated) {
+    run.master = precision.keeps_master() ? master_.floats() + run.moment_offset : static_cast<float*>(run.values);
     run.exp_avg = exp_avg_.floats() + run.moment_offset;
     run.exp_avg_sq = exp_avg_sq_.floats() + run.moment_offset;
   }
   if (offload != nullptr) {
-    host_values_ = allocator.allocate_floats(MemoryState::workspace, total);
-    host_grads_ = allocator.allocate_floats(MemoryState::workspace, total);
-    offloaded_ = std::make_unique<OffloadedUpdate>(device, *offload->kernels, placement.updated,
-                                                   host_values_.floats(), host_grads_.floats(),
-                                                   exp_avg_.floats(), exp_avg_sq_.floats());
+    // The host updates fp32 masters: the device's values themselves, copied down each step, or
+    // the masters it keeps, whose rounded copy goes up.
+    host_values_ = zeroed(MemoryState::workspace, total, precision.keeps_master() ? precision.param : DataType::float32);
+    host_grads_ = zeroed(MemoryState::workspace, total, precision.reduce);
+    offloaded_ = std::make_unique<OffloadedUpdate>(
+        device, *offload->kernels, placement.updated,
+        OffloadedUpdate::HostState{.master = precision.keeps_master() ? master_.floats() : host_values_.floats(),
+                                   .compute_copy = precision.keeps_master() ? host_values_.as<void>() : nullptr,
+                                   .grads = host_grads_.as<void>(),
+                                   .exp_avg = exp_avg_.floats(),
+                                   .exp_avg_sq = exp_avg_sq_.floats(),
+                                   .precision = precision});
   }
 }
 
-double AdamW::owned_square_sum(Kernels& kernels, const std::vector<StateRun>& runs, Field field) {
+double AdamW::owned_square_sum(Kernels& kernels, const StatePlacement& placement, Field field) {
+  const bool grads = field == Field::grads;
+  const DataType type = grads ? placement.precision.reduce : placement.precision.param;
   double sum = 0;
-  for (const StateRun& run : runs)
-    if (run.owned)
-      sum += kernels.sum_of_squares(field == Field::grads ? run.grads : run.values,
-                                    static_cast<std::size_t>(run.count));
+  for (const StateRun& run : placement.updated)
+    if (run.owned) sum += kernels.sum_of_squares(grads ? run.grads : run.values, type, static_cast<std::size_t>(run.count));
   return sum;
 }
 
-void AdamW::scale_grads(Kernels& kernels, const std::vector<StateRun>& runs, float factor) {
-  for (const StateRun& run : runs) kernels.scale(run.grads, static_cast<std::size_t>(run.count), factor);
-}
-
-double AdamW::update(Kernels& kernels, const std::vector<StateRun>& runs, double learning_rate,
-                     std::int64_t step) {
+double AdamW::update(Kernels& kernels, const StatePlacement& placement, double learning_rate, std::int64_t step,
+                     float grad_scale) {
   const AdamWStep settings{.learning_rate = learning_rate,
                            .beta1 = config_.beta1,
                            .beta2 = config_.beta2,
                            .eps = config_.eps,
                            .weight_decay = config_.weight_decay,
-                           .step = step};
+                           .step = step,
+                           .grad_scale = grad_scale};
   if (offloaded_) {
     // The device's own pass over the gradients gives their norm now (the same sum the host's
     // update would form), before the host thread takes its time over the update.
-    const double owned_sum = owned_square_sum(kernels, runs);
+    const double owned_sum = owned_square_sum(kernels, placement);
     offloaded_->start(settings);
-    return owned_sum;
+    return owned_sum * static_cast<double>(grad_scale) * grad_scale;
   }
+  const Precision& precision = placement.precision;
   double owned_sum = 0;
-  for (const StateRun& run : runs) {
-    const double sum = kernels.adamw(run.values, run.grads, run.exp_avg, run.exp_avg_sq,
-                                     static_cast<std::size_t>(run.count), settings);
+  for (const StateRun& run : placement.updated) {
+    const double sum = kernels.adamw(run.master, run.grads, precision.reduce, run.exp_avg, run.exp_avg_sq,
+                                     static_cast<std::size_t>(run.count), settings,
+                                     precision.keeps_master() ? run.values : nullptr, precision.param);
     if (run.owned) owned_sum += sum;
   }
   return owned_sum;

@@ -23,26 +23,28 @@ double scheduled_learning_rate(const Config& config, std::int64_t step);
 // The factor torch.nn.utils.clip_grad_norm_ scales gradients by: min(1, clip / (norm + 1e-6)).
 double clip_coefficient(double max_norm, double total_norm);
 
-// AdamW over the runs a rank updates: it owns their moments (laid out as the placement says,
-// charged to the ledger as optimizer state) and points each run at its share of them.
+// AdamW over the runs a rank updates: it owns their moments and, with a 16-bit param type, their
+// fp32 master weights (laid out as the placement says, charged to the ledger as optimizer state),
+// and points each run at its share of them. With an fp32 param type the values are the masters.
 class AdamW {
  public:
-  // The moments in `device` memory, or with `offload` in its host memory (with host copies of
-  // the values and gradients, charged there as workspace).
+  // The state in `device` memory, or with `offload` in its host memory (with host copies of the
+  // gradients, and of the values or their rounded compute copy, charged there as workspace).
   AdamW(const Config& config, Allocator& device, StatePlacement& placement,
         HostSide* offload = nullptr);
 
-  // Sum of squares of the owned runs' gradients (or values).
+  // Sum of squares of the owned runs' gradients (or values), as stored (a scaled loss's
+  // gradients are scaled).
   enum class Field { grads, values };
-  static double owned_square_sum(Kernels& kernels, const std::vector<StateRun>& runs,
+  static double owned_square_sum(Kernels& kernels, const StatePlacement& placement,
                                  Field field = Field::grads);
-  static void scale_grads(Kernels& kernels, const std::vector<StateRun>& runs, float factor);
 
   // One update of every run (the placement's updated runs) as optimizer step `step` (counting
-  // from 1). Returns the sum of squares of the owned gradients it read. Offloaded, the values
-  // are in flux when it returns: see wait_for_layer and finish_update.
-  double update(Kernels& kernels, const std::vector<StateRun>& runs, double learning_rate,
-                std::int64_t step);
+  // from 1), with the gradients multiplied by `grad_scale` first (unscaling and clipping).
+  // Returns the sum of squares of the owned gradients it read, so multiplied. Offloaded, the
+  // values are in flux when it returns: see wait_for_layer and finish_update.
+  double update(Kernels& kernels, const StatePlacement& placement, double learning_rate, std::int64_t step,
+                float grad_scale = 1.0f);
   // The device's work queued from now on sees `layer`'s updated values.
   void wait_for_layer(int layer) {
     if (offloaded_) offloaded_->wait_for_layer(layer);
@@ -56,6 +58,7 @@ class AdamW {
 
  private:
   const Config& config_;
+  Buffer master_;  // with a 16-bit param type
   Buffer exp_avg_;
   Buffer exp_avg_sq_;
   Buffer host_values_, host_grads_;  // offloaded: indexed like the moments

@@ -16,7 +16,7 @@ namespace po = boost::program_options;
 
 namespace {
 
-enum class Section { model, data, training, parallelism, devices, output };
+enum class Section { model, data, training, parallelism, precision, devices, output };
 
 // Calls visit(section, name, field, help) for every option of Config, in --help order.
 template <typename Config_, typename Visit>
@@ -56,6 +56,15 @@ void visit_options(Config_& c, Visit&& visit) {
   visit(S::parallelism, "schedule", c.schedule, "pipeline schedule: 1f1b | gpipe");
   visit(S::parallelism, "recompute", c.recompute, "recompute activations in backward");
   visit(S::parallelism, "offload", c.offload, "optimizer state and its update in host memory (cuda, loopback)");
+  visit(S::precision, "param-dtype", c.param_dtype,
+        "fp32 | bf16 | fp16: the parameters' compute copy and the activations (fp32 master weights "
+        "with a 16-bit type)");
+  visit(S::precision, "reduce-dtype", c.reduce_dtype, "fp32 | bf16 | fp16: the gradients and their reductions");
+  visit(S::precision, "loss-scale", c.loss_scale, "fp16: 0 dynamic (the default), or a fixed loss scale");
+  visit(S::precision, "initial-loss-scale", c.initial_loss_scale, "fp16, dynamic: the first loss scale (65536)");
+  visit(S::precision, "loss-scale-window", c.loss_scale_window,
+        "fp16, dynamic: steps without overflow before the scale doubles (1000)");
+  visit(S::precision, "min-loss-scale", c.min_loss_scale, "fp16, dynamic: the smallest loss scale (1)");
   visit(S::devices, "device", c.device,
         "cpu | cuda | loopback (the CPU through the device path: checks it without a GPU)");
   visit(S::devices, "tf32", c.tf32, "let cuBLAS use TF32 tensor cores (cuda; fp32 otherwise)");
@@ -79,6 +88,7 @@ const char* section_title(Section section) {
     case Section::data: return "Data";
     case Section::training: return "Training";
     case Section::parallelism: return "Parallelism";
+    case Section::precision: return "Precision";
     case Section::devices: return "Devices";
     case Section::output: return "Output";
   }
@@ -189,6 +199,32 @@ void at_least(const char* name, T value, T minimum) {
   require(value >= minimum, fmt::format("--{} must be at least {} (got {})", name, minimum, value));
 }
 
+// The precision options: one 16-bit format per run, and loss scaling only where fp16 is used.
+void validate_precision(Config& c) {
+  const Precision precision = c.precision();
+  const bool half_param = is_half(c.param_dtype), half_reduce = is_half(c.reduce_dtype);
+  require(!(half_param && half_reduce && c.param_dtype != c.reduce_dtype),
+          fmt::format("--reduce-dtype {} with --param-dtype {}: a run uses one 16-bit format", choice_name(c.reduce_dtype),
+                      choice_name(c.param_dtype)));
+  const bool scale_given = c.loss_scale >= 0 || c.initial_loss_scale > 0 || c.loss_scale_window > 0 || c.min_loss_scale > 0;
+  require(precision.scales_loss() || !scale_given,
+          "--loss-scale, --initial-loss-scale, --loss-scale-window and --min-loss-scale scale fp16 gradients: "
+          "they need --param-dtype fp16 or --reduce-dtype fp16");
+  require(c.loss_scale < 0 || c.loss_scale == 0 || c.loss_scale >= 1,
+          fmt::format("--loss-scale must be 0 (dynamic) or at least 1 (got {})", c.loss_scale));
+  at_least("initial-loss-scale", c.initial_loss_scale, 0.0);
+  at_least("loss-scale-window", c.loss_scale_window, 0);
+  at_least("min-loss-scale", c.min_loss_scale, 0.0);
+  if (!precision.scales_loss()) return;
+  // fp16's defaults, as PyTorch's GradScaler and Megatron-LM's dynamic scaler have them.
+  if (c.loss_scale < 0) c.loss_scale = 0;
+  if (c.initial_loss_scale == 0) c.initial_loss_scale = 65536;
+  if (c.loss_scale_window == 0) c.loss_scale_window = 1000;
+  if (c.min_loss_scale == 0) c.min_loss_scale = 1;
+  require(c.min_loss_scale <= c.initial_loss_scale,
+          fmt::format("--min-loss-scale {} exceeds --initial-loss-scale {}", c.min_loss_scale, c.initial_loss_scale));
+}
+
 void not_built(bool used, const std::string& what) {
   require(!used, what + " is not built yet in this version of mlptrain");
 }
@@ -229,7 +265,8 @@ void validate_options(Config& c, int world_size) {
   at_least("warmup-steps", c.warmup_steps, 0);
   at_least("seed", c.seed, std::int64_t{0});
   for (double value : {c.lr, c.weight_decay, c.beta1, c.beta2, c.eps, c.grad_clip,
-                       c.capacity_factor, c.aux_loss_coef, c.timeout_s, c.peak_tflops})
+                       c.capacity_factor, c.aux_loss_coef, c.timeout_s, c.peak_tflops, c.loss_scale,
+                       c.initial_loss_scale, c.min_loss_scale})
     require(std::isfinite(value), "option values must be finite numbers");
 
   at_least("dp", c.dp, 0);
@@ -280,6 +317,7 @@ void validate_options(Config& c, int world_size) {
           "--offload moves the optimizer state from GPU memory to host memory: it needs --device cuda "
           "(or loopback; with --device cpu the state is in host memory already)");
   require(!c.tf32 || c.device == Device::cuda, "--tf32 lets cuBLAS use TF32 tensor cores: it needs --device cuda");
+  validate_precision(c);
   require(c.comm != CommBackend::nccl || c.device == Device::cuda,
           "--comm nccl moves GPU memory between GPUs directly: it needs --device cuda");
 }

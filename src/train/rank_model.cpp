@@ -10,7 +10,7 @@ RankModel::RankModel(const Config& config, const ProcessGroups& groups, Kernels&
   const ParameterPlan plan = parameter_plan(strategies, config, groups.shape(), groups.place());
   guard([&] {
     parameters = std::make_unique<ParameterStore>(model_parameter_tensors(specs, layers.first, layers.last, plan),
-                                                  allocator, plan);
+                                                  allocator, plan, config.precision());
   });
   const StrategyContext context{.config = config,
                                 .groups = groups,
@@ -23,8 +23,10 @@ RankModel::RankModel(const Config& config, const ProcessGroups& groups, Kernels&
   std::optional<StatePlacement> sharded = this->strategies->state_placement();
   values_read_after_step = sharded.has_value();
   placement = sharded ? std::move(*sharded) : store_placement(*parameters, groups.shape(), groups.place());
-  initialize_values(placement.held, static_cast<std::uint64_t>(config.seed), allocator);
+  // The optimizer places the masters (a 16-bit param type keeps them apart from the values).
   guard([&] { optimizer = std::make_unique<AdamW>(config, allocator, placement, offload); });
+  initialize_state(placement, static_cast<std::uint64_t>(config.seed), allocator,
+                   offload != nullptr ? *offload->memory : allocator);
   runner = std::make_unique<ModelRunner>(
       kernels, allocator, *parameters, specs, layers, *this->strategies,
       MoeSettings{.capacity_factor = config.capacity_factor, .aux_loss_coef = config.aux_loss_coef},

@@ -1,9 +1,9 @@
 // The model part of a run on one rank, built in the one order that works: the strategies' plan
 // and the rank's layers give the parameter store; the strategies' objects come next (they may
-// move parameter memory to where their groups communicate); then the state's placement and its
-// initial values (every layout starts from the same model: values are a function of (seed,
-// tensor, index)), the optimizer over that state, and last the runner, whose views into the
-// store are taken after every move. The run builds one (train/run.hpp); tests build one around
+// move parameter memory to where their groups communicate); then the state's placement, the
+// optimizer over that state (which places the fp32 masters of a 16-bit run), the initial values
+// (every layout starts from the same model: values are a function of (seed, tensor, index)), and
+// last the runner, whose views into the store are taken after every move. The run builds one (train/run.hpp); tests build one around
 // their own groups and inputs.
 #pragma once
 

@@ -89,6 +89,10 @@ nlohmann::json step_json(const StepRecord& record) {
   if (record.eval_loss) object["eval_loss"] = *record.eval_loss;
   if (record.eval_accuracy) object["eval_accuracy"] = *record.eval_accuracy;
   if (record.skipped) object["skipped"] = true;
+  if (record.loss_scale) {
+    object["loss_scale"] = *record.loss_scale;
+    object["skipped_steps"] = record.skipped_steps;
+  }
   if (!record.expert_load.empty()) {
     object["expert_load"] = record.expert_load;
     object["dropped_tokens"] = record.dropped_tokens;
@@ -96,24 +100,38 @@ nlohmann::json step_json(const StepRecord& record) {
   return object;
 }
 
-nlohmann::json summary_json(const RunSummary& summary) {
+namespace {
+
+// The placement and communication tables as JSON: predicted bytes, and measured ones when given.
+std::pair<nlohmann::json, nlohmann::json> prediction_json(const Prediction& prediction, const RunSummary* measured) {
   nlohmann::json placement = nlohmann::json::object();
   for (MemoryState state : placed_states) {
-    const StatePrediction& predicted = summary.prediction.state(state);
+    const StatePrediction& predicted = prediction.state(state);
     nlohmann::json& entry = placement[std::string(memory_state_name(state))];
-    entry = {{"mode", mode_code(predicted.mode)},
-             {"predicted_bytes", predicted.bytes},
-             {"measured_bytes", summary.measured_bytes(state)}};
-    if (offloaded(summary.prediction, state)) entry["memory"] = "host";
+    entry = {{"mode", mode_code(predicted.mode)}, {"predicted_bytes", predicted.bytes}};
+    if (measured != nullptr) entry["measured_bytes"] = measured->measured_bytes(state);
+    if (offloaded(prediction, state)) entry["memory"] = "host";
   }
-  const auto measured = summary.mean_comm_bytes();
+  const auto means = measured != nullptr ? measured->mean_comm_bytes() : std::array<double, comm_op_count>{};
   nlohmann::json comm = nlohmann::json::object();
   for (CommOp op : all_comm_ops) {
     const int index = static_cast<int>(op);
-    comm[std::string(comm_op_name(op))] = {
-        {"predicted_bytes", summary.prediction.comm_bytes_per_step[index]},
-        {"measured_bytes", measured[index]}};
+    nlohmann::json& entry = comm[std::string(comm_op_name(op))];
+    entry = {{"predicted_bytes", prediction.comm_bytes_per_step[index]}};
+    if (measured != nullptr) entry["measured_bytes"] = means[index];
   }
+  return {placement, comm};
+}
+
+void add_precision(nlohmann::json& object, const Precision& precision) {
+  object["param_dtype"] = data_type_name(precision.param);
+  object["reduce_dtype"] = data_type_name(precision.reduce);
+}
+
+}  // namespace
+
+nlohmann::json summary_json(const RunSummary& summary) {
+  const auto [placement, comm] = prediction_json(summary.prediction, &summary);
   nlohmann::json by_rank = nlohmann::json::array();
   for (const MemoryByState& peaks : summary.peak_memory_by_rank) by_rank.push_back(by_state(peaks));
   nlohmann::json object = {{"summary", true},
@@ -125,6 +143,8 @@ nlohmann::json summary_json(const RunSummary& summary) {
                            {"peak_mem_bytes_by_rank", by_rank},
                            {"placement", placement},
                            {"comm_per_step", comm}};
+  add_precision(object, summary.precision);
+  object["parameters"] = summary.parameters;
   if (summary.steps > 0) object["final_loss"] = summary.final_loss;
   if (!summary.mfu.empty()) object["mfu"] = median(summary.mfu);
   if (std::any_of(summary.peak_host_memory.begin(), summary.peak_host_memory.end(),
@@ -210,6 +230,7 @@ void Reporter::step(const StepRecord& record) {
       text += fmt::format("  aux_loss {:.6f}  dropped {}", record.aux_loss, record.dropped_tokens);
     if (record.eval_loss) text += fmt::format("  eval_loss {:.6f}", *record.eval_loss);
     if (record.eval_accuracy) text += fmt::format("  eval_accuracy {:.4f}", *record.eval_accuracy);
+    if (record.loss_scale) text += fmt::format("  loss_scale {:g}", *record.loss_scale);
     if (record.skipped) text += "  (non-finite: update skipped)";
     line(text);
   }
@@ -224,6 +245,19 @@ void Reporter::step(const StepRecord& record) {
     std::fflush(stdout);
     progress_shown_ = true;
   }
+}
+
+void Reporter::prediction(const Prediction& prediction, const Precision& precision, std::int64_t parameters) {
+  if (!active_) return;
+  if (metrics_ != nullptr) {
+    const auto [placement, comm] = prediction_json(prediction, nullptr);
+    nlohmann::json object = {{"predict", true}, {"parameters", parameters}, {"placement", placement},
+                             {"comm_per_step", comm}};
+    add_precision(object, precision);
+    std::fputs((object.dump() + "\n").c_str(), metrics_);
+    std::fflush(metrics_);
+  }
+  line("predicted memory of rank 0 and communication per step:\n" + placement_table(prediction, nullptr));
 }
 
 void Reporter::summary(const RunSummary& summary) {

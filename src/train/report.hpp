@@ -13,6 +13,7 @@
 
 #include "comm/comm_ledger.hpp"
 #include "core/memory_ledger.hpp"
+#include "core/precision.hpp"
 #include "cost/prediction.hpp"
 
 namespace mlptrain {
@@ -36,6 +37,10 @@ struct StepRecord {
   std::optional<double> eval_loss;
   std::optional<double> eval_accuracy;
   bool skipped = false;  // non-finite loss or gradients: the update was not applied
+  // fp16's loss scale the step's gradients were computed with, and the steps skipped so far for
+  // overflowing gradients (none without loss scaling).
+  std::optional<double> loss_scale;
+  std::int64_t skipped_steps = 0;
   // MoE layers (empty without): global assignments per expert of each MoE layer over the step,
   // assignments dropped at capacity, and the all-to-all bytes this rank's routing counts give.
   std::vector<std::vector<std::int64_t>> expert_load;
@@ -59,6 +64,8 @@ struct RunSummary {
   MemoryByState peak_memory{};       // rank 0's, over the whole run
   MemoryByState peak_host_memory{};  // rank 0's offloaded memory, over the whole run
   Prediction prediction;
+  Precision precision;
+  std::int64_t parameters = 0;  // the whole model's
 
   void add(const StepRecord& record);
   std::array<double, comm_op_count> mean_comm_bytes() const;
@@ -83,6 +90,9 @@ class Reporter {
   void line(const std::string& text);  // a log line (clears the progress line first)
   void step(const StepRecord& record);
   void summary(const RunSummary& summary);
+  // --predict: the predicted table, and with --metrics one JSON object (`"predict": true`, the
+  // dtypes and the parameter count beside `placement` and `comm_per_step` without measurements).
+  void prediction(const Prediction& prediction, const Precision& precision, std::int64_t parameters);
 
  private:
   bool active_;

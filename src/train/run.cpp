@@ -85,7 +85,7 @@ Run::Run(const Config& run_config, MPI_Comm world_comm, const CommSettings& comm
     if (!config.checkpoint_dir.empty() && rank_zero() && !config.predict)
       prepare_checkpoint_directory(config.checkpoint_dir);
     if (!config.trace_path.empty() && rank_zero() && !config.predict) check_trace_path(config.trace_path);
-    reporter = std::make_unique<Reporter>(rank_zero(), config.predict ? "" : config.metrics_path, config.log_every,
+    reporter = std::make_unique<Reporter>(rank_zero(), config.metrics_path, config.log_every,
                                           config.steps);
   });
   if (!config.trace_path.empty() && !config.predict) {

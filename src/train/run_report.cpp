@@ -18,6 +18,21 @@ RankLayout layout_of(const Run& run) {
                      run.loss_kind);
 }
 
+// The precision line: what each state is held in, and how a half loss is scaled.
+std::string describe_precision(const Config& config) {
+  const Precision precision = config.precision();
+  std::string text = fmt::format(
+      "precision: params and activations {}, gradients and their reductions {}, optimizer {} ({} bytes a "
+      "parameter)",
+      data_type_name(precision.param), data_type_name(precision.reduce),
+      precision.keeps_master() ? "fp32 master weights and moments" : "fp32 moments", precision.optimizer_bytes());
+  if (!precision.scales_loss()) return text;
+  if (config.loss_scale > 0) return text + fmt::format("; loss scale {:g}", config.loss_scale);
+  return text + fmt::format("; dynamic loss scale from {:g} (halved on overflow, not below {:g}; doubled after {} "
+                            "finite steps)",
+                            config.initial_loss_scale, config.min_loss_scale, config.loss_scale_window);
+}
+
 }  // namespace
 
 std::string describe_run(const Run& run) {
@@ -39,6 +54,7 @@ std::string describe_run(const Run& run) {
       : run.device.staging             ? "MPI, staged through host memory"
                                        : "MPI",
       run.device.kernels->description());
+  text += "\n" + describe_precision(config);
   if (!run.moe_layers.empty()) {
     std::string layers;
     for (int layer : run.moe_layers) layers += (layers.empty() ? "" : ", ") + std::to_string(layer);
@@ -71,6 +87,8 @@ void complete_summary(Run& run, const MemoryByState& run_peak, RunSummary& summa
   summary.peak_memory = run_peak;
   summary.peak_host_memory = run.host_memory.peak();
   summary.prediction = predict_this_rank(run);
+  summary.precision = run.config.precision();
+  summary.parameters = parameter_count(run.model->specs);
   // Exchanged experts' rows follow the routing: the counts the routing gave set the prediction.
   if (!run.moe_layers.empty() && summary.steps > 0)
     summary.prediction.comm(CommOp::all_to_all) =

@@ -18,12 +18,13 @@ MicroBatchActivations& ScheduleExecutor::prepared(int micro_batch, const Schedul
   return micro_batches_[index];
 }
 
-void ScheduleExecutor::start(ActionKind kind, int micro_batch, float* data, std::int64_t floats) {
+void ScheduleExecutor::start(ActionKind kind, int micro_batch, void* data, std::int64_t count) {
   pending_.push_back({kind, micro_batch,
                       strategies_.start_transfer({.kind = kind,
                                                   .micro_batch = micro_batch,
                                                   .data = data,
-                                                  .floats = static_cast<std::size_t>(floats)})});
+                                                  .count = static_cast<std::size_t>(count),
+                                                  .type = runner_.activation_type()})});
 }
 
 void ScheduleExecutor::require_posted(bool posted, ActionKind kind, int micro_batch) {
@@ -69,8 +70,7 @@ LossTotals ScheduleExecutor::run(const std::vector<Action>& actions, const Sched
     switch (action.kind) {
       case ActionKind::receive_activations:
         input_posted_[static_cast<std::size_t>(micro_batch)] = true;
-        start(action.kind, micro_batch, activations.input.floats(),
-              rows * runner_.input_width());
+        start(action.kind, micro_batch, activations.input.as<void>(), rows * runner_.input_width());
         break;
       case ActionKind::forward: {
         progress();
@@ -79,8 +79,8 @@ LossTotals ScheduleExecutor::run(const std::vector<Action>& actions, const Sched
         finish(ActionKind::receive_activations, micro_batch);
         const double start_ms = now_ms();
         work.read(micro_batch, activations);
-        const LossSums sums = runner_.forward(activations, micro_batch, work.micro_batches,
-                                              work.training, work.loss_kind, work.loss_samples);
+        const LossSums sums = runner_.forward(activations, micro_batch, work.micro_batches, work.training,
+                                              work.loss_kind, work.loss_samples, work.loss_scale);
         record_span(trace_, work.training ? "forward" : "evaluate_forward", start_ms, now_ms(), micro_batch);
         totals.loss_sum += sums.loss_sum;
         totals.correct += static_cast<double>(sums.correct);
@@ -98,11 +98,11 @@ LossTotals ScheduleExecutor::run(const std::vector<Action>& actions, const Sched
         break;
       case ActionKind::receive_gradients: {
         // The gradient of the stage's output, as many rows as its last layer computed on.
-        const std::int64_t floats = ModelRunner::output_rows(activations) * runner_.output_width();
-        activations.output_grad =
-            allocator_.allocate_floats(MemoryState::comm_buffers, static_cast<std::size_t>(floats));
+        const std::int64_t count = ModelRunner::output_rows(activations) * runner_.output_width();
+        activations.output_grad = allocator_.allocate_elements(MemoryState::comm_buffers, static_cast<std::size_t>(count),
+                                                               runner_.activation_type());
         gradient_posted_[static_cast<std::size_t>(micro_batch)] = true;
-        start(action.kind, micro_batch, activations.output_grad.floats(), floats);
+        start(action.kind, micro_batch, activations.output_grad.as<void>(), count);
         break;
       }
       case ActionKind::backward: {
@@ -112,13 +112,12 @@ LossTotals ScheduleExecutor::run(const std::vector<Action>& actions, const Sched
         finish(ActionKind::receive_gradients, micro_batch);
         finish(ActionKind::send_activations, micro_batch);  // its data is about to be freed
         const double start_ms = now_ms();
-        runner_.backward(activations, micro_batch, work.micro_batches);
+        runner_.backward(activations, micro_batch, work.micro_batches, work.loss_scale);
         record_span(trace_, "backward", start_ms, now_ms(), micro_batch);
         break;
       }
       case ActionKind::send_gradients:
-        start(action.kind, micro_batch, activations.input_grad.floats(),
-              rows * runner_.input_width());
+        start(action.kind, micro_batch, activations.input_grad.as<void>(), rows * runner_.input_width());
         break;
     }
   }

@@ -25,6 +25,7 @@ struct ScheduleWork {
   int micro_batches = 1;
   LossKind loss_kind = LossKind::mse;
   std::int64_t loss_samples = 0;  // the loss is a mean over this many samples
+  float loss_scale = 1.0f;        // its gradient is multiplied by this (fp16's loss scaling)
   std::function<std::int64_t(int micro_batch)> rows;
   // Fills what this rank needs of a micro-batch's samples (inputs, targets or labels).
   std::function<void(int micro_batch, MicroBatchActivations& activations)> read;
@@ -45,7 +46,7 @@ class ScheduleExecutor {
     int micro_batch;
     Request request;
   };
-  void start(ActionKind kind, int micro_batch, float* data, std::int64_t floats);
+  void start(ActionKind kind, int micro_batch, void* data, std::int64_t count);
   void finish(ActionKind kind, int micro_batch);
   // Tests every pending transfer; a finished send of gradients frees their buffer.
   void progress();

@@ -39,7 +39,10 @@ std::string rank_events(const TraceRecorder& recorder, double origin_ms, int ran
     nlohmann::json args = {{"step", span.step}};
     if (span.micro_batch >= 0) args["micro_batch"] = span.micro_batch;
     if (span.bytes > 0) args["bytes"] = span.bytes;
-    if (!span.group.empty()) args["group"] = span.group;
+    if (!span.group.empty()) {
+      args["group"] = span.group;
+      args["dtype"] = data_type_name(span.type);
+    }
     const char* category = track_names[static_cast<int>(span.track)];
     const double start_us = (span.start_ms - origin_ms) * 1000.0;
     const double duration_us = (span.end_ms - span.start_ms) * 1000.0;

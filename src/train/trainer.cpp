@@ -11,6 +11,7 @@
 #include "comm/consensus.hpp"
 #include "core/timer.hpp"
 #include "train/checkpointer.hpp"
+#include "train/loss_scaler.hpp"
 #include "train/run.hpp"
 #include "train/rank_plan.hpp"
 #include "train/run_report.hpp"
@@ -44,8 +45,13 @@ class Trainer {
   void stop_on_read_problem(double ranks_with_problems) const;
   // A non-finite loss or gradient norm stops every rank unless --on-nan skip.
   void stop_unless_skipping(std::int64_t step, const StepTotals& totals) const;
-  void read_samples(Split split, const std::vector<std::int64_t>& indices, MicroBatchActivations& activations) {
-    run_.feed->read(split, indices, {&activations.input, &activations.targets, &activations.labels});
+  // Samples are read as fp32 and rounded to the param type before the first layer.
+  void read_samples(Split split, const std::vector<std::int64_t>& indices, MicroBatchActivations& activations);
+  Checkpointer::Progress progress(std::int64_t step) const {
+    return {.step = step,
+            .optimizer_step = optimizer_step_,
+            .loss_scale = scaler_.scales() ? scaler_.scale() : 0.0,
+            .loss_scale_finite_steps = scaler_.finite_steps()};
   }
   void note_peaks() {
     for (int state = 0; state < memory_state_count; ++state)
@@ -58,7 +64,22 @@ class Trainer {
   const StepFlops flops_;     // the whole job's, per step
   const double peak_tflops_;  // a rank's (0: unknown)
   MemoryByState run_peak_{};
+  LossScaler scaler_{config_};
+  std::int64_t optimizer_step_ = 0;  // updates applied: AdamW's step (skipped steps do not count)
 };
+
+void Trainer::read_samples(Split split, const std::vector<std::int64_t>& indices,
+                           MicroBatchActivations& activations) {
+  const DataType type = run_.model->runner->activation_type();
+  if (type == DataType::float32 || !run_.model->runner->reads_inputs()) {
+    run_.feed->read(split, indices, {&activations.input, &activations.targets, &activations.labels});
+    return;
+  }
+  const std::size_t count = activations.input.bytes() / size_of(type);
+  Buffer samples = run_.device.memory->allocate_floats(MemoryState::workspace, count);
+  run_.feed->read(split, indices, {&samples, &activations.targets, &activations.labels});
+  run_.device.kernels->convert(samples.floats(), DataType::float32, activations.input.as<void>(), type, count);
+}
 
 StepTotals Trainer::local_totals(const LossTotals& local, const MoeStatistics* moe) const {
   StepTotals totals{.loss_sum = run_.counts_loss() ? local.loss_sum : 0.0,
@@ -96,24 +117,33 @@ void Trainer::stop_unless_skipping(std::int64_t step, const StepTotals& totals) 
 bool Trainer::update(std::int64_t step, double learning_rate, StepTotals& totals) {
   Kernels& kernels = *run_.device.kernels;
   AdamW& optimizer = *run_.model->optimizer;
-  const std::vector<StateRun>& runs = run_.model->placement.updated;
-  if (config_.grad_clip > 0 || config_.on_nan == OnNonFinite::skip) {
-    // The norm first: clipping scales by it, and a non-finite one skips the update.
-    totals.grad_square_sum = AdamW::owned_square_sum(kernels, runs);
+  const StatePlacement& placement = run_.model->placement;
+  if (config_.grad_clip > 0 || config_.on_nan == OnNonFinite::skip || scaler_.scales()) {
+    // The norm first: clipping scales by it, and a non-finite one skips the update. Gradients of
+    // a scaled loss are scaled: the norm and the update divide the scale out (in fp32).
+    const double unscale = 1.0 / scaler_.scale();
+    totals.grad_square_sum = AdamW::owned_square_sum(kernels, placement) * unscale * unscale;
     totals.sum_over(run_.world());
     stop_on_read_problem(totals.read_problems);
     if (!totals.finite()) {
+      // Gradients overflowing from a finite loss are what a dynamic scale probes for.
+      if (scaler_.dynamic() && std::isfinite(totals.loss_sum)) {
+        scaler_.overflowed_step();
+        return true;
+      }
       stop_unless_skipping(step, totals);
       return true;
     }
-    const double coefficient = clip_coefficient(config_.grad_clip, std::sqrt(totals.grad_square_sum));
-    if (coefficient < 1.0) AdamW::scale_grads(kernels, runs, static_cast<float>(coefficient));
-    optimizer.update(kernels, runs, learning_rate, step + 1);
+    const double coefficient =
+        config_.grad_clip > 0 ? clip_coefficient(config_.grad_clip, std::sqrt(totals.grad_square_sum)) : 1.0;
+    optimizer.update(kernels, placement, learning_rate, ++optimizer_step_,
+                     static_cast<float>(unscale * std::min(coefficient, 1.0)));
+    scaler_.finite_step();
     return false;
   }
   // Without clipping the norm comes free from the update's own pass over the gradients. A
   // non-finite one then stops the run after the update, which never reaches a checkpoint.
-  totals.grad_square_sum = optimizer.update(kernels, runs, learning_rate, step + 1);
+  totals.grad_square_sum = optimizer.update(kernels, placement, learning_rate, ++optimizer_step_);
   totals.sum_over(run_.world());
   stop_on_read_problem(totals.read_problems);
   if (!totals.finite()) stop_unless_skipping(step, totals);
@@ -128,6 +158,7 @@ StepRecord Trainer::train_step(std::int64_t step) {
   StrategyStack& strategies = *run_.model->strategies;
   const StepEvent event{.step = step};
   strategies.before_step(event);
+  const double loss_scale = scaler_.scale();  // the step's, before an overflow changes it
 
   const LossTotals local = run_.executor->run(
       run_.schedule,
@@ -135,6 +166,7 @@ StepRecord Trainer::train_step(std::int64_t step) {
        .micro_batches = config_.micro_batches,
        .loss_kind = run_.loss_kind,
        .loss_samples = config_.global_batch,
+       .loss_scale = scaler_.scale(),
        .rows = [&](int) { return run_.batch.local_size(); },
        .read = [&](int micro_batch, MicroBatchActivations& activations) {
          read_samples(Split::train, run_.train_samples(step, micro_batch), activations);
@@ -159,6 +191,10 @@ StepRecord Trainer::train_step(std::int64_t step) {
   StepRecord record;
   record.step = step + 1;
   record.skipped = skipped;
+  if (scaler_.scales()) {
+    record.loss_scale = loss_scale;
+    record.skipped_steps = scaler_.skipped_steps();
+  }
   record.loss = totals.loss_sum / loss_normalizer(run_.loss_kind, config_.global_batch,
                                                   run_.model->specs.back().out_features);
   record.lr = learning_rate;
@@ -220,8 +256,7 @@ void Trainer::evaluate(StepRecord& record) {
 
 void Trainer::predict_only() {
   run_.reporter->line(describe_run(run_));
-  run_.reporter->line("predicted memory of rank 0 and communication per step:\n" +
-                      placement_table(predict_this_rank(run_), nullptr));
+  run_.reporter->prediction(predict_this_rank(run_), config_.precision(), parameter_count(run_.model->specs));
 }
 
 void Trainer::train() {
@@ -229,14 +264,16 @@ void Trainer::train() {
   reporter.line(describe_run(run_));
   std::int64_t start = 0;
   if (!config_.resume.empty()) {
-    const Checkpointer::Resumed resumed = checkpoints_.resume();
-    start = resumed.step;
+    const Checkpointer::Resumed resumed = checkpoints_.resume(progress(0));
+    start = resumed.progress.step;
+    optimizer_step_ = resumed.progress.optimizer_step;
+    if (scaler_.scales()) scaler_.resume_at(resumed.progress.loss_scale, resumed.progress.loss_scale_finite_steps);
     reporter.line(fmt::format("resumed from {} at step {} (sample position {})", resumed.file, start,
                               run_.batch.resumed_position));
     if (start >= config_.steps)
       reporter.line(fmt::format("the checkpoint is at or beyond --steps {}: nothing to train", config_.steps));
   }
-  const auto save = [&](std::int64_t step) { reporter.line("saved checkpoint " + checkpoints_.save(step)); };
+  const auto save = [&](std::int64_t step) { reporter.line("saved checkpoint " + checkpoints_.save(progress(step))); };
   RunSummary summary;
   std::int64_t last_saved = -1;
   Watchdog watchdog(config_.timeout_s, run_.world().rank(), run_.comm_ledger);

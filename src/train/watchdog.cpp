@@ -50,9 +50,9 @@ void Watchdog::report_and_abort(std::int64_t step, double waited_s) const {
       "its last operations, oldest first:\n",
       rank_, step, waited_s, timeout_s_);
   for (const RecentOperation& operation : ledger_.recent())
-    text += fmt::format("mlptrain: watchdog: rank {}:   #{} {} on {} ({} bytes) {}\n", rank_,
-                        operation.sequence, comm_op_name(operation.op), operation.group,
-                        operation.bytes, operation.completed ? "done" : "WAITING");
+    text += fmt::format("mlptrain: watchdog: rank {}:   #{} {} on {} ({} bytes of {}) {}\n", rank_,
+                        operation.sequence, comm_op_name(operation.op), operation.group, operation.bytes,
+                        data_type_name(operation.type), operation.completed ? "done" : "WAITING");
   std::fputs(text.c_str(), stderr);
   std::fflush(stderr);
   // The other ranks' watchdogs fire about now too: give their reports time to come out before

@@ -149,13 +149,13 @@ TEST_F(HostStagingTest, StartedOperationsReturnTheirResultOnCompletion) {
   std::vector<float> shard(block);
   host.reduce_scatter(values(total, 7).data(), shard.data(), block);
   Buffer scattered = on_device(values(total, 7));
-  Request reduce_scatter = staged.reduce_scatter_in_place_async(scattered.floats(), block);
+  Request reduce_scatter = staged.reduce_scatter_in_place_async(scattered.floats(), block, DataType::float32);
   std::vector<float> own(total, 0.0f), gathered(total);
   host.all_gather(values(block, 8).data(), gathered.data(), block);
   const std::vector<float> contribution = values(block, 8);
   std::copy(contribution.begin(), contribution.end(), own.begin() + rank * block);
   Buffer together = on_device(own);
-  Request all_gather = staged.all_gather_in_place_async(together.floats(), block);
+  Request all_gather = staged.all_gather_in_place_async(together.floats(), block, DataType::float32);
 
   for (Request* request : {&receive, &send, &all_reduce, &reduce_scatter, &all_gather}) request->wait();
   std::vector<float> from_previous(count);

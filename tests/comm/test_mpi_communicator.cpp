@@ -187,14 +187,14 @@ TEST_F(MpiCommunicatorTest, InPlaceReduceScatterAndAllGatherInAndOutOfSharedMemo
   std::vector<float> private_memory(total);
   for (float* data : {shared.floats(), private_memory.data()}) {
     for (std::size_t i = 0; i < total; ++i) data[i] = static_cast<float>(i % 101) + rank;
-    Request scatter = world.reduce_scatter_in_place_async(data, block);
+    Request scatter = world.reduce_scatter_in_place_async(data, block, DataType::float32);
     scatter.wait();
     const float ranks_sum = size * (size - 1) / 2.0f;
     for (std::size_t i = rank * block; i < (rank + 1) * block; ++i)
       ASSERT_EQ(data[i], static_cast<float>(i % 101) * size + ranks_sum) << i;
     // Each rank's block now says who owns it; gather them everywhere.
     for (std::size_t i = rank * block; i < (rank + 1) * block; ++i) data[i] = rank * 1000.0f + i % 7;
-    Request gather = world.all_gather_in_place_async(data, block);
+    Request gather = world.all_gather_in_place_async(data, block, DataType::float32);
     while (!gather.test()) {
     }
     for (std::size_t i = 0; i < total; ++i)

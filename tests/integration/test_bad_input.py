@@ -69,6 +69,14 @@ class BadInput(TrainingTestCase):
             (["--moe-every", "1", "--tp", "2"], 2, ["--tp", "not built yet"]),
             (["--moe-every", "1", "--zero", "2"], 2, ["--zero", "not built yet"]),
             (["--offload"], 2, ["--offload", "needs --device cuda"]),
+            (["--param-dtype", "fp8"], 1, ["--param-dtype", "fp8"]),
+            (["--reduce-dtype", "int8"], 2, ["--reduce-dtype", "int8"]),
+            (["--param-dtype", "bf16", "--reduce-dtype", "fp16"], 2, ["--reduce-dtype fp16", "--param-dtype bf16"]),
+            (["--loss-scale", "128"], 1, ["--loss-scale", "fp16"]),
+            (["--param-dtype", "bf16", "--loss-scale-window", "10"], 2, ["--loss-scale-window", "fp16"]),
+            (["--param-dtype", "fp16", "--loss-scale", "0.5"], 1, ["--loss-scale"]),
+            (["--param-dtype", "fp16", "--initial-loss-scale", "4", "--min-loss-scale", "8"], 1,
+             ["--min-loss-scale 8", "--initial-loss-scale 4"]),
         ]
         for arguments, ranks, names in cases:
             with self.subTest(arguments=arguments):

@@ -1,5 +1,6 @@
 """commbench on the MPI host path and on the host-staged path over loopback device buffers: every
-collective at 2 and 4 ranks gives exactly the expected result at every size, with sizes in nccl-tests' convention and bus bandwidth the algorithm
+collective at 2 and 4 ranks gives exactly the expected result at every size (in fp32, bf16 and fp16),
+with sizes in nccl-tests' convention and bus bandwidth the algorithm
 bandwidth times nccl-tests' bus factor; the plot script draws its output; bad flags get one line
 and exit 2 on every rank. The device paths' pinned copies are exact too, and the GPU speed script
 (scripts/bench_gpu.py) runs end to end on loopback. Where a GPU is present, the NCCL path at world
@@ -29,18 +30,35 @@ def bus_factor(collective, ranks):
 
 
 class Commbench(TrainingTestCase):
+    def exact_rows(self, arguments, ranks):
+        """commbench's JSON rows for every collective, each checked correct."""
+        result = commbench(arguments + ["--iterations", "2", "--warmup", "1", "--json"], ranks)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        rows = [json.loads(line) for line in result.stdout.splitlines()]
+        self.assertEqual(sorted({row["collective"] for row in rows}), sorted(COLLECTIVES))
+        for row in rows:
+            self.assertTrue(row["correct"], row)
+        return result, rows
+
+    def test_half_elements_are_exact_and_named(self):
+        staged = ["--path", "mpi-staged", "--device", "loopback"]
+        for dtype, ranks, path in [("bf16", 2, []), ("fp16", 4, []), ("bf16", 4, staged + ["--chunk-bytes", "1K"])]:
+            with self.subTest(dtype=dtype, ranks=ranks, path=path):
+                _, rows = self.exact_rows(["--dtype", dtype, "--min-bytes", "8", "--max-bytes", "64K",
+                                           "--step-factor", "8"] + path, ranks)
+                for row in rows:
+                    self.assertEqual(row["dtype"], dtype)
+                    per_rank = row["collective"] in ("reduce_scatter", "all_gather", "all_to_all")
+                    self.assertEqual(row["bytes"] % (2 * ranks if per_rank else 2), 0, row)
+
     def test_every_collective_is_exact_at_2_and_4_ranks(self):
         staged = ["--path", "mpi-staged", "--device", "loopback"]
         for ranks, path in [(2, []), (4, []), (2, staged + ["--chunk-bytes", "1K"]),
                             (4, staged), (2, staged + ["--chunk-bytes", "0"])]:
             with self.subTest(ranks=ranks, path=path):
-                result = commbench(["--min-bytes", "8", "--max-bytes", "128K", "--step-factor", "4",
-                                    "--iterations", "2", "--warmup", "1", "--json"] + path, ranks)
-                self.assertEqual(result.returncode, 0, result.stderr)
-                rows = [json.loads(line) for line in result.stdout.splitlines()]
-                self.assertEqual(sorted({row["collective"] for row in rows}), sorted(COLLECTIVES))
+                result, rows = self.exact_rows(["--min-bytes", "8", "--max-bytes", "128K", "--step-factor", "4"] + path,
+                                               ranks)
                 for row in rows:
-                    self.assertTrue(row["correct"], row)
                     self.assertEqual((row["path"], row["ranks"], row["device"]),
                                      ("mpi-staged", ranks, "loopback") if path else ("mpi-host", ranks, "cpu"))
                     # A whole float per rank for the per-rank collectives.
@@ -103,6 +121,7 @@ class Commbench(TrainingTestCase):
                                  (["--max-bytes", "12Q"], ["'12Q' is not a size"]),
                                  (["--min-bytes", "1M", "--max-bytes", "1K"], ["--min-bytes"]),
                                  (["--iterations", "0"], ["--iterations"]),
+                                 (["--dtype", "int8"], ["unknown --dtype 'int8'"]),
                                  (["--frobnicate"], ["frobnicate"])]:
             with self.subTest(arguments=arguments):
                 result = commbench(arguments, 2)

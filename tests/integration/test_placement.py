@@ -1,7 +1,9 @@
 """Placement predictions against the ledger over the layout matrix (data parallel, ZeRO 1-3,
-tensor, pipeline and expert parallelism and their combinations, at 1, 2 and 4 ranks): rank 0's
-predicted parameter, gradient and optimizer bytes equal the measured peaks exactly, activations
-come within 5 %, and every collective's bytes per step within 1 %. Each state names its mode."""
+tensor, pipeline and expert parallelism and their combinations, at 1, 2 and 4 ranks), in fp32 and
+in mixed precision (every layout again with 16-bit parameters, in turn bf16 with fp32 and with bf16
+reductions and fp16 with fp32 reductions): rank 0's predicted parameter, gradient and optimizer
+bytes equal the measured peaks exactly, activations come within 5 %, and every collective's bytes
+per step within 1 %. Each state names its mode."""
 import unittest
 
 from common import TrainingTestCase
@@ -27,12 +29,24 @@ LAYOUTS = [
 ]
 
 
+PRECISIONS = [["--param-dtype", "bf16"], ["--param-dtype", "bf16", "--reduce-dtype", "bf16"],
+              ["--param-dtype", "fp16"]]
+
+
 class Placement(TrainingTestCase):
     def test_predictions_match_the_ledger(self):
+        self.check_layouts(lambda index: [])
+
+    def test_mixed_precision_predictions_match_the_ledger(self):
+        self.check_layouts(lambda index: PRECISIONS[index % len(PRECISIONS)])
+
+    def check_layouts(self, precision_of):
         for index, (ranks, model, layout) in enumerate(LAYOUTS):
+            precision = precision_of(index)
             for task in (["--output-dim", 6], CLASSIFICATION) if index < 4 else (["--output-dim", 6],):
-                with self.subTest(ranks=ranks, layout=layout, moe=model is MOE, task=task):
-                    _, summary, _ = self.train(f"layout{index}{task[-1]}", model + layout + task, ranks)
+                with self.subTest(ranks=ranks, layout=layout, moe=model is MOE, task=task, precision=precision):
+                    _, summary, _ = self.train(f"layout{index}{task[-1]}", model + layout + task + precision, ranks)
+                    self.assertEqual(summary["param_dtype"], precision[1] if precision else "fp32")
                     placement = summary["placement"]
                     for state in ("params", "grads", "optimizer"):
                         self.assertEqual(placement[state]["predicted_bytes"], placement[state]["measured_bytes"],

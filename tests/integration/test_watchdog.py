@@ -28,16 +28,18 @@ class Watchdog(TrainingTestCase):
         last = {}
         for rank in (0, 1):
             self.assertRegex(result.stderr, rf"watchdog: rank {rank}: step \d+ has not finished after \d+ s \(--timeout 2\)")
-            operations = re.findall(rf"watchdog: rank {rank}:   #(\d+) (\w+) on (\w+) \((\d+) bytes\) (done|WAITING)",
-                                    result.stderr)
+            operations = re.findall(
+                rf"watchdog: rank {rank}:   #(\d+) (\w+) on (\w+) \((\d+) bytes of (\w+)\) (done|WAITING)",
+                result.stderr)
             self.assertTrue(operations, result.stderr)
-            self.assertEqual(operations[-1][4], "WAITING")
+            self.assertEqual(operations[-1][5], "WAITING")
             last[rank] = operations[-1]
         # Rank 1 skipped step 3's world sum: at the same position in their sequences, rank 0 waits
         # in that all-reduce on the world, rank 1 already in the next step's on the data-parallel group.
         self.assertEqual(last[0][0], last[1][0])
-        self.assertEqual(last[0][1:3], ("all_reduce", "world"))
-        self.assertEqual(last[1][1:3], ("all_reduce", "dp"))
+        # ...of doubles (the world sums), and of the gradients' type (fp32 here).
+        self.assertEqual(last[0][1:3] + last[0][4:5], ("all_reduce", "world", "fp64"))
+        self.assertEqual(last[1][1:3] + last[1][4:5], ("all_reduce", "dp", "fp32"))
         self.assertRegex(result.stderr, r"watchdog: rank 0: step 3 has not finished")
 
     def test_a_malformed_fault_plan_is_one_line(self):

@@ -12,6 +12,7 @@
 
 #include "comm/mpi_communicator.hpp"
 #include "core/error.hpp"
+#include "core/half_float.hpp"
 #include "core/hdf5_handle.hpp"
 #include "io/checkpoint.hpp"
 
@@ -23,21 +24,22 @@ float value_of(const ParameterTensor& tensor, std::int64_t global_index, int par
   return static_cast<float>(tensor.global_index * 1000 + global_index) * (part + 1) * 0.5f;
 }
 
-// A layout's runs, with the memory behind them.
+// A layout's runs (fp32: the values are the masters), with the memory behind them.
 struct Layout {
-  std::vector<StateRun> runs;
+  StatePlacement placement;
   std::vector<std::vector<float>> memory;  // values, exp_avg, exp_avg_sq per run
 
   void add(const ParameterTensor& tensor, std::int64_t offset, std::int64_t count) {
     memory.emplace_back(3 * count);
     float* base = memory.back().data();
-    runs.push_back({.tensor = &tensor, .offset = offset, .count = count, .values = base,
-                    .exp_avg = base + count, .exp_avg_sq = base + 2 * count});
+    placement.updated.push_back({.tensor = &tensor, .offset = offset, .count = count, .values = base,
+                                 .master = base, .exp_avg = base + count, .exp_avg_sq = base + 2 * count});
+    placement.held = placement.updated;
   }
   void fill() {
-    for (StateRun& run : runs)
+    for (StateRun& run : placement.updated)
       for (std::int64_t i = 0; i < run.count; ++i) {
-        run.values[i] = value_of(*run.tensor, run.offset + i, 0);
+        run.master[i] = value_of(*run.tensor, run.offset + i, 0);
         run.exp_avg[i] = value_of(*run.tensor, run.offset + i, 1);
         run.exp_avg_sq[i] = value_of(*run.tensor, run.offset + i, 2);
       }
@@ -105,7 +107,7 @@ class CheckpointTest : public ::testing::Test {
     if (world.rank() == 0) prepare_checkpoint_directory(dir);
     world.barrier();
     const std::string path = save_checkpoint(
-        dir, {written.runs, written.runs, 7, 112},
+        dir, {.placement = written.placement, .step = 7, .optimizer_step = 6, .data_position = 112},
         {.config_ini = "layers = 3\n", .layout = "test", .seed = 1}, scope());
 
     // Read back whole on every rank, as one process or plain data parallelism holds it.
@@ -114,16 +116,17 @@ class CheckpointTest : public ::testing::Test {
     StatePlacement loaded = store_placement(store, replicated, coordinates_of(replicated, world.rank()));
     std::vector<float> moments(2 * store.size());
     for (StateRun& run : loaded.updated) {
-      run.exp_avg = moments.data() + (run.values - store.values());
+      run.exp_avg = moments.data() + (run.master - static_cast<float*>(store.values()));
       run.exp_avg_sq = run.exp_avg + store.size();
     }
-    TrainingState state{loaded.updated, loaded.held};
+    TrainingState state{.placement = loaded};
     EXPECT_EQ(load_checkpoint(dir, state, scope()), path);
     EXPECT_EQ(state.step, 7);
+    EXPECT_EQ(state.optimizer_step, 6);
     EXPECT_EQ(state.data_position, 112);
     for (const StateRun& run : loaded.updated)
       for (std::int64_t i = 0; i < run.count; ++i) {
-        ASSERT_EQ(run.values[i], value_of(*run.tensor, run.offset + i, 0)) << run.tensor->path;
+        ASSERT_EQ(run.master[i], value_of(*run.tensor, run.offset + i, 0)) << run.tensor->path;
         ASSERT_EQ(run.exp_avg_sq[i], value_of(*run.tensor, run.offset + i, 2)) << run.tensor->path;
       }
 
@@ -135,7 +138,7 @@ class CheckpointTest : public ::testing::Test {
       Hdf5Handle attribute = attribute_handle(H5Aopen(dataset.get(), "crc32", H5P_DEFAULT));
       std::uint32_t stored = 0;
       H5Aread(attribute.get(), H5T_NATIVE_UINT32, &stored);
-      const auto expected = crc32(0L, reinterpret_cast<const Bytef*>(store.values() + weight.offset),
+      const auto expected = crc32(0L, reinterpret_cast<const Bytef*>(store.value_at(weight.offset)),
                                   static_cast<uInt>(weight.count * sizeof(float)));
       EXPECT_EQ(stored, expected);
       std::filesystem::remove_all(dir);
@@ -153,8 +156,43 @@ TEST_F(CheckpointTest, ColumnBlocksLoadWholeInAnotherLayout) { round_trip(column
 TEST_F(CheckpointTest, PiecesThatLeaveAGapAreRefused) {
   if (world.size() < 2) GTEST_SKIP() << "needs two ranks to leave another rank's piece out";
   Layout pieces = flat_shards();
-  if (world.rank() == 1) pieces.runs.clear();  // rank 1 drops its shard
+  if (world.rank() == 1) pieces.placement.updated.clear();  // rank 1 drops its shard
   pieces.fill();
   const std::string dir = directory();
-  EXPECT_THROW(save_checkpoint(dir, {pieces.runs, pieces.runs, 1, 1}, {}, scope()), RuntimeFailure);
+  EXPECT_THROW(save_checkpoint(dir, {.placement = pieces.placement, .step = 1, .data_position = 1}, {}, scope()),
+               RuntimeFailure);
+}
+
+TEST_F(CheckpointTest, HalfParametersLoadTheMastersAndRoundTheirValues) {
+  Layout written = flat_shards();
+  written.fill();
+  const std::string dir = directory() + "-half";
+  if (world.rank() == 0) prepare_checkpoint_directory(dir);
+  world.barrier();
+  save_checkpoint(dir, {.placement = written.placement, .step = 3, .optimizer_step = 3, .data_position = 48},
+                  {.config_ini = "layers = 3\n", .layout = "test", .seed = 1}, scope());
+  // Whole on every rank, with bf16 values and the masters and moments beside them.
+  const Precision precision{.param = DataType::bfloat16, .reduce = DataType::float32};
+  ParameterStore store(whole, allocator, {}, precision);
+  const GridShape replicated{.world = world.size(), .tp = 1, .dp = world.size(), .pp = 1, .ep = 1};
+  StatePlacement loaded = store_placement(store, replicated, coordinates_of(replicated, world.rank()));
+  std::vector<float> optimizer(3 * store.size());
+  for (StateRun& run : loaded.updated) {
+    run.master = optimizer.data() + run.moment_offset;
+    run.exp_avg = run.master + store.size();
+    run.exp_avg_sq = run.exp_avg + store.size();
+  }
+  TrainingState state{.placement = loaded};
+  load_checkpoint(dir, state, scope());
+  for (const StateRun& run : loaded.updated)
+    for (std::int64_t i = 0; i < run.count; ++i) {
+      const float stored = value_of(*run.tensor, run.offset + i, 0);
+      ASSERT_EQ(run.master[i], stored) << run.tensor->path;
+      ASSERT_EQ(load_element(run.values, static_cast<std::size_t>(i), DataType::bfloat16),
+                bfloat16_to_float(round_to_bfloat16(stored)))
+          << run.tensor->path;
+      ASSERT_EQ(run.exp_avg[i], value_of(*run.tensor, run.offset + i, 1)) << run.tensor->path;
+    }
+  world.barrier();
+  if (world.rank() == 0) std::filesystem::remove_all(dir);
 }

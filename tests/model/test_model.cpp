@@ -45,7 +45,7 @@ struct LayerFixture {
     specs = {{.index = 0, .in_features = 5, .out_features = 4, .gelu = gelu},
              {.index = 1, .in_features = 4, .out_features = 3, .gelu = false}};
     store = std::make_unique<ParameterStore>(model_parameter_tensors(specs, 0, 1), allocator);
-    initialize_values(store_placement(*store, {}, {}).held, 11, allocator);
+    initialize_state(store_placement(*store, {}, {}), 11, allocator, allocator);
     layer = linear_layer_view(*store, specs[0], "layers/00");
   }
 };
@@ -71,20 +71,22 @@ void check_linear_backward(bool gelu) {
   const auto close = [](double analytic, double numeric) {
     EXPECT_NEAR(analytic, numeric, 2e-3 * std::max(1.0, std::abs(numeric)));
   };
-  for (std::int64_t i = 0; i < out * in; ++i)
-    close(fixture.layer.weight_grad[i], numeric_derivative(fixture.layer.weight + i, loss));
+  float* weight = static_cast<float*>(fixture.layer.weight);
+  float* weight_grad = static_cast<float*>(fixture.layer.weight_grad);
+  for (std::int64_t i = 0; i < out * in; ++i) close(weight_grad[i], numeric_derivative(weight + i, loss));
   for (std::int64_t i = 0; i < out; ++i)
-    close(fixture.layer.bias_grad[i], numeric_derivative(fixture.layer.bias + i, loss));
+    close(static_cast<float*>(fixture.layer.bias_grad)[i],
+          numeric_derivative(static_cast<float*>(fixture.layer.bias) + i, loss));
   for (std::int64_t i = 0; i < rows * in; ++i)
     close(grad_input[i], numeric_derivative(input.data() + i, loss));
 
   // A second micro-batch accumulates onto the first.
   loss();  // restores pre after the perturbed forwards
-  const std::vector<float> first(fixture.layer.weight_grad, fixture.layer.weight_grad + out * in);
+  const std::vector<float> first(weight_grad, weight_grad + out * in);
   linear_backward(*fixture.kernels, fixture.layer, input.data(), pre.data(), weights_of_loss.data(),
                   rows, grad_pre.data(), nullptr, true);
   for (std::int64_t i = 0; i < out * in; ++i)
-    EXPECT_NEAR(fixture.layer.weight_grad[i], 2 * first[i], 1e-5);
+    EXPECT_NEAR(weight_grad[i], 2 * first[i], 1e-5);
 }
 
 }  // namespace
@@ -131,7 +133,7 @@ TEST(ParameterStore, FlatLayoutAndInitBounds) {
   HostAllocator allocator(ledger);
   const auto specs = model_layer_specs(3, 6, 8, 2);
   ParameterStore store(model_parameter_tensors(specs, 0, 3), allocator);
-  initialize_values(store_placement(store, {}, {}).held, 5, allocator);
+  initialize_state(store_placement(store, {}, {}), 5, allocator, allocator);
   const std::size_t expected = 8 * 6 + 8 + 8 * 8 + 8 + 2 * 8 + 2;
   EXPECT_EQ(store.size(), expected);
   EXPECT_EQ(ledger.current(MemoryState::params), static_cast<std::int64_t>(expected * 4));
@@ -142,7 +144,7 @@ TEST(ParameterStore, FlatLayoutAndInitBounds) {
   for (const ParameterTensor& tensor : store.tensors()) {
     const float bound = 1.0f / std::sqrt(static_cast<float>(specs[tensor.layer].in_features));
     for (std::size_t i = 0; i < tensor.count; ++i)
-      ASSERT_LE(std::abs(store.values()[tensor.offset + i]), bound);
+      ASSERT_LE(std::abs(static_cast<const float*>(store.values())[tensor.offset + i]), bound);
   }
 }
 
@@ -167,7 +169,7 @@ TEST(ParameterStore, AShardGeneratedAloneEqualsTheSliceOfTheWhole) {
   HostAllocator allocator(ledger);
   const auto specs = model_layer_specs(2, 9, 7, 3);
   ParameterStore whole(model_parameter_tensors(specs, 0, 2), allocator);
-  initialize_values(store_placement(whole, {}, {}).held, 42, allocator);
+  initialize_state(store_placement(whole, {}, {}), 42, allocator, allocator);
   // A box of rows [2, 6) and columns [3, 8) of layer 0's weight, as a tensor-parallel rank holds.
   ParameterTensor shard = whole.tensor("layers/00/weight");
   shard.local_start = {2, 3};
@@ -175,15 +177,15 @@ TEST(ParameterStore, AShardGeneratedAloneEqualsTheSliceOfTheWhole) {
   shard.offset = 0;
   shard.count = 20;
   ParameterStore alone({shard}, allocator);
-  initialize_values(store_placement(alone, {}, {}).held, 42, allocator);
-  const float* full = whole.values() + whole.tensor("layers/00/weight").offset;
+  initialize_state(store_placement(alone, {}, {}), 42, allocator, allocator);
+  const float* full = static_cast<const float*>(whole.value_at(whole.tensor("layers/00/weight").offset));
   for (int row = 0; row < 4; ++row)
     for (int col = 0; col < 5; ++col)
-      EXPECT_EQ(alone.values()[row * 5 + col], full[(2 + row) * 9 + 3 + col]);
+      EXPECT_EQ(static_cast<const float*>(alone.values())[row * 5 + col], full[(2 + row) * 9 + 3 + col]);
   // And a flat range cutting through rows, as a ZeRO shard holds it.
   float piece[17];
   const StateRun run{.tensor = &whole.tensor("layers/00/weight"), .offset = 13, .count = 17, .values = piece};
-  initialize_values({run}, 42, allocator);
+  initialize_state({.held = {run}}, 42, allocator, allocator);
   for (int i = 0; i < 17; ++i) EXPECT_EQ(piece[i], full[13 + i]);
 }
 

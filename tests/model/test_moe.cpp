@@ -33,7 +33,7 @@ struct MoeFixture {
   MoeFixture(int experts, int top_k) {
     specs = model_layer_specs(3, hidden, hidden, 2, 1, experts, top_k);
     store = std::make_unique<ParameterStore>(model_parameter_tensors(specs, 1, 2), allocator);
-    initialize_values(store_placement(*store, {}, {}).held, 5, allocator);
+    initialize_state(store_placement(*store, {}, {}), 5, allocator, allocator);
     layer = std::make_unique<MoeLayer>(*store, specs[1], "layers/01",
                                        MoeSettings{.capacity_factor = 0, .aux_loss_coef = 0.3});
     input = values(rows * hidden, 1, 1.5f);
@@ -89,10 +89,10 @@ struct MoeFixture {
   }
 
   float* parameter(const std::string& name) const {
-    return store->values() + store->tensor("layers/01/" + name).offset;
+    return static_cast<float*>(store->value_at(store->tensor("layers/01/" + name).offset));
   }
   float* gradient(const std::string& name) const {
-    return store->grads() + store->tensor("layers/01/" + name).offset;
+    return static_cast<float*>(store->grad_at(store->tensor("layers/01/" + name).offset));
   }
 };
 

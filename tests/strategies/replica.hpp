@@ -7,11 +7,13 @@
 #include <mpi.h>
 
 #include <functional>
+#include <stdexcept>
 #include <memory>
 #include <optional>
 #include <string>
 
 #include "comm/process_groups.hpp"
+#include "core/half_float.hpp"
 #include "core/rng.hpp"
 #include "train/rank_model.hpp"
 #include "train/rank_plan.hpp"
@@ -81,28 +83,37 @@ struct Replica {
 
   // The optimizer step after step(): every rank updates what it owns, and the strategies gather.
   void update(std::int64_t index = 0) {
-    model->optimizer->update(*kernels, model->placement.updated, config.lr, index + 1);
+    model->optimizer->update(*kernels, model->placement, config.lr, index + 1);
     model->optimizer->finish_update();
     model->strategies->after_optimizer_step({.step = index});
   }
 
-  // Calls visit(path, global index, value, gradient) for every element this rank updates.
+  // Calls visit(path, global index, master weight, gradient) for every element this rank updates.
   void each_updated(const std::function<void(const std::string&, std::int64_t, float, float)>& visit) const {
+    const Precision& precision = model->placement.precision;
     for (const StateRun& run : model->placement.updated)
-      for (std::int64_t i = 0; i < run.count; ++i) visit(run.tensor->path, run.offset + i, run.values[i], run.grads[i]);
+      for (std::int64_t i = 0; i < run.count; ++i)
+        visit(run.tensor->path, run.offset + i, run.master[i],
+              load_element(run.grads, static_cast<std::size_t>(i), precision.reduce));
   }
   // Calls visit(path, global index, value) for every value this rank holds.
   void each_held(const std::function<void(const std::string&, std::int64_t, float)>& visit) const {
+    const Precision& precision = model->placement.precision;
     for (const StateRun& run : model->placement.held)
-      for (std::int64_t i = 0; i < run.count; ++i) visit(run.tensor->path, run.offset + i, run.values[i]);
+      for (std::int64_t i = 0; i < run.count; ++i)
+        visit(run.tensor->path, run.offset + i, load_element(run.values, static_cast<std::size_t>(i), precision.param));
   }
 
-  // A one-process replica's value and gradient of an element (its store holds every tensor whole).
-  float value(const std::string& path, std::int64_t index) const {
-    return model->parameters->values()[model->parameters->tensor(path).offset + static_cast<std::size_t>(index)];
-  }
+  // A one-process replica's master weight and gradient of an element (its store holds every
+  // tensor whole, and its runs are the tensors).
+  float value(const std::string& path, std::int64_t index) const { return run_of(path).master[index]; }
   float grad(const std::string& path, std::int64_t index) const {
-    return model->parameters->grads()[model->parameters->tensor(path).offset + static_cast<std::size_t>(index)];
+    return load_element(run_of(path).grads, static_cast<std::size_t>(index), model->placement.precision.reduce);
+  }
+  const StateRun& run_of(const std::string& path) const {
+    for (const StateRun& run : model->placement.updated)
+      if (run.tensor->path == path) return run;
+    throw std::logic_error("no run of " + path);
   }
 };
 

@@ -55,7 +55,7 @@ class RowDoubling final : public Strategy, public LayerHooks {
     const std::int64_t in = event.parameters->spec.in_features, rows = event.rows;
     for (std::int64_t row = 0; row < rows; ++row)
       for (std::int64_t column = 0; column < in; ++column) {
-        float& out = event.grad_input[row * in + column];
+        float& out = static_cast<float*>(event.grad_input)[row * in + column];
         if (event.layer == 1) {  // the input was copied twice: its gradient sums both copies
           out = scratch[row * in + column] + scratch[(row + rows) * in + column];
         } else {  // layer 2 averaged two copies: each receives half the gradient
@@ -78,11 +78,12 @@ class RowDoubling final : public Strategy, public LayerHooks {
     Buffers& buffers = buffers_[key(event)];
     buffers.input = allocator_.allocate_floats(MemoryState::workspace, static_cast<std::size_t>(layer_rows * in));
     float* input = buffers.input.floats();
+    const auto* received = static_cast<const float*>(event.input);  // the test runs in fp32
     for (std::int64_t row = 0; row < layer_rows; ++row)
       for (std::int64_t column = 0; column < in; ++column)
-        input[row * in + column] = event.layer == 1 ? event.input[(row % rows) * in + column]
-                                                    : 0.5f * (event.input[row * in + column] +
-                                                              event.input[(row + layer_rows) * in + column]);
+        input[row * in + column] = event.layer == 1 ? received[(row % rows) * in + column]
+                                                    : 0.5f * (received[row * in + column] +
+                                                              received[(row + layer_rows) * in + column]);
     if (backward)
       buffers.grad = allocator_.allocate_floats(MemoryState::workspace, static_cast<std::size_t>(layer_rows * in));
     event.substitute_input(input, layer_rows, buffers.grad.floats());

@@ -1,0 +1,27 @@
+// A run's element types (DESIGN.md §2.7), named after PyTorch FSDP's mixed-precision policy: the
+// compute copy of the parameters and the activations (`param`), and the gradient buffer with its
+// data-parallel reductions (`reduce`). AdamW's master weights and moments are fp32 always: with a
+// 16-bit param type the optimizer keeps an fp32 master copy of every parameter it updates, and the
+// compute copy is the master rounded after every update.
+#pragma once
+
+#include <cstddef>
+
+#include "core/data_type.hpp"
+
+namespace mlptrain {
+
+struct Precision {
+  DataType param = DataType::float32;
+  DataType reduce = DataType::float32;
+
+  bool keeps_master() const { return param != DataType::float32; }
+  // fp16 gradients underflow and overflow without a loss scale; bf16's range is fp32's.
+  bool scales_loss() const { return param == DataType::float16 || reduce == DataType::float16; }
+  std::size_t param_bytes() const { return size_of(param); }
+  std::size_t reduce_bytes() const { return size_of(reduce); }
+  // Bytes of optimizer state per parameter updated: the moments, and the master copy if kept.
+  std::size_t optimizer_bytes() const { return keeps_master() ? 12 : 8; }
+};
+
+}  // namespace mlptrain
