@@ -95,9 +95,7 @@ class DataParallel final : public Strategy, public LayerHooks {
   std::vector<Bucket> buckets_;
 };
 
-bool wanted(const Config& config, const GridShape& shape) {
-  return shape.dp > 1 && config.zero == 0;
-}
+bool wanted(const Config&, const GridShape& shape) { return shape.dp > 1; }
 
 std::unique_ptr<Strategy> create(const StrategyContext& context) {
   return std::make_unique<DataParallel>(context);

@@ -1,5 +1,5 @@
 // The list of strategies. Adding a strategy is a new file defining its registration plus one line
-// here; hooks run in this order.
+// here; the order of the list means nothing (each registration declares how it composes).
 #include "strategies/strategy.hpp"
 
 namespace mlptrain {

@@ -151,6 +151,14 @@ bool exclusive(Role role);
 struct StrategyRegistration {
   std::string_view name;
   std::span<const Role> roles;
+  // Composition, declared rather than implied by the registry's order. `replaces`: strategies
+  // whose work this one does itself; when both are wanted only this one takes part (ZeRO sums
+  // gradients over the data-parallel group, so plain data parallelism steps aside). `runs_after`:
+  // strategies whose hooks run before this one's at every hook point when both take part.
+  // Strategies with no declared order between them must not depend on one: their hooks run in
+  // the order of their names.
+  std::span<const std::string_view> replaces{};
+  std::span<const std::string_view> runs_after{};
   bool (*wanted)(const Config& config, const GridShape& shape);
   std::unique_ptr<Strategy> (*create)(const StrategyContext& context);
   // Pure, called before any memory exists (the planner calls them for layouts it never runs).
@@ -166,7 +174,7 @@ struct StrategyRegistration {
   std::string (*describe)(const RankLayout& layout) = nullptr;
 };
 
-// Every strategy, in the order their hooks run.
+// Every strategy (in no meaningful order: see StrategyRegistration for how they compose).
 std::span<const StrategyRegistration> strategy_registry();
 
 }  // namespace mlptrain

@@ -110,11 +110,15 @@ std::string describe(const RankLayout& layout) {
 }
 
 constexpr Role roles[] = {Role::splits_tensors};
+// The gradient reductions start (without blocking) at the end of a layer's backward before this
+// strategy's blocking sum of the input gradient, so that they overlap it.
+constexpr std::string_view runs_after[] = {"data_parallel", "zero"};
 
 }  // namespace
 
 extern const StrategyRegistration tensor_parallel_registration{.name = "tensor_parallel",
                                                                .roles = roles,
+                                                               .runs_after = runs_after,
                                                                .wanted = wanted,
                                                                .create = create,
                                                                .plan = plan,

@@ -370,11 +370,14 @@ std::unique_ptr<Strategy> create(const StrategyContext& context) {
 }
 
 constexpr Role roles[] = {Role::reduces_gradients, Role::shards_state};
+// ZeRO sums the data-parallel group's gradients itself (reduce-scatter, not all-reduce).
+constexpr std::string_view replaces[] = {"data_parallel"};
 
 }  // namespace
 
 extern const StrategyRegistration zero_registration{.name = "zero",
                                                     .roles = roles,
+                                                    .replaces = replaces,
                                                     .wanted = wanted,
                                                     .create = create,
                                                     .plan = plan,

@@ -302,7 +302,6 @@ void validate_options(Config& c, int world_size) {
   require(c.hidden % c.tp == 0,
           fmt::format("--hidden {} is not divisible by --tp {}", c.hidden, c.tp));
 
-  not_built(c.tp > 1 && c.zero == 3, "ZeRO stage 3 with tensor parallelism (--zero 3 --tp > 1)");
   if (c.moe_every > 0) {
     require(c.moe_every <= c.layers - 2,
             fmt::format("--moe-every {} makes no layer MoE: only hidden layers 1..{} can be (--layers {})",

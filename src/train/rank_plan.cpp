@@ -3,16 +3,71 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <stdexcept>
+
 #include "core/error.hpp"
 
 namespace mlptrain {
 
-Strategies wanted_strategies(const Config& config, const GridShape& shape) {
+namespace {
+
+// The strategy that plays `role`, if one does.
+const StrategyRegistration* owner(const Strategies& strategies, Role role) {
+  for (const StrategyRegistration* entry : strategies)
+    if (std::find(entry->roles.begin(), entry->roles.end(), role) != entry->roles.end()) return entry;
+  return nullptr;
+}
+
+bool names(std::span<const std::string_view> list, std::string_view name) {
+  return std::find(list.begin(), list.end(), name) != list.end();
+}
+
+// Registrations that name a strategy the registry lacks, or an order with a cycle, are errors of
+// the program, not of the user's options.
+void check_names(std::span<const StrategyRegistration> registry) {
+  for (const StrategyRegistration& entry : registry)
+    for (const auto list : {entry.replaces, entry.runs_after})
+      for (std::string_view name : list)
+        if (std::none_of(registry.begin(), registry.end(), [&](const auto& other) { return other.name == name; }))
+          throw std::logic_error(fmt::format("strategy {} names an unknown strategy {}", entry.name, name));
+}
+
+// The taking part in hook order: each after those it runs after, ties by name.
+Strategies ordered(Strategies remaining) {
+  std::sort(remaining.begin(), remaining.end(), [](const auto* a, const auto* b) { return a->name < b->name; });
+  Strategies order;
+  while (!remaining.empty()) {
+    const auto ready = std::find_if(remaining.begin(), remaining.end(), [&](const StrategyRegistration* entry) {
+      return std::none_of(remaining.begin(), remaining.end(),
+                          [&](const StrategyRegistration* other) { return names(entry->runs_after, other->name); });
+    });
+    if (ready == remaining.end()) throw std::logic_error("the strategies' declared hook order has a cycle");
+    order.push_back(*ready);
+    remaining.erase(ready);
+  }
+  return order;
+}
+
+}  // namespace
+
+Strategies compose_strategies(std::span<const StrategyRegistration> registry, const Config& config,
+                              const GridShape& shape) {
+  check_names(registry);
   Strategies wanted;
-  for (const StrategyRegistration& entry : strategy_registry())
+  for (const StrategyRegistration& entry : registry)
     if (entry.wanted(config, shape)) wanted.push_back(&entry);
-  check_roles(wanted);
-  return wanted;
+  Strategies taking_part;
+  for (const StrategyRegistration* entry : wanted)
+    if (std::none_of(wanted.begin(), wanted.end(),
+                     [&](const StrategyRegistration* other) { return names(other->replaces, entry->name); }))
+      taking_part.push_back(entry);
+  check_roles(taking_part);
+  return ordered(std::move(taking_part));
+}
+
+Strategies wanted_strategies(const Config& config, const GridShape& shape) {
+  return compose_strategies(strategy_registry(), config, shape);
 }
 
 void check_roles(const Strategies& strategies) {
@@ -24,17 +79,6 @@ void check_roles(const Strategies& strategies) {
           throw UsageError(fmt::format("{} and {} cannot run together: each {}", entry->name, other->name,
                                        role_name(role)));
 }
-
-namespace {
-
-// The strategy that plays `role`, if one does.
-const StrategyRegistration* owner(const Strategies& strategies, Role role) {
-  for (const StrategyRegistration* entry : strategies)
-    if (std::find(entry->roles.begin(), entry->roles.end(), role) != entry->roles.end()) return entry;
-  return nullptr;
-}
-
-}  // namespace
 
 ParameterPlan parameter_plan(const Strategies& strategies, const Config& config, const GridShape& shape,
                              const GridCoordinates& place) {

@@ -19,7 +19,11 @@ namespace mlptrain {
 
 using Strategies = std::vector<const StrategyRegistration*>;
 
-// The registry's strategies that take part, in registry order.
+// The strategies of `registry` that take part, as their registrations declare: the wanted ones
+// less those another wanted one replaces, their exclusive roles checked, in hook order.
+Strategies compose_strategies(std::span<const StrategyRegistration> registry, const Config& config,
+                              const GridShape& shape);
+// compose_strategies over the program's registry.
 Strategies wanted_strategies(const Config& config, const GridShape& shape);
 // Throws UsageError when two of `strategies` claim one exclusive role.
 void check_roles(const Strategies& strategies);

@@ -74,9 +74,10 @@ TEST(Layouts, DataParallelBucketsSumEveryReplica) {
   expect_same_loss(world_loss(split, split.step()), whole.step());
   expect_gradients_match(split, whole);
   // Every gradient is summed once, in buckets of whole layers.
-  if (world_size() > 1)
+  if (world_size() > 1) {
     EXPECT_EQ(ledger_bytes(split, "dp", CommOp::all_reduce),
               static_cast<std::int64_t>(split.model->parameters->size() * sizeof(float)));
+  }
 }
 
 TEST(Layouts, ZeroStagesShardAndGatherBackAfterTheUpdate) {
@@ -118,7 +119,9 @@ TEST(Layouts, ExpertExchangeMovesRowsToTheirExperts) {
   Replica split(MPI_COMM_WORLD, layout), whole = whole_of(layout);
   expect_same_loss(world_loss(split, split.step()), whole.step());
   expect_gradients_match(split, whole);
-  if (world_size() > 1) EXPECT_GT(ledger_bytes(split, "ep", CommOp::all_to_all), 0);
+  if (world_size() > 1) {
+    EXPECT_GT(ledger_bytes(split, "ep", CommOp::all_to_all), 0);
+  }
 }
 
 TEST(Layouts, TensorParallelPairsSumPartialProducts) {
