@@ -58,7 +58,7 @@ def layouts(worlds=(1, 2, 4, 8)):
 
 def refused(layout):
     """The combinations the options still refuse (the full matrix records their refusal)."""
-    return layout["moe"] and (layout["tp"] > 1 or layout["zero"] > 1)
+    return layout["moe"] and layout["tp"] > 1
 
 
 def covering(candidates, strength=2, chosen=()):

@@ -51,10 +51,14 @@ struct StrategyContext {
 // layer_rows rows, the next layer receives that many, and in backward the layer writes d loss /
 // d layer_input into `layer_grad_input`, which the substituting strategy maps back into
 // grad_input in its after-hook. Pointers not yet computed at the hook's point are null.
-// `parameters` is the layer's view of its weights, bias and their gradients: a before-hook may
-// point it elsewhere for this use (a gathered copy of sharded parameters, a transient gradient
-// buffer), and may make the gradients overwrite instead of accumulate. Activations and their
-// gradients are of `activation_type` (the run's param type).
+// `unit_values` and `unit_grads` are where this use reads the layer's parameters and writes their
+// gradients: the layer's unit (its tensors in the store's layout, from the unit's first element),
+// the store's own unless a before-hook points either elsewhere (a gathered copy of sharded
+// parameters, a transient gradient buffer laid out alike); a before-hook may also make the
+// gradients overwrite instead of accumulate. The runner places the layer's tensors from them
+// after the before-hooks; `parameters` (the layer's shape, and for a Linear layer its tensors as
+// placed) is read-only to hooks. Activations and their gradients are of `activation_type` (the
+// run's param type).
 struct LayerEvent {
   int layer = 0;
   int micro_batch = 0;
@@ -70,7 +74,9 @@ struct LayerEvent {
   std::int64_t layer_rows = 0;
   const void* layer_input = nullptr;
   void* layer_grad_input = nullptr;
-  LinearLayer* parameters = nullptr;
+  void* unit_values = nullptr;
+  void* unit_grads = nullptr;
+  const LinearLayer* parameters = nullptr;
   bool accumulate_grads = false;  // add into the gradients (later micro-batches) or overwrite
   void* pre = nullptr;            // x W^T, then + b ([layer_rows, out])
   void* output = nullptr;         // the layer's output (GELU(pre) or pre); forward only

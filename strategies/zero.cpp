@@ -21,9 +21,10 @@
 // Gathers move the param type (each owner's shard is its masters rounded by the update),
 // reductions the reduce type. When the two differ, a stage 3 slot holds the gathered parameters
 // and after them room for the unit's gradients, which then cannot overwrite the parameters.
-// MoE layers (stage 1 only) stay whole, as under plain data parallelism: their gradients are
-// all-reduced, the router's over the data-parallel group and the experts' over the ranks holding
-// the same experts, and each rank keeps their optimizer state; ZeRO shards the dense layers.
+// An MoE layer's unit has two pieces with different replicas: its router is sharded over the
+// data-parallel group like a dense layer, its experts over the ranks that hold the same experts
+// (the edp group; with one such rank that piece is the rank's own, and nothing is sent). Every
+// collective below is one per piece, over the piece's group.
 #include <algorithm>
 #include <deque>
 #include <map>
@@ -44,14 +45,21 @@ struct ReducingGradients {
   int micro_batch = 0;
   std::size_t slot = 0;
   void* buffer = nullptr;
-  Request request;
+  std::vector<Request> requests;  // one per piece shared over more than one rank
 };
 
 // A unit's parameters gathered from the shards (stage 3).
 struct GatheredParameters {
   std::size_t slot = 0;
-  Request request;
+  std::vector<Request> requests;
 };
+
+void wait_all(std::vector<Request>& requests) {
+  for (Request& request : requests) request.wait();
+}
+void test_all(std::vector<Request>& requests) {
+  for (Request& request : requests) request.test();
+}
 
 class Zero final : public Strategy, public LayerHooks, public StateSharding {
  public:
@@ -68,8 +76,23 @@ class Zero final : public Strategy, public LayerHooks, public StateSharding {
 
  private:
   std::size_t unit_index(int layer) const { return static_cast<std::size_t>(layer - first_layer_); }
-  std::size_t shard_start(const ZeroUnit& unit) const { return unit.full.offset + rank_ * unit.shard_size; }
-  bool communicates() const { return group_.size() > 1; }
+  Communicator& group(const ZeroSegment& piece) const { return groups_.group(piece.group); }
+  // Where this rank's shard of a piece starts: in the store's layout, and from the unit's start.
+  std::size_t shard_start(const ZeroSegment& piece) const {
+    return piece.range.offset + static_cast<std::size_t>(group(piece).rank()) * piece.shard_size;
+  }
+  std::size_t shard_in_unit(const ZeroUnit& unit, const ZeroSegment& piece) const {
+    return shard_start(piece) - unit.full.offset;
+  }
+  // Starts one collective per piece shared over more than one rank, on the piece's place in a
+  // unit buffer laid out as the store's.
+  template <typename Start>
+  std::vector<Request> per_piece(const ZeroUnit& unit, Start start) const {
+    std::vector<Request> requests;
+    for (const ZeroSegment& piece : unit.segments)
+      if (piece.ranks > 1) requests.push_back(start(group(piece), piece, piece.range.offset - unit.full.offset));
+    return requests;
+  }
   // Non-blocking collectives move only inside MPI calls (or when tested): poll between layers.
   void progress();
 
@@ -89,11 +112,10 @@ class Zero final : public Strategy, public LayerHooks, public StateSharding {
   std::size_t take_gradient_slot();
   void finish_oldest_reduction();
 
-  Communicator& group_;
+  const ProcessGroups& groups_;
   Kernels& kernels_;
   ParameterStore& parameters_;
   const int stage_;
-  const std::size_t rank_;
   const int first_layer_;
   const GridShape& shape_;
   const GridCoordinates& place_;
@@ -110,43 +132,39 @@ class Zero final : public Strategy, public LayerHooks, public StateSharding {
   std::size_t gradient_slots_ = 0;
   std::size_t next_gradient_slot_ = 0;
 
-  std::vector<Request> gradient_reductions_;  // stage 1, per unit
-  std::vector<Request> parameter_gathers_;    // stages 1 and 2, per unit
-  // MoE units: each whole segment's group and its all-reduce in flight.
-  std::vector<Communicator*> whole_groups_;
-  std::vector<Request> whole_reductions_;
+  std::vector<std::vector<Request>> gradient_reductions_;  // stage 1, per unit
+  std::vector<std::vector<Request>> parameter_gathers_;    // stages 1 and 2, per unit
   std::deque<ReducingGradients> reducing_;     // stages 2 and 3, oldest first
   std::map<std::size_t, GatheredParameters> gathered_;  // stage 3
 };
 
 Zero::Zero(const StrategyContext& context)
-    : group_(context.groups.group(GroupKind::data)),
+    : groups_(context.groups),
       kernels_(context.kernels),
       parameters_(context.parameters),
       stage_(context.config.zero),
-      rank_(static_cast<std::size_t>(group_.rank())),
       first_layer_(context.local.first),
       shape_(context.groups.shape()),
       place_(context.groups.place()),
       precision_(parameters_.precision()),
       layout_(zero_layout(parameters_.tensors(), parameters_.unit_multiple(), context.layers, context.local,
                           context.config.recompute, shape_)) {
-  for (const WholeSegment& segment : layout_.whole_segments)
-    whole_groups_.push_back(&context.groups.group(segment.group));
   Allocator& allocator = context.allocator;
+  // Collective memory is the data-parallel group's (an edp group's ranks are among its ranks).
+  Communicator& data = groups_.group(GroupKind::data);
   const auto collective = [&](MemoryState state, std::size_t bytes) {
-    Buffer buffer = group_.allocate_collective_memory(allocator, state, bytes);
+    Buffer buffer = data.allocate_collective_memory(allocator, state, bytes);
     buffer.fill_zero();
     return buffer;
   };
   // What is reduced or gathered in place lives where the group does that fastest.
   if (stage_ <= 2)
     parameters_.reallocate_values([&](std::size_t bytes) {
-      return group_.allocate_collective_memory(allocator, MemoryState::params, bytes);
+      return data.allocate_collective_memory(allocator, MemoryState::params, bytes);
     });
   if (stage_ == 1)
     parameters_.reallocate_grads([&](std::size_t bytes) {
-      return group_.allocate_collective_memory(allocator, MemoryState::grads, bytes);
+      return data.allocate_collective_memory(allocator, MemoryState::grads, bytes);
     });
   // Padding is summed and gathered but never written by the layers: it starts (and stays) zero.
   if (stage_ == 1) kernels_.fill(parameters_.grads(), precision_.reduce, parameters_.size(), 0.0f);
@@ -164,50 +182,39 @@ Zero::Zero(const StrategyContext& context)
   }
   gradient_reductions_.resize(units_.size());
   parameter_gathers_.resize(units_.size());
-  whole_reductions_.resize(layout_.whole_segments.size());
 }
 
 StatePlacement Zero::state_placement() const {
   StatePlacement placement{.precision = precision_};
   placement.moment_count = layout_.shard_total;
-  for (const ZeroUnit& unit : units_) {
-    if (unit.moe) {  // whole, moments after the shards
+  for (const ZeroUnit& unit : units_)
+    for (const ZeroSegment& piece : unit.segments) {
+      const std::size_t begin = shard_start(piece), end = begin + piece.shard_size;
       for (const ParameterTensor& tensor : parameters_.tensors()) {
         if (tensor.layer != unit.layer) continue;
-        append_local_range(placement.updated, tensor, 0, tensor.count, parameters_.value_at(tensor.offset),
-                           parameters_.grad_at(tensor.offset), placement.moment_count,
-                           ParameterStore::owns(tensor, shape_, place_), precision_);
-        placement.moment_count += tensor.count;
+        const std::size_t first = std::max(begin, tensor.offset);
+        const std::size_t last = std::min(end, tensor.offset + tensor.count);
+        if (first >= last) continue;
+        const std::size_t in_shard = piece.shard_offset + (first - begin);
+        // Every element of the shard is this rank's alone within the piece's group; a tensor
+        // replicated over the tensor-parallel group is counted by one of its ranks.
+        const bool owned = !tensor.replicated_over_tensor || place_.tp == tensor.global_index % shape_.tp;
+        append_local_range(placement.updated, tensor, first - tensor.offset, last - first,
+                           stage_ == 3 ? value_at(shard_values_.as<void>(), in_shard) : parameters_.value_at(first),
+                           stage_ == 1 ? parameters_.grad_at(first) : grad_at(shard_grads_.as<void>(), in_shard),
+                           in_shard, owned, precision_);
       }
-      continue;
     }
-    const std::size_t begin = shard_start(unit), end = begin + unit.shard_size;
-    for (const ParameterTensor& tensor : parameters_.tensors()) {
-      if (tensor.layer != unit.layer) continue;
-      const std::size_t first = std::max(begin, tensor.offset);
-      const std::size_t last = std::min(end, tensor.offset + tensor.count);
-      if (first >= last) continue;
-      const std::size_t in_shard = unit.shard_offset + (first - begin);
-      // Every element of the shard is this rank's alone within the data-parallel group; a
-      // tensor replicated over the tensor-parallel group is counted by one of its ranks.
-      const bool owned = !tensor.replicated_over_tensor || place_.tp == tensor.global_index % shape_.tp;
-      append_local_range(placement.updated, tensor, first - tensor.offset, last - first,
-                         stage_ == 3 ? value_at(shard_values_.as<void>(), in_shard) : parameters_.value_at(first),
-                         stage_ == 1 ? parameters_.grad_at(first) : grad_at(shard_grads_.as<void>(), in_shard),
-                         in_shard, owned, precision_);
-    }
-  }
   // Stage 3 holds its shards; stages 1 and 2 hold every local value (read back on resume).
   placement.held = stage_ == 3 ? placement.updated : store_placement(parameters_, {}, {}).held;
   return placement;
 }
 
 void Zero::progress() {
-  for (Request& request : whole_reductions_) request.test();
-  for (Request& request : gradient_reductions_) request.test();
-  for (Request& request : parameter_gathers_) request.test();
-  for (ReducingGradients& reducing : reducing_) reducing.request.test();
-  for (auto& [unit, parameters] : gathered_) parameters.request.test();
+  for (std::vector<Request>& requests : gradient_reductions_) test_all(requests);
+  for (std::vector<Request>& requests : parameter_gathers_) test_all(requests);
+  for (ReducingGradients& reducing : reducing_) test_all(reducing.requests);
+  for (auto& [unit, parameters] : gathered_) test_all(parameters.requests);
 }
 
 std::size_t Zero::free_parameter_slot() {
@@ -235,30 +242,35 @@ void Zero::prefetch(std::size_t index) {
   const ZeroUnit& unit = units_[index];
   const std::size_t slot = free_parameter_slot();
   void* buffer = slot_values(slot);
-  kernels_.copy(value_at(buffer, rank_ * unit.shard_size), value_at(shard_values_.as<void>(), unit.shard_offset),
-                precision_.param, unit.shard_size);
-  GatheredParameters entry{slot, {}};
-  if (communicates()) entry.request = group_.all_gather_in_place_async(buffer, unit.shard_size, precision_.param);
+  for (const ZeroSegment& piece : unit.segments)
+    kernels_.copy(value_at(buffer, shard_in_unit(unit, piece)), value_at(shard_values_.as<void>(), piece.shard_offset),
+                  precision_.param, piece.shard_size);
+  GatheredParameters entry{slot, per_piece(unit, [&](Communicator& group, const ZeroSegment& piece, std::size_t at) {
+                             return group.all_gather_in_place_async(value_at(buffer, at), piece.shard_size,
+                                                                    precision_.param);
+                           })};
   gathered_.emplace(index, std::move(entry));
 }
 
 std::size_t Zero::gathered(std::size_t index) {
   prefetch(index);
   GatheredParameters& entry = gathered_.at(index);
-  entry.request.wait();
+  wait_all(entry.requests);
   return entry.slot;
 }
 
 void Zero::finish_oldest_reduction() {
   ReducingGradients& oldest = reducing_.front();
-  oldest.request.wait();
+  wait_all(oldest.requests);
   const ZeroUnit& unit = units_[oldest.unit];
-  const void* own_block = grad_at(oldest.buffer, rank_ * unit.shard_size);
-  void* accumulator = grad_at(shard_grads_.as<void>(), unit.shard_offset);
-  if (oldest.micro_batch == 0) {
-    kernels_.copy(accumulator, own_block, precision_.reduce, unit.shard_size);
-  } else {
-    kernels_.add(accumulator, own_block, precision_.reduce, unit.shard_size);
+  for (const ZeroSegment& piece : unit.segments) {
+    const void* own_block = grad_at(oldest.buffer, shard_in_unit(unit, piece));
+    void* accumulator = grad_at(shard_grads_.as<void>(), piece.shard_offset);
+    if (oldest.micro_batch == 0) {
+      kernels_.copy(accumulator, own_block, precision_.reduce, piece.shard_size);
+    } else {
+      kernels_.add(accumulator, own_block, precision_.reduce, piece.shard_size);
+    }
   }
   reducing_.pop_front();
 }
@@ -275,14 +287,11 @@ std::size_t Zero::take_gradient_slot() {
 void Zero::before_layer_forward(LayerEvent& event) {
   const std::size_t index = unit_index(event.layer);
   if (stage_ == 3) {
-    const ZeroUnit& unit = units_[index];
-    void* values = slot_values(gathered(index));
-    event.parameters->weight = value_at(values, unit.weight_at);
-    event.parameters->bias = value_at(values, unit.bias_at);
+    event.unit_values = slot_values(gathered(index));
     // A recomputed forward is followed by backward, which prefetches on its own.
     if (!event.recomputing) prefetch(index + 1);
   } else {
-    parameter_gathers_[index].wait();  // the previous step's gather of this unit
+    wait_all(parameter_gathers_[index]);  // the previous step's gather of this unit
   }
   progress();
 }
@@ -293,7 +302,6 @@ void Zero::after_layer_forward(LayerEvent& event) {
 
 void Zero::before_layer_backward(LayerEvent& event) {
   const std::size_t index = unit_index(event.layer);
-  const ZeroUnit& unit = units_[index];
   if (stage_ >= 2) {
     // This micro-batch's gradients of the unit go to a unit buffer, written, not accumulated:
     // in stage 3 over (or after) the gathered parameters themselves.
@@ -301,15 +309,12 @@ void Zero::before_layer_backward(LayerEvent& event) {
     if (stage_ == 3) {
       reducing.slot = gathered(index);
       reducing.buffer = slot_grads(reducing.slot);
-      void* values = slot_values(reducing.slot);
-      event.parameters->weight = value_at(values, unit.weight_at);
-      event.parameters->bias = value_at(values, unit.bias_at);
+      event.unit_values = slot_values(reducing.slot);
     } else {
       reducing.slot = take_gradient_slot();
       reducing.buffer = grad_at(gradient_pool_.as<void>(), reducing.slot * layout_.largest_unit);
     }
-    event.parameters->weight_grad = grad_at(reducing.buffer, unit.weight_at);
-    event.parameters->bias_grad = grad_at(reducing.buffer, unit.bias_at);
+    event.unit_grads = reducing.buffer;
     event.accumulate_grads = false;
     reducing_.push_back(std::move(reducing));
   }
@@ -320,41 +325,38 @@ void Zero::before_layer_backward(LayerEvent& event) {
 void Zero::after_layer_backward(LayerEvent& event) {
   const std::size_t index = unit_index(event.layer);
   const ZeroUnit& unit = units_[index];
-  if (unit.moe) {
+  if (stage_ == 1) {
     if (event.last_micro_batch())
-      for (std::size_t index = 0; index < layout_.whole_segments.size(); ++index) {
-        const WholeSegment& segment = layout_.whole_segments[index];
-        if (segment.layer != unit.layer) continue;
-        whole_reductions_[index] = whole_groups_[index]->all_reduce_async(
-            parameters_.grad_at(segment.range.offset), segment.range.count, precision_.reduce);
-      }
-  } else if (stage_ == 1) {
-    if (event.last_micro_batch() && communicates())
-      gradient_reductions_[index] =
-          group_.reduce_scatter_in_place_async(parameters_.grad_at(unit.full.offset), unit.shard_size, precision_.reduce);
+      gradient_reductions_[index] = per_piece(unit, [&](Communicator& group, const ZeroSegment& piece, std::size_t at) {
+        return group.reduce_scatter_in_place_async(parameters_.grad_at(unit.full.offset + at), piece.shard_size,
+                                                   precision_.reduce);
+      });
   } else {
     ReducingGradients& latest = reducing_.back();
-    if (communicates())
-      latest.request = group_.reduce_scatter_in_place_async(latest.buffer, unit.shard_size, precision_.reduce);
+    latest.requests = per_piece(unit, [&](Communicator& group, const ZeroSegment& piece, std::size_t at) {
+      return group.reduce_scatter_in_place_async(grad_at(latest.buffer, at), piece.shard_size, precision_.reduce);
+    });
   }
   if (stage_ == 3) release(index);
   progress();
 }
 
 void Zero::synchronize_gradients(const StepEvent&) {
-  for (Request& request : whole_reductions_) request.wait();
-  for (Request& request : gradient_reductions_) request.wait();
+  for (std::vector<Request>& requests : gradient_reductions_) wait_all(requests);
   while (!reducing_.empty()) finish_oldest_reduction();
 }
 
 void Zero::after_optimizer_step(const StepEvent&) {
   // Stages 1 and 2: every rank updated its shard; gather the units back, overlapping the next
   // forward (which waits for each unit before using it).
-  if (stage_ == 3 || !communicates()) return;
-  for (std::size_t index = 0; index < units_.size(); ++index)
-    if (!units_[index].moe)
-      parameter_gathers_[index] = group_.all_gather_in_place_async(parameters_.value_at(units_[index].full.offset),
-                                                                   units_[index].shard_size, precision_.param);
+  if (stage_ == 3) return;
+  for (std::size_t index = 0; index < units_.size(); ++index) {
+    const ZeroUnit& unit = units_[index];
+    parameter_gathers_[index] = per_piece(unit, [&](Communicator& group, const ZeroSegment& piece, std::size_t at) {
+      return group.all_gather_in_place_async(parameters_.value_at(unit.full.offset + at), piece.shard_size,
+                                             precision_.param);
+    });
+  }
 }
 
 bool wanted(const Config& config, const GridShape&) { return config.zero > 0; }

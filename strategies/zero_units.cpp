@@ -7,45 +7,26 @@
 
 namespace mlptrain {
 
-namespace {
-
-std::size_t offset_of(const std::vector<ParameterTensor>& tensors, const std::string& path) {
-  for (const ParameterTensor& tensor : tensors)
-    if (tensor.path == path) return tensor.offset;
-  throw std::out_of_range("no parameter " + path);
-}
-
-}  // namespace
-
 ZeroLayout zero_layout(const std::vector<ParameterTensor>& tensors, int unit_multiple,
                        const std::vector<LayerSpec>& model, LayerRange layers, bool recompute,
                        const GridShape& shape) {
   ZeroLayout layout;
-  const auto ranks = static_cast<std::size_t>(shape.dp);
   for (int layer = layers.first; layer < layers.last; ++layer) {
     const LayerSpec& spec = model[static_cast<std::size_t>(layer)];
-    const FlatRange full = unit_range(tensors, layer, unit_multiple);
-    if (spec.moe()) {
-      layout.units.push_back({.layer = layer, .moe = true, .full = full});
-      for (const ReplicaSegment& segment : replica_segments(tensors, layer, unit_multiple, shape))
-        if (group_size(shape, segment.group) > 1)
-          layout.whole_segments.push_back({layer, segment.range, segment.group});
-      for (const ParameterTensor& tensor : tensors)
-        if (tensor.layer == layer) layout.whole_elements += tensor.count;
-      continue;
-    }
-    const std::string base = layer_path(layer, static_cast<int>(model.size()));
     // Recomputation drops (and so runs again) exactly the GELU layers' pre-activations.
-    layout.units.push_back({.layer = layer,
-                            .recomputed = recompute && spec.gelu,
-                            .full = full,
-                            .shard_size = full.count / ranks,
-                            .shard_offset = layout.shard_total,
-                            .weight_at = offset_of(tensors, base + "/weight") - full.offset,
-                            .bias_at = offset_of(tensors, base + "/bias") - full.offset});
-    layout.shard_total += full.count / ranks;
-    layout.largest_unit = std::max(layout.largest_unit, full.count);
-    layout.padded_total += full.count;
+    ZeroUnit unit{.layer = layer, .recomputed = recompute && spec.gelu, .full = unit_range(tensors, layer, unit_multiple)};
+    for (const ReplicaSegment& piece : replica_segments(tensors, layer, unit_multiple, shape)) {
+      const int ranks = group_size(shape, piece.group);
+      if (piece.range.count % static_cast<std::size_t>(ranks) != 0)
+        throw std::logic_error("ZeRO: a piece of a unit is not padded to its group");
+      const std::size_t shard = piece.range.count / static_cast<std::size_t>(ranks);
+      unit.segments.push_back({.range = piece.range, .group = piece.group, .ranks = ranks, .shard_size = shard,
+                               .shard_offset = layout.shard_total});
+      layout.shard_total += shard;
+      if (ranks > 1) layout.communicated += piece.range.count;
+    }
+    layout.largest_unit = std::max(layout.largest_unit, unit.full.count);
+    layout.units.push_back(std::move(unit));
   }
   return layout;
 }
@@ -66,18 +47,17 @@ void zero_predict(const RankLayout& layout, Prediction& prediction) {
   // updates.
   if (stage >= 2) prediction.grads.bytes += bytes(zero.shard_total, reduce);
   if (stage == 3) prediction.params.bytes += bytes(zero.shard_total, param);
-  prediction.optimizer.bytes = bytes(zero.shard_total + zero.whole_elements, precision.optimizer_bytes());
-  for (const WholeSegment& segment : zero.whole_segments)
-    prediction.comm(CommOp::all_reduce) += bytes(segment.range.count, reduce);
-  if (layout.shape.dp == 1) return;
+  prediction.optimizer.bytes = bytes(zero.shard_total, precision.optimizer_bytes());
   const std::int64_t micro_batches = layout.config.micro_batches;
-  const std::int64_t reduced = bytes(zero.padded_total, reduce), gathered = bytes(zero.padded_total, param);
+  const std::int64_t reduced = bytes(zero.communicated, reduce), gathered = bytes(zero.communicated, param);
   prediction.comm(CommOp::reduce_scatter) += stage == 1 ? reduced : micro_batches * reduced;
   prediction.comm(CommOp::all_gather) += stage == 3 ? 2 * micro_batches * gathered : gathered;
   // Stage 3 gathers each recomputed unit once more per micro-batch, for its second forward.
   if (stage == 3)
     for (const ZeroUnit& unit : zero.units)
-      if (unit.recomputed) prediction.comm(CommOp::all_gather) += micro_batches * bytes(unit.full.count, param);
+      if (unit.recomputed)
+        for (const ZeroSegment& piece : unit.segments)
+          if (piece.ranks > 1) prediction.comm(CommOp::all_gather) += micro_batches * bytes(piece.range.count, param);
 }
 
 std::string zero_describe(const RankLayout& layout) {

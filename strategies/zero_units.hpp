@@ -1,7 +1,7 @@
-// ZeRO's units as the layout gives them (see zero.cpp): each dense layer's padded range of the
-// store is a unit split into N equal shards over the data-parallel group, rank r owning shard r;
-// MoE layers stay whole, their gradients summed per replica segment. Pure: the strategy works on
-// this layout and the cost model counts it, so the two cannot disagree.
+// ZeRO's units as the layout gives them (see zero.cpp): each layer's padded range of the store is
+// a unit, cut into pieces by the group that holds replicas of them, each piece split into equal
+// shards over its group, rank r of the group owning shard r. Pure: the strategy works on this
+// layout and the cost model counts it, so the two cannot disagree.
 #pragma once
 
 #include <cstddef>
@@ -17,31 +17,31 @@
 
 namespace mlptrain {
 
-struct ZeroUnit {
-  int layer = 0;
-  bool moe = false;              // kept whole: nothing below applies
-  bool recomputed = false;       // --recompute runs its forward again in backward
-  FlatRange full;                // padded range in the store's layout
-  std::size_t shard_size = 0;    // full.count / N
-  std::size_t shard_offset = 0;  // where this unit's shard sits in the shard buffers
-  std::size_t weight_at = 0;     // the weight's and the bias's places within the unit
-  std::size_t bias_at = 0;
+// A piece of a unit summed and sharded over one group: a dense layer's whole unit over the
+// data-parallel group; an MoE layer's router over that group and its experts over the ranks that
+// hold the same experts (the edp group). The store pads each piece to a multiple of the group.
+struct ZeroSegment {
+  FlatRange range;  // in the store's layout
+  GroupKind group = GroupKind::data;
+  int ranks = 1;                 // the group's size (1: nothing to share, the shard is the piece)
+  std::size_t shard_size = 0;    // range.count / ranks
+  std::size_t shard_offset = 0;  // where this piece's shard sits in the shard buffers
 };
 
-// An MoE layer's piece summed over one replica group of more than one rank.
-struct WholeSegment {
+struct ZeroUnit {
   int layer = 0;
-  FlatRange range;
-  GroupKind group = GroupKind::data;
+  bool recomputed = false;  // --recompute runs its forward again in backward
+  FlatRange full;           // padded range in the store's layout
+  std::vector<ZeroSegment> segments;
 };
 
 struct ZeroLayout {
   std::vector<ZeroUnit> units;  // one per local layer, in order
-  std::vector<WholeSegment> whole_segments;
-  std::size_t shard_total = 0;     // elements of this rank's shards over every unit
-  std::size_t largest_unit = 0;    // elements of the largest unit
-  std::size_t padded_total = 0;    // elements of every sharded unit, padding included
-  std::size_t whole_elements = 0;  // elements of the MoE layers' tensors (their moments stay whole)
+  std::size_t shard_total = 0;  // elements of this rank's shards over every unit
+  std::size_t largest_unit = 0;  // elements of the largest unit
+  // Elements of the pieces shared over more than one rank, padding included: what a
+  // reduce-scatter or an all-gather of every unit moves.
+  std::size_t communicated = 0;
 };
 
 ZeroLayout zero_layout(const std::vector<ParameterTensor>& tensors, int unit_multiple,

@@ -31,12 +31,21 @@ MoeLayer::MoeLayer(const ParameterStore& store, const LayerSpec& spec, const std
   const ParameterTensor& bias = store.tensor(base_path + "/experts/bias");
   first_expert_ = static_cast<int>(weight.local_start[0]);
   local_experts_ = static_cast<int>(weight.local_shape[0]);
-  router_ = store.value_at(router.offset);
-  weight_ = store.value_at(weight.offset);
-  bias_ = store.value_at(bias.offset);
-  router_grad_ = store.grad_at(router.offset);
-  weight_grad_ = store.grad_at(weight.offset);
-  bias_grad_ = store.grad_at(bias.offset);
+  const std::size_t unit = store.unit_range(spec.index).offset;
+  router_at_ = router.offset - unit;
+  weight_at_ = weight.offset - unit;
+  bias_at_ = bias.offset - unit;
+  store_ = bind(store.value_at(unit), store.grad_at(unit));
+}
+
+MoeParameters MoeLayer::bind(void* unit_values, void* unit_grads) const {
+  const DataType value = precision_.param, grad = precision_.reduce;
+  return {.router = advance(unit_values, router_at_, value),
+          .router_grad = advance(unit_grads, router_at_, grad),
+          .weight = advance(unit_values, weight_at_, value),
+          .weight_grad = advance(unit_grads, weight_at_, grad),
+          .bias = advance(unit_values, bias_at_, value),
+          .bias_grad = advance(unit_grads, bias_at_, grad)};
 }
 
 namespace {
@@ -99,6 +108,7 @@ void MoeLayer::forward(const Pass& pass, const void* input, std::int64_t rows, v
                        MoeActivations& saved, MoeStatistics* statistics) const {
   Kernels& kernels = pass.kernels;
   Allocator& allocator = pass.allocator;
+  const MoeParameters& parameters = pass.parameters != nullptr ? *pass.parameters : store_;
   const std::int64_t hidden = spec_.out_features, experts = spec_.experts;
   const DataType type = precision_.param;
   const auto rows_of = [&](MemoryState state, std::int64_t count) {
@@ -111,7 +121,7 @@ void MoeLayer::forward(const Pass& pass, const void* input, std::int64_t rows, v
   {
     Buffer logits = allocator.allocate_elements(passing, static_cast<std::size_t>(rows * experts), type);
     kernels.gemm({.transpose_b = Transpose::yes, .m = rows, .n = experts, .k = hidden, .a = input, .lda = hidden,
-                  .b = router_, .ldb = hidden, .c = logits.as<void>(), .ldc = experts, .input = type, .output = type});
+                  .b = parameters.router, .ldb = hidden, .c = logits.as<void>(), .ldc = experts, .input = type, .output = type});
     kernels.convert(logits.as<void>(), type, probabilities, DataType::float32, static_cast<std::size_t>(rows * experts));
   }
   kernels.softmax_rows(probabilities, rows, experts);
@@ -145,9 +155,9 @@ void MoeLayer::forward(const Pass& pass, const void* input, std::int64_t rows, v
     void* pre = advance(saved.expert_pre.as<void>(), static_cast<std::size_t>(offset * hidden), type);
     kernels.gemm({.transpose_b = Transpose::yes, .m = count, .n = hidden, .k = hidden,
                   .a = advance(saved.expert_input.as<void>(), static_cast<std::size_t>(offset * hidden), type),
-                  .lda = hidden, .b = advance(weight_, static_cast<std::size_t>(local * hidden * hidden), type),
+                  .lda = hidden, .b = advance(parameters.weight, static_cast<std::size_t>(local * hidden * hidden), type),
                   .ldb = hidden, .c = pre, .ldc = hidden, .input = type, .output = type});
-    kernels.bias_gelu_forward(pre, advance(bias_, static_cast<std::size_t>(local * hidden), type),
+    kernels.bias_gelu_forward(pre, advance(parameters.bias, static_cast<std::size_t>(local * hidden), type),
                               advance(expert_output.as<void>(), static_cast<std::size_t>(offset * hidden), type), count,
                               hidden, type);
     offset += count;
@@ -164,6 +174,7 @@ void MoeLayer::backward(const Pass& pass, const void* input, const void* grad_ou
                         float loss_scale) const {
   Kernels& kernels = pass.kernels;
   Allocator& allocator = pass.allocator;
+  const MoeParameters& parameters = pass.parameters != nullptr ? *pass.parameters : store_;
   const std::int64_t hidden = spec_.out_features, experts = spec_.experts;
   const DataType type = precision_.param, grad_type = precision_.reduce;
   constexpr MemoryState passing = MemoryState::workspace;
@@ -197,15 +208,15 @@ void MoeLayer::backward(const Pass& pass, const void* input, const void* grad_ou
     void* pre_grad = at(pre_grads.as<void>(), offset * hidden);
     // An expert that got no rows still writes its (zero) gradients when not accumulating.
     kernels.gelu_backward(at(output_grads.as<void>(), offset * hidden), at(saved.expert_pre.as<void>(), offset * hidden),
-                          pre_grad, type, advance(bias_grad_, static_cast<std::size_t>(local * hidden), grad_type),
+                          pre_grad, type, advance(parameters.bias_grad, static_cast<std::size_t>(local * hidden), grad_type),
                           grad_type, accumulate, count, hidden);
     kernels.gemm({.m = count, .n = hidden, .k = hidden, .a = pre_grad, .lda = hidden,
-                  .b = at(weight_, local * hidden * hidden), .ldb = hidden,
+                  .b = at(parameters.weight, local * hidden * hidden), .ldb = hidden,
                   .c = at(input_grads.as<void>(), offset * hidden), .ldc = hidden, .input = type, .output = type});
     kernels.gemm({.transpose_a = Transpose::yes, .m = hidden, .n = hidden, .k = count, .a = pre_grad, .lda = hidden,
                   .b = at(saved.expert_input.as<void>(), offset * hidden), .ldb = hidden,
                   .beta = accumulate ? 1.0f : 0.0f,
-                  .c = advance(weight_grad_, static_cast<std::size_t>(local * hidden * hidden), grad_type),
+                  .c = advance(parameters.weight_grad, static_cast<std::size_t>(local * hidden * hidden), grad_type),
                   .ldc = hidden, .input = type, .output = grad_type});
     offset += count;
   }
@@ -243,10 +254,10 @@ void MoeLayer::backward(const Pass& pass, const void* input, const void* grad_ou
     kernels.convert(grad_logits, DataType::float32, rounded.as<void>(), type, static_cast<std::size_t>(rows * experts));
     logits_grad = rounded.as<void>();
   }
-  kernels.gemm({.m = rows, .n = hidden, .k = experts, .a = logits_grad, .lda = experts, .b = router_, .ldb = hidden,
+  kernels.gemm({.m = rows, .n = hidden, .k = experts, .a = logits_grad, .lda = experts, .b = parameters.router, .ldb = hidden,
                 .beta = 1.0f, .c = grad_input, .ldc = hidden, .input = type, .output = type});
   kernels.gemm({.transpose_a = Transpose::yes, .m = experts, .n = hidden, .k = rows, .a = logits_grad, .lda = experts,
-                .b = input, .ldb = hidden, .beta = accumulate ? 1.0f : 0.0f, .c = router_grad_, .ldc = hidden,
+                .b = input, .ldb = hidden, .beta = accumulate ? 1.0f : 0.0f, .c = parameters.router_grad, .ldc = hidden,
                 .input = type, .output = grad_type});
 }
 

@@ -121,7 +121,17 @@ struct MoeStatistics {
 // token reach the experts; the actual figure follows the routing).
 std::int64_t moe_activation_bytes(const LayerSpec& spec, int local_experts, std::int64_t rows, DataType row_type);
 
-// Views of an MoE layer's parameters in the store (this rank's experts) and its passes.
+// Where an MoE layer's parameters are read and its gradients written (this rank's experts).
+struct MoeParameters {
+  void* router = nullptr;  // [E, hidden]
+  void* router_grad = nullptr;
+  void* weight = nullptr;  // [local experts, hidden, hidden]
+  void* weight_grad = nullptr;
+  void* bias = nullptr;  // [local experts, hidden]
+  void* bias_grad = nullptr;
+};
+
+// An MoE layer's shape and places in the store (this rank's experts) and its passes.
 class MoeLayer {
  public:
   MoeLayer(const ParameterStore& store, const LayerSpec& spec, const std::string& base_path,
@@ -130,10 +140,15 @@ class MoeLayer {
   const LayerSpec& spec() const { return spec_; }
   int local_experts() const { return local_experts_; }
 
+  // Its parameters in a copy of its unit laid out as the store's (values and gradients from
+  // the unit's first element): a gathered copy of sharded parameters, say.
+  MoeParameters bind(void* unit_values, void* unit_grads) const;
+
   struct Pass {
     Kernels& kernels;
     Allocator& allocator;
     ExpertExchange& exchange;
+    const MoeParameters* parameters = nullptr;  // null: the store's
   };
   // output [rows, hidden] from input [rows, hidden]; `statistics` (training) gathers routing
   // figures. Collective over the exchange's groups.
@@ -153,13 +168,10 @@ class MoeLayer {
   MoeSettings settings_;
   int first_expert_ = 0;
   int local_experts_ = 0;
-  Precision precision_;        // values and rows of the param type, gradients of the reduce type
-  void* router_ = nullptr;     // [E, hidden]
-  void* router_grad_ = nullptr;
-  void* weight_ = nullptr;     // [local experts, hidden, hidden]
-  void* weight_grad_ = nullptr;
-  void* bias_ = nullptr;       // [local experts, hidden]
-  void* bias_grad_ = nullptr;
+  Precision precision_;  // values and rows of the param type, gradients of the reduce type
+  // The tensors' places in the layer's unit (elements from its start), and the store's copy.
+  std::size_t router_at_ = 0, weight_at_ = 0, bias_at_ = 0;
+  MoeParameters store_;
 };
 
 }  // namespace mlptrain

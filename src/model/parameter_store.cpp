@@ -45,7 +45,11 @@ std::vector<ParameterTensor> model_parameter_tensors(const std::vector<LayerSpec
       add("bias", {spec.out_features}, false);
     }
     if (layer < first) continue;
-    for (ParameterTensor& tensor : layer_tensors) {
+    for (std::size_t index = 0; index < layer_tensors.size(); ++index) {
+      ParameterTensor& tensor = layer_tensors[index];
+      // An MoE layer's experts have other replicas than its router: each piece is padded, so
+      // that a strategy sharding a piece over its replicas can split it evenly.
+      if (index > 0 && tensor.expert != layer_tensors[index - 1].expert) offset = round_up(offset, unit_multiple);
       for (const auto& split : plan.splits) split(tensor);
       tensor.count = 1;
       for (std::int64_t extent : tensor.local_shape) tensor.count *= static_cast<std::size_t>(extent);

@@ -46,7 +46,9 @@ struct FlatRange {
 
 // How the strategies of a run want parameter memory laid out and held.
 struct ParameterPlan {
-  int unit_multiple = 1;    // each layer's range is padded to a multiple of this many elements
+  // Each layer's range, and each piece of it with other replicas (an MoE layer's experts after
+  // its router), is padded to a multiple of this many elements.
+  int unit_multiple = 1;
   bool hold_values = true;  // the store holds every local parameter value...
   bool hold_grads = true;   // ...and every gradient (else a strategy holds what it needs)
   // Each narrows a tensor to the box this rank holds (and says whether it is still replicated
@@ -106,8 +108,8 @@ class ParameterStore {
   Buffer grads_;
 };
 
-// A layer's unit cut where the replica group of its tensors changes (the padding goes with the
-// last piece): what one collective over one group can sum.
+// A layer's unit cut where the replica group of its tensors changes (each piece with the padding
+// after it): what one collective over one group can sum.
 struct ReplicaSegment {
   FlatRange range;
   GroupKind group = GroupKind::data;

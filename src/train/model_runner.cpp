@@ -37,12 +37,40 @@ ModelRunner::ModelRunner(Kernels& kernels, Allocator& allocator, const Parameter
       layer_count_(static_cast<int>(specs.size())), plan_(specs_of(layers_), recompute) {
   for (int layer = local.first; layer < local.last; ++layer) {
     const LayerSpec& spec = specs[static_cast<std::size_t>(layer)];
+    const std::string path = layer_path(layer, layer_count_);
+    const std::size_t unit = parameters.unit_range(layer).offset;
+    StoreUnit place{.values = parameters.value_at(unit), .grads = parameters.grad_at(unit)};
     if (spec.moe()) {
-      moe_layers_.emplace_back(MoeLayer(parameters, spec, layer_path(layer, layer_count_), moe));
+      moe_layers_.emplace_back(MoeLayer(parameters, spec, path, moe));
     } else {
       moe_layers_.emplace_back(std::nullopt);
+      place.weight_at = parameters.tensor(path + "/weight").offset - unit;
+      place.bias_at = parameters.tensor(path + "/bias").offset - unit;
     }
+    units_.push_back(place);
   }
+}
+
+LayerEvent ModelRunner::layer_event(std::size_t local) const {
+  return {.layer = first_layer_ + static_cast<int>(local),
+          .activation_type = activation_type_,
+          .unit_values = units_[local].values,
+          .unit_grads = units_[local].grads,
+          .parameters = &layers_[local]};
+}
+
+void ModelRunner::place_parameters(std::size_t local, LayerEvent& event, LinearLayer& view,
+                                   MoeParameters& moe_parameters) const {
+  if (moe_layers_[local]) {
+    moe_parameters = moe_layers_[local]->bind(event.unit_values, event.unit_grads);
+  } else {
+    const Precision precision = view.precision;
+    view.weight = advance(event.unit_values, units_[local].weight_at, precision.param);
+    view.bias = advance(event.unit_values, units_[local].bias_at, precision.param);
+    view.weight_grad = advance(event.unit_grads, units_[local].weight_at, precision.reduce);
+    view.bias_grad = advance(event.unit_grads, units_[local].bias_at, precision.reduce);
+  }
+  event.parameters = &view;
 }
 
 MoeStatistics ModelRunner::take_moe_statistics() {
@@ -79,20 +107,18 @@ void ModelRunner::layer_forward(MicroBatchActivations& activations, std::size_t 
                                 const void* input, std::int64_t rows, void* scratch, int micro_batch,
                                 int micro_batches, bool training, bool recomputing) {
   const LinearLayer& layer = layers_[local];
-  LinearLayer view = layer;
-  LayerEvent event{.layer = first_layer_ + static_cast<int>(local),
-                   .micro_batch = micro_batch,
-                   .micro_batches = micro_batches,
-                   .training = training,
-                   .recomputing = recomputing,
-                   .activation_type = activation_type_,
-                   .rows = rows,
-                   .input = input,
-                   .layer_rows = rows,
-                   .layer_input = input,
-                   .parameters = &view};
+  LayerEvent event = layer_event(local);
+  event.micro_batch = micro_batch;
+  event.micro_batches = micro_batches;
+  event.training = training;
+  event.recomputing = recomputing;
+  event.rows = event.layer_rows = rows;
+  event.input = event.layer_input = input;
   if (forward_gate_) forward_gate_(event.layer);
   strategies_.before_layer_forward(event);
+  LinearLayer view = layer;
+  MoeParameters moe_parameters;
+  place_parameters(local, event, view, moe_parameters);
   // The layer's outputs, for the rows it computes on (a recomputed layer's kept ones stay).
   activations.layer_rows[local] = event.layer_rows;
   const std::int64_t out = layer.spec.out_features;
@@ -103,7 +129,7 @@ void ModelRunner::layer_forward(MicroBatchActivations& activations, std::size_t 
   void* output = scratch != nullptr ? scratch : activations.output[local].as<void>();
   event.pre = activations.pre[local].as<void>();
   if (moe_layers_[local]) {
-    const MoeLayer::Pass moe_pass{kernels_, allocator_, strategies_.expert_exchange()};
+    const MoeLayer::Pass moe_pass{kernels_, allocator_, strategies_.expert_exchange(), &moe_parameters};
     moe_layers_[local]->forward(moe_pass, event.layer_input, event.layer_rows, event.pre, activations.moe[local],
                                 training ? &moe_statistics_ : nullptr);
     event.output = event.pre;
@@ -191,7 +217,6 @@ void ModelRunner::backward(MicroBatchActivations& activations, int micro_batch,
   for (Buffer& buffer : workspace) buffer = allocate_rows(MemoryState::workspace, most_rows, widest);
   const void* grad_output = computes_loss() ? activations.loss_grad.as<void>() : activations.output_grad.as<void>();
   if (!reads_inputs()) activations.input_grad = allocate_rows(MemoryState::comm_buffers, rows, input_width());
-  const MoeLayer::Pass moe_pass{kernels_, allocator_, strategies_.expert_exchange()};
   int outgoing = 0;
   for (std::size_t local = layers_.size(); local-- > 0;) {
     if (plan_.ends_segment(local))
@@ -203,23 +228,22 @@ void ModelRunner::backward(MicroBatchActivations& activations, int micro_batch,
     void* grad_input = global_layer == 0 ? nullptr
                        : local == 0        ? activations.input_grad.as<void>()
                                            : workspace[outgoing].as<void>();
-    LinearLayer view = layer;
-    LayerEvent event{.layer = global_layer,
-                     .micro_batch = micro_batch,
-                     .micro_batches = micro_batches,
-                     .activation_type = activation_type_,
-                     .rows = input_rows(activations, local),
-                     .input = input,
-                     .grad_input = grad_input,
-                     .layer_rows = activations.layer_rows[local],
-                     .layer_input = input,
-                     .layer_grad_input = grad_input,
-                     .parameters = &view,
-                     .accumulate_grads = micro_batch > 0,
-                     .pre = activations.pre[local].as<void>(),
-                     .grad_output = grad_output};
+    LayerEvent event = layer_event(local);
+    event.micro_batch = micro_batch;
+    event.micro_batches = micro_batches;
+    event.rows = input_rows(activations, local);
+    event.input = event.layer_input = input;
+    event.grad_input = event.layer_grad_input = grad_input;
+    event.layer_rows = activations.layer_rows[local];
+    event.accumulate_grads = micro_batch > 0;
+    event.pre = activations.pre[local].as<void>();
+    event.grad_output = grad_output;
     strategies_.before_layer_backward(event);
+    LinearLayer view = layer;
+    MoeParameters moe_parameters;
+    place_parameters(local, event, view, moe_parameters);
     if (moe_layers_[local]) {
+      const MoeLayer::Pass moe_pass{kernels_, allocator_, strategies_.expert_exchange(), &moe_parameters};
       moe_layers_[local]->backward(moe_pass, event.layer_input, grad_output, event.layer_rows,
                                    event.layer_grad_input, activations.moe[local], event.accumulate_grads,
                                    micro_batches, loss_scale);

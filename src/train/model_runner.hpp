@@ -102,6 +102,11 @@ class ModelRunner {
   std::int64_t input_rows(const MicroBatchActivations& activations, std::size_t local) const {
     return local == 0 ? activations.rows : activations.layer_rows[local - 1];
   }
+  // The layer's event before its hooks (its unit in the store), and its tensors placed from
+  // where the before-hooks left the unit.
+  LayerEvent layer_event(std::size_t local) const;
+  void place_parameters(std::size_t local, LayerEvent& event, LinearLayer& view,
+                        MoeParameters& moe_parameters) const;
   // Recomputes the activations of the local layers [first, last] that forward dropped; the last
   // layer's output is not needed again and goes to `scratch`.
   void recompute_segment(MicroBatchActivations& activations, std::size_t first, std::size_t last,
@@ -116,6 +121,14 @@ class ModelRunner {
   // moe_layers_).
   std::vector<LinearLayer> layers_;
   std::vector<std::optional<MoeLayer>> moe_layers_;
+  // Per local layer: its unit in the store, and a Linear layer's weight and bias in it.
+  struct StoreUnit {
+    void* values = nullptr;
+    void* grads = nullptr;
+    std::size_t weight_at = 0;
+    std::size_t bias_at = 0;
+  };
+  std::vector<StoreUnit> units_;
   MoeStatistics moe_statistics_;
   std::int64_t largest_moe_bytes_ = 0;  // the most a training micro-batch's MoE layers kept
   int first_layer_ = 0;

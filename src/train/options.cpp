@@ -311,7 +311,6 @@ void validate_options(Config& c, int world_size) {
   }
   require(c.ep == 1 || c.moe_every > 0, "--ep splits the experts of MoE layers: it needs --moe-every");
   not_built(c.moe_every > 0 && c.tp > 1, "MoE layers with tensor parallelism (--moe-every with --tp > 1)");
-  not_built(c.moe_every > 0 && c.zero > 1, "MoE layers with ZeRO stage 2 or 3 (--moe-every with --zero > 1)");
   require(!c.offload || c.device != Device::cpu,
           "--offload moves the optimizer state from GPU memory to host memory: it needs --device cuda "
           "(or loopback; with --device cpu the state is in host memory already)");

@@ -92,19 +92,24 @@ class Moe(TrainingTestCase):
                         self.assertEqual(mine["dropped_tokens"], theirs["dropped_tokens"])
                     self.assert_tensors_close(tensors, reference)
 
-    def test_zero_one_shards_the_dense_part(self):
+    def test_zero_shards_routers_over_dp_and_experts_over_their_replicas(self):
         # Five layers: dense 0, MoE 1-3 (every one), dense 4; clipping checks the global norm.
         model = BASE[:BASE.index("--layers")] + ["--layers", "5"] + BASE[BASE.index("--layers") + 2:]
         model += ROUTINGS["top-1 at capacity 1.0"] + ["--steps", "3", "--grad-clip", "0.05"]
         reference_steps, _, reference = self.train("reference", model, 1)
-        for flags, ranks in ((["--zero", "1"], 2), (["--zero", "1", "--ep", "2"], 4),
+        for flags, ranks in ((["--zero", "1"], 2), (["--zero", "2", "--ep", "2"], 4), (["--zero", "3"], 4),
+                             (["--zero", "3", "--ep", "2", "--recompute"], 4),
                              (["--zero", "1", "--ep", "2", "--pp", "2"], 4)):
             with self.subTest(layout=flags, ranks=ranks):
                 steps, summary, tensors = self.train("zero", model + flags, ranks)
                 self.assert_losses_close(steps, reference_steps)
                 self.assert_tensors_close(tensors, reference)
-                optimizer = summary["placement"]["optimizer"]
-                self.assertEqual(optimizer["predicted_bytes"], optimizer["measured_bytes"])
+                for state in ("params", "grads", "optimizer"):
+                    entry = summary["placement"][state]
+                    self.assertEqual(entry["predicted_bytes"], entry["measured_bytes"], state)
+                for op, entry in summary["comm_per_step"].items():
+                    self.assertLessEqual(abs(entry["predicted_bytes"] - entry["measured_bytes"]),
+                                         0.01 * entry["measured_bytes"], op)
 
     def test_step_matches_independent_formulas(self):
         rng = np.random.default_rng(7)
@@ -171,7 +176,9 @@ class Moe(TrainingTestCase):
                              (EXPERTS, HIDDEN, HIDDEN))
         self.assert_resumes_across_layouts(
             model, [(["--ep", "2"], 2, [], 1), ([], 1, ["--ep", "4"], 4),
-                    (["--ep", "4"], 4, ["--ep", "2", "--pp", "2"], 4)], steps=4)
+                    (["--ep", "4"], 4, ["--ep", "2", "--pp", "2"], 4),
+                    # sharded experts (ZeRO over edp) resume whole, and the other way round
+                    (["--ep", "2", "--zero", "3"], 4, [], 1), ([], 1, ["--zero", "2"], 4)], steps=4)
 
 
 if __name__ == "__main__":

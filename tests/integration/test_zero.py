@@ -121,17 +121,20 @@ class Zero(TrainingTestCase):
         # (writer stage, writer ranks) -> (reader stage, reader ranks): every stage writes and reads.
         cases = [((3, 4), (0, 2)), ((0, 2), (3, 4)), ((2, 2), (0, 1)), ((0, 1), (1, 4)),
                  ((1, 4), (2, 2)), ((3, 2), (3, 4))]
-        for (writer, writer_ranks), (reader, reader_ranks) in cases:
-            with self.subTest(writer=(writer, writer_ranks), reader=(reader, reader_ranks)):
-                name = f"{writer}-{writer_ranks}-{reader}-{reader_ranks}"
+        # ZeRO-3 over tensor-parallel slices, to and from one process.
+        tensor_parallel = {"--tp": "2"}
+        cases += [((3, 4, tensor_parallel), (0, 1)), ((0, 1), (3, 4, tensor_parallel))]
+        def flags(case):  # (stage, ranks[, extra options])
+            return ["--zero", case[0]] + [item for pair in (case[2] if len(case) > 2 else {}).items() for item in pair]
+        for writer, reader in cases:
+            with self.subTest(writer=writer, reader=reader):
+                name = "-".join(map(str, flags(writer) + [writer[1]] + flags(reader) + [reader[1]]))
                 half = self.path("half-" + name)
-                run(WIDE_MODEL + run_flags + ["--steps", "10", "--checkpoint-dir", half, "--zero", writer],
-                    writer_ranks)
+                run(WIDE_MODEL + run_flags + ["--steps", "10", "--checkpoint-dir", half] + flags(writer), writer[1])
                 metrics = self.path(name + ".jsonl")
                 resumed_dir = self.path("resumed-" + name)
                 run(WIDE_MODEL + run_flags + ["--steps", "20", "--resume", half, "--metrics", metrics,
-                                                "--checkpoint-dir", resumed_dir, "--zero", reader],
-                    reader_ranks)
+                                                "--checkpoint-dir", resumed_dir] + flags(reader), reader[1])
                 steps, _ = read_metrics(metrics)
                 self.assert_losses_close(steps, full_steps[10:])
                 self.assert_tensors_close(read_checkpoint(os.path.join(resumed_dir, "step_00000020.h5")), full)

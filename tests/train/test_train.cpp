@@ -113,7 +113,7 @@ TEST(Options, MalformedIniIsAUsageError) {
 
 TEST(Options, FeaturesNotBuiltAreRefusedByName) {
   for (const auto& arguments : std::vector<std::vector<std::string>>{
-           {"--moe-every", "1", "--tp", "2"}, {"--moe-every", "1", "--zero", "3"}}) {
+           {"--moe-every", "1", "--tp", "2"}}) {
     const std::string message = usage_error(arguments, 2);
     EXPECT_NE(message.find("not built yet"), std::string::npos) << arguments[0] << ": " << message;
   }
