@@ -28,86 +28,16 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
-import time
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the file-only backend)
 
-import benchlib  # noqa: E402
 from benchlib import ENVIRONMENT, PROGRAM, ROOT, stamp  # noqa: E402
 
-MIB = 2.0 ** 20
-STATES = ("params", "grads", "optimizer", "activations")
-EXPERTS = 8  # per MoE layer
-
-
-class Settings:
-    """Model sizes and lists of an experiment run, full or tiny."""
-
-    def __init__(self, args):
-        self.tiny = args.tiny
-        self.max_ranks = args.max_ranks
-        self.layers, self.width, self.batch = (4, 16, 16) if args.tiny else (8, 1024, 256)
-        self.steps = args.steps or (3 if args.tiny else 8)
-        self.transport_device = args.transport_device
-        self.warm_up = 1 if args.tiny else 2
-        self.scratch = tempfile.mkdtemp(prefix="mlptrain-experiments-")
-
-    def model(self, layers=None, batch=None, steps=None):
-        return ["--dataset", "mixture", "--layers", layers or self.layers, "--hidden", self.width,
-                "--input-dim", self.width, "--output-dim", 10, "--global-batch", batch or self.batch,
-                "--steps", steps or self.steps]
-
-    def moe_model(self, batch=None, steps=None):
-        return self.model(batch=batch, steps=steps) + ["--moe-every", 2, "--experts", EXPERTS, "--top-k", 2]
-
-    def world_sizes(self, limit=None):
-        top = min(self.max_ranks, limit or self.max_ranks)
-        return [n for n in (1, 2, 4, 8, 16) if n <= top]
-
-
-class Progress:
-    """Prints "run n of m" with the elapsed time and an estimate of what is left."""
-
-    def __init__(self, experiment, total):
-        self.experiment, self.total, self.done, self.started = experiment, total, 0, time.monotonic()
-
-    def next(self, label):
-        elapsed = time.monotonic() - self.started
-        left = f", about {elapsed / self.done * (self.total - self.done):.0f} s left" if self.done else ""
-        self.done += 1
-        print(f"{self.experiment}: run {self.done} of {self.total}: {label} ({elapsed:.0f} s{left})",
-              flush=True)
-
-
-def train(settings, ranks, arguments, trace=None):
-    """Runs mlptrain (pinned to cores where they fit); returns (median step_ms after the warm-up,
-    summary)."""
-    return benchlib.train(ranks, list(arguments) + (["--trace", trace] if trace else []), "experiment",
-                          settings.warm_up, bind_to_cores=ranks <= (os.cpu_count() or 1))
-
-
-def placement_row(summary):
-    """Predicted and measured bytes by state and op from a run's summary."""
-    return {"mode": {s: summary["placement"][s]["mode"] for s in STATES},
-            "predicted_bytes": {s: summary["placement"][s]["predicted_bytes"] for s in STATES},
-            "measured_bytes": summary["peak_mem_bytes_by_rank"][0],
-            "comm_predicted_bytes": {op: c["predicted_bytes"] for op, c in summary["comm_per_step"].items()},
-            "comm_measured_bytes": {op: c["measured_bytes"] for op, c in summary["comm_per_step"].items()}}
-
-
-def run_all(settings, name, runs, measure):
-    """Runs each (label, ranks, arguments, fields) through `measure`, which returns the row."""
-    progress = Progress(name, len(runs))
-    rows = []
-    for label, ranks, arguments, fields in runs:
-        progress.next(label)
-        rows.append({"label": label, "ranks": ranks, **fields, **measure(ranks, arguments, fields)})
-    return rows
-
+from experiment_transport import device_problem, transport  # noqa: E402
+from experimentlib import EXPERTS, MIB, STATES, Settings, placement_row, run_all, train  # noqa: E402
 
 # ----------------------------------------------------------------------------------------- scaling
 def scaling_layouts(settings):
@@ -359,89 +289,6 @@ def pytorch(settings):
     axis.set_ylabel("mlptrain step time / PyTorch's")
     axis.set_title(f"{layers} layers, batch {per_rank} per rank")
     axis.legend()
-    return rows, figure
-
-
-# --------------------------------------------------------------------------------------- transport
-def gpu_count():
-    """GPUs nvidia-smi lists (0 without a driver)."""
-    try:
-        listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired):
-        return 0
-    return sum(line.startswith("GPU ") for line in listing.stdout.splitlines()) if listing.returncode == 0 else 0
-
-
-def device_problem(arguments):
-    """Why mlptrain cannot train one tiny step with these extra arguments, or None if it can."""
-    result = subprocess.run([PROGRAM, "--layers", "2", "--hidden", "8", "--input-dim", "8", "--output-dim", "2",
-                             "--global-batch", "8", "--steps", "1", "--log-every", "0"] + arguments,
-                            capture_output=True, text=True, env=ENVIRONMENT, timeout=300)
-    lines = (result.stderr + result.stdout).strip().splitlines()
-    return None if result.returncode == 0 else (lines[-1] if lines else f"exit {result.returncode}")
-
-
-def transport(settings):
-    device = settings.transport_device
-    nccl_problem = device_problem(["--device", device, "--comm", "nccl"])
-    if nccl_problem:
-        print(f"transport: no NCCL runs: {nccl_problem}", flush=True)
-    gpus = 0 if nccl_problem else max(1, gpu_count())
-    width, batch, layers = (16, 16, 4) if settings.tiny else (4096, 1024, 8)
-    model = ["--dataset", "mixture", "--layers", layers, "--hidden", width, "--input-dim", width,
-             "--output-dim", 10, "--global-batch", batch, "--steps", settings.steps, "--device", device]
-    layouts = [("one process", 1, []), ("dp 2", 2, ["--dp", 2]), ("ZeRO-3 dp 2", 2, ["--zero", 3]),
-               ("tp 2", 2, ["--tp", 2]), ("pp 2", 2, ["--pp", 2, "--micro-batches", 4])]
-    runs = []
-    sizes = ("1K", "64K") if settings.tiny else ("8", "256M")
-    staged_ranks = [1, 2] if settings.tiny else [1, 2, 4]
-    for path, ranks_list in (("mpi-host", [1, 2]), ("mpi-staged", staged_ranks),
-                             ("nccl", [n for n in (1, 2, 4, 8) if n <= gpus])):
-        for ranks in ranks_list:
-            runs.append((f"commbench {path} at {ranks} rank(s)", ranks, [path], {"part": "commbench", "path": path}))
-    for label, ranks, flags in layouts:
-        for comm_path in ("mpi", "nccl"):
-            if comm_path == "mpi" or ranks <= gpus:
-                runs.append((f"{label}, --comm {comm_path}", ranks, model + flags + ["--comm", comm_path],
-                             {"part": "training", "layout": label, "comm": comm_path}))
-
-    def measure(ranks, arguments, fields):
-        if fields["part"] == "training":
-            return {"step_ms": train(settings, ranks, arguments)[0]}
-        path = arguments[0]
-        command = ["mpiexec.mpich", "-n", str(ranks), os.path.join(os.path.dirname(PROGRAM), "commbench"),
-                   "--path", path, "--device", device, "--collectives", "all_reduce", "--min-bytes", sizes[0],
-                   "--max-bytes", sizes[1], "--step-factor", "4", "--json"]
-        if settings.tiny:
-            command += ["--iterations", "3", "--warmup", "1"]
-        points = benchlib.run_json(command)
-        return {"points": [{k: p[k] for k in ("bytes", "time_us", "algbw_gbps", "busbw_gbps", "correct")}
-                           for p in points]}
-
-    rows = run_all(settings, "transport", runs, measure)
-    figure, axes = plt.subplots(1, 2, figsize=(13, 4.2))
-    for row in (r for r in rows if r["part"] == "commbench"):
-        # Algorithm bandwidth (size / time): the bus bandwidth of one rank is zero by definition.
-        axes[0].plot([p["bytes"] for p in row["points"]], [p["algbw_gbps"] for p in row["points"]], marker=".",
-                     label=f"{row['path']}, {row['ranks']} rank(s)")
-    axes[0].set_xscale("log", base=2)
-    axes[0].set_yscale("log")
-    axes[0].set_xlabel("bytes")
-    axes[0].set_ylabel("all-reduce algbw (GB/s)")
-    axes[0].set_title(f"commbench all-reduce ({device})")
-    axes[0].legend(fontsize=7)
-    trained = [r for r in rows if r["part"] == "training"]
-    labels = list(dict.fromkeys(r["layout"] for r in trained))
-    for offset, comm_path in ((-0.2, "mpi"), (0.2, "nccl")):
-        chosen = {r["layout"]: r["step_ms"] for r in trained if r["comm"] == comm_path}
-        if chosen:
-            axes[1].bar([i + offset for i, label in enumerate(labels) if label in chosen],
-                        [chosen[label] for label in labels if label in chosen], 0.4, label=f"--comm {comm_path}")
-    axes[1].set_xticks(range(len(labels)), labels, rotation=20, ha="right", fontsize=8)
-    axes[1].set_ylabel("step time (ms)")
-    axes[1].set_title(f"{layers} layers of width {width}, global batch {batch}")
-    axes[1].legend(fontsize=8)
-    figure.tight_layout()
     return rows, figure
 
 

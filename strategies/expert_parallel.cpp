@@ -13,6 +13,14 @@
 // Gradients of an expert are summed only over the ranks holding the same experts (the
 // expert_data group, dp / X ranks), which the data-parallel strategy does by each tensor's
 // replica group. With X = 1 and dp > 1 the strategy still takes part: the micro-batch is global.
+// With tensor parallelism (T ranks holding the same tokens) each EP rank's experts are split
+// further into T equal slices, one per tensor rank: every tensor rank routes alike and sends only
+// its slice's assignments, so each MoE layer's output is a partial sum over the slices that the
+// tensor-parallel strategy all-reduces once, as it does a row-parallel layer's (and its input
+// gradient in backward, as a column-parallel layer's); the router's probability gradients are
+// summed over the tensor group here, inside the layer's backward.
+#include <algorithm>
+
 #include <fmt/format.h>
 
 #include "strategies/strategy.hpp"
@@ -24,15 +32,28 @@ namespace {
 class ExpertParallel final : public Strategy, public ExpertExchange {
  public:
   explicit ExpertParallel(const StrategyContext& context)
-      : data_(context.groups.group(GroupKind::data)), expert_(context.groups.group(GroupKind::expert)) {}
+      : data_(context.groups.group(GroupKind::data)),
+        expert_(context.groups.group(GroupKind::expert)),
+        tensor_(context.groups.group(GroupKind::tensor)) {}
 
   int data_ranks() const override { return data_.size(); }
   int data_rank() const override { return data_.rank(); }
   int expert_ranks() const override { return expert_.size(); }
   int expert_rank() const override { return expert_.rank(); }
 
+  int tensor_ranks() const override { return tensor_.size(); }
+  int tensor_rank() const override { return tensor_.rank(); }
+
   void gather_statistics(const double* local, double* all, std::size_t count) override {
+    if (data_.size() == 1) {
+      std::copy_n(local, count, all);
+      return;
+    }
     data_.all_gather(local, all, count);
+  }
+
+  void sum_over_tensor_group(float* data, std::size_t count) override {
+    tensor_.all_reduce(data, count, DataType::float32);
   }
 
   void exchange_rows(const void* send, const std::vector<std::size_t>& send_elements, void* receive,
@@ -43,10 +64,11 @@ class ExpertParallel final : public Strategy, public ExpertExchange {
  private:
   Communicator& data_;
   Communicator& expert_;
+  Communicator& tensor_;
 };
 
 bool wanted(const Config& config, const GridShape& shape) {
-  return config.moe_every > 0 && shape.dp > 1;
+  return config.moe_every > 0 && (shape.dp > 1 || shape.tp > 1);
 }
 
 // Experts split on their first dimension over the EP group: rank j holds [j E/X, (j+1) E/X).
@@ -54,9 +76,8 @@ void plan(const Config&, const GridShape& shape, const GridCoordinates& place, P
   if (shape.ep == 1) return;
   plan.splits.push_back([rank = place.ep, size = shape.ep](ParameterTensor& tensor) {
     if (!tensor.expert) return;
-    const std::int64_t experts = tensor.global_shape[0];
-    tensor.local_start[0] = experts * rank / size;
-    tensor.local_shape[0] = experts / size;
+    tensor.local_start[0] += tensor.local_shape[0] * rank / size;
+    tensor.local_shape[0] /= size;
   });
 }
 
@@ -77,10 +98,10 @@ void predict(const RankLayout& layout, Prediction& prediction) {
   // replaces this by what the routing counts give).
   const Config& config = layout.config;
   const std::int64_t passes = static_cast<std::int64_t>(local_moe_layers(layout)) * config.micro_batches;
-  prediction.comm(CommOp::all_gather) += passes * (2 * config.experts + 1) * 8 * layout.shape.dp;
+  if (layout.shape.dp > 1) prediction.comm(CommOp::all_gather) += passes * (2 * config.experts + 1) * 8 * layout.shape.dp;
   if (layout.shape.ep > 1)
-    prediction.comm(CommOp::all_to_all) +=
-        passes * 4 * config.top_k * layout.rows * config.hidden * static_cast<std::int64_t>(size_of(config.param_dtype));
+    prediction.comm(CommOp::all_to_all) += passes * 4 * config.top_k * layout.rows * config.hidden *
+                                           static_cast<std::int64_t>(size_of(config.param_dtype)) / layout.shape.tp;
 }
 
 std::string describe(const RankLayout& layout) {

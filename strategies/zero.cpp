@@ -176,8 +176,12 @@ Zero::Zero(const StrategyContext& context)
   if (stage_ == 3) {
     shard_values_ = allocator.allocate_elements(MemoryState::params, layout_.shard_total, precision_.param);
     shard_values_.fill_zero();
-    slot_grads_at_ = precision_.param == precision_.reduce ? 0 : layout_.largest_unit * precision_.param_bytes();
-    slot_bytes_ = slot_grads_at_ + layout_.largest_unit * std::max(precision_.param_bytes(), precision_.reduce_bytes());
+    // Gradients and the second slot start on 256-byte boundaries: fp32 gradients after an odd
+    // number of bf16 values would be misaligned (and slower on any device).
+    const auto aligned = [](std::size_t bytes) { return (bytes + 255) / 256 * 256; };
+    slot_grads_at_ = precision_.param == precision_.reduce ? 0 : aligned(layout_.largest_unit * precision_.param_bytes());
+    slot_bytes_ =
+        aligned(slot_grads_at_ + layout_.largest_unit * std::max(precision_.param_bytes(), precision_.reduce_bytes()));
     parameter_pool_ = collective(MemoryState::comm_buffers, 2 * slot_bytes_);
   }
   gradient_reductions_.resize(units_.size());

@@ -40,9 +40,12 @@ void zero_predict(const RankLayout& layout, Prediction& prediction) {
     return static_cast<std::int64_t>(count * element_bytes);
   };
   const std::size_t param = precision.param_bytes(), reduce = precision.reduce_bytes();
-  prediction.params.mode = stage == 3 ? PlacementMode::sharded_gathered : PlacementMode::replicated;
-  prediction.grads.mode = stage >= 2 ? PlacementMode::sharded : PlacementMode::replicated;
-  prediction.optimizer.mode = prediction.activations.mode = PlacementMode::sharded;
+  // Modes only strengthen, so that the order in which strategies predict does not matter: what
+  // another strategy already split (a pipeline's stage, a tensor slice) stays split.
+  if (stage == 3) prediction.params.mode = PlacementMode::sharded_gathered;
+  if (stage >= 2) Prediction::shard(prediction.grads);
+  Prediction::shard(prediction.optimizer);
+  Prediction::shard(prediction.activations);
   // The shards (the unit buffers in flight are comm_buffers) and the optimizer state of what it
   // updates.
   if (stage >= 2) prediction.grads.bytes += bytes(zero.shard_total, reduce);

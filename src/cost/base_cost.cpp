@@ -56,7 +56,8 @@ ActivationProfile activation_profile(const RankLayout& layout, const RoutingSeen
     allocate(pre[local] = layer_bytes(local));
     if (specs[local].gelu) allocate(output[local] = layer_bytes(local));
     if (specs[local].moe() && routing.largest_moe_activation_bytes == 0)
-      allocate(moe_activation_bytes(specs[local], local_experts(layout, specs[local].index), rows, row_type));
+      allocate(moe_activation_bytes(specs[local], local_experts(layout, specs[local].index), layout.shape.ep, rows,
+                                    row_type));
     if (specs[local].gelu && !plan.keeps_pre(local, true)) free(pre[local]);
     if (!plan.keeps_input(local, true)) {
       free(output[local - 1]);

@@ -228,23 +228,28 @@ void MoeLayer::backward(const Pass& pass, const void* input, const void* grad_ou
                                 routing.receive_rows, routing.send_rows, hidden, type, passing);
   combine(pass, token_grads, type, token, nullptr, grad_input, rows, kept, hidden);
 
-  // Through the router: the auxiliary loss a E sum_e f_e mean_t(p_te), averaged over the step's
-  // micro-batches, adds a E f_e / (T M) to every d loss / d p_te (scaled as the loss is). Built on
-  // the host, where the routing is.
+  // Through the router: d loss / d p_te is the dot product of the kept assignment (scattered on
+  // the host, where the routing is; a tensor rank holds only its own experts' assignments, so
+  // the tensor group sums them), plus for the auxiliary loss a E sum_e f_e mean_t(p_te), averaged
+  // over the step's micro-batches, a E f_e / (T M) on every token (scaled as the loss is).
   std::vector<float> dots(static_cast<std::size_t>(kept));
   allocator.copy_to_host(dots.data(), probability_grads.floats(), probability_grads.bytes());
-  std::vector<float> grad_p(static_cast<std::size_t>(rows * experts));
-  const double aux_scale = routing.tokens > 0 ? settings_.aux_loss_coef * static_cast<double>(experts) /
-                                                    (routing.tokens * micro_batches) * loss_scale
-                                              : 0.0;
-  for (std::int64_t token_index = 0; token_index < rows; ++token_index)
-    for (std::int64_t expert = 0; expert < experts; ++expert)
-      grad_p[token_index * experts + expert] = static_cast<float>(aux_scale * routing.fraction[expert]);
+  std::vector<float> grad_p(static_cast<std::size_t>(rows * experts), 0.0f);
   for (std::int64_t index = 0; index < kept; ++index)
-    grad_p[routing.token[index] * experts + routing.expert[index]] += dots[index];
+    grad_p[routing.token[index] * experts + routing.expert[index]] = dots[index];
   Buffer router_grads = allocator.allocate_floats(passing, static_cast<std::size_t>(rows * experts));
   allocator.copy_to_device(router_grads.floats(), grad_p.data(), router_grads.bytes());
   float* grad_logits = router_grads.floats();
+  if (pass.exchange.tensor_ranks() > 1) pass.exchange.sum_over_tensor_group(grad_logits, grad_p.size());
+  const double aux_scale = routing.tokens > 0 ? settings_.aux_loss_coef * static_cast<double>(experts) /
+                                                    (routing.tokens * micro_batches) * loss_scale
+                                              : 0.0;
+  std::vector<float> aux(static_cast<std::size_t>(experts));
+  for (std::int64_t expert = 0; expert < experts; ++expert)
+    aux[expert] = static_cast<float>(aux_scale * routing.fraction[expert]);
+  Buffer aux_grads = allocator.allocate_floats(passing, aux.size());
+  allocator.copy_to_device(aux_grads.floats(), aux.data(), aux_grads.bytes());
+  kernels.bias_add(grad_logits, aux_grads.floats(), rows, experts);
   kernels.softmax_backward_rows(saved.probabilities.floats(), grad_logits, grad_logits, rows, experts);
   // The logits' gradient rounded to the param type, as every d(pre) is, for the router's GEMMs.
   Buffer rounded;
@@ -254,19 +259,23 @@ void MoeLayer::backward(const Pass& pass, const void* input, const void* grad_ou
     kernels.convert(grad_logits, DataType::float32, rounded.as<void>(), type, static_cast<std::size_t>(rows * experts));
     logits_grad = rounded.as<void>();
   }
-  kernels.gemm({.m = rows, .n = hidden, .k = experts, .a = logits_grad, .lda = experts, .b = parameters.router, .ldb = hidden,
-                .beta = 1.0f, .c = grad_input, .ldc = hidden, .input = type, .output = type});
+  // The router's part of the input gradient, once over the tensor group (which sums it).
+  if (pass.exchange.tensor_rank() == 0)
+    kernels.gemm({.m = rows, .n = hidden, .k = experts, .a = logits_grad, .lda = experts, .b = parameters.router,
+                  .ldb = hidden, .beta = 1.0f, .c = grad_input, .ldc = hidden, .input = type, .output = type});
   kernels.gemm({.transpose_a = Transpose::yes, .m = experts, .n = hidden, .k = rows, .a = logits_grad, .lda = experts,
                 .b = input, .ldb = hidden, .beta = accumulate ? 1.0f : 0.0f, .c = parameters.router_grad, .ldc = hidden,
                 .input = type, .output = grad_type});
 }
 
-std::int64_t moe_activation_bytes(const LayerSpec& spec, int local_experts, std::int64_t rows, DataType row_type) {
-  const std::int64_t hidden = spec.out_features, assignments = rows * spec.top_k;
+std::int64_t moe_activation_bytes(const LayerSpec& spec, int local_experts, int expert_ranks, std::int64_t rows,
+                                  DataType row_type) {
+  const std::int64_t hidden = spec.out_features;
+  const std::int64_t assignments = rows * spec.top_k * local_experts * expert_ranks / spec.experts;
   const auto row_bytes = static_cast<std::int64_t>(size_of(row_type));
   // Probabilities (fp32), three rows of activations per assignment, its token and weight, and with
   // experts on other ranks the two reorderings of the received rows (int32 each).
-  const std::int64_t reorderings = local_experts < spec.experts ? 2 : 0;
+  const std::int64_t reorderings = expert_ranks > 1 ? 2 : 0;
   return 4 * rows * spec.experts + assignments * (3 * hidden * row_bytes + 4 * (2 + reorderings));
 }
 

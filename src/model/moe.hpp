@@ -45,6 +45,12 @@ class ExpertExchange {
   // of `type` per rank given). Only called when there is more than one expert rank.
   virtual void exchange_rows(const void* send, const std::vector<std::size_t>& send_elements, void* receive,
                              const std::vector<std::size_t>& receive_elements, DataType type) = 0;
+  // The tensor-parallel group, whose ranks hold the same tokens and split each expert-parallel
+  // rank's experts among them (tensor rank t the t-th equal part): the probabilities' gradients
+  // each computed from its own experts are summed over it.
+  virtual int tensor_ranks() const { return 1; }
+  virtual int tensor_rank() const { return 0; }
+  virtual void sum_over_tensor_group(float* /*data*/, std::size_t /*count*/) {}
 };
 
 // One process: its micro-batch is the global one, and it holds every expert.
@@ -117,9 +123,11 @@ struct MoeStatistics {
 };
 
 // Bytes one micro-batch of `rows` tokens keeps for backward in an MoE layer of which this rank
-// holds `local_experts` experts, rows of `row_type`, when its routing is balanced (k rows per
-// token reach the experts; the actual figure follows the routing).
-std::int64_t moe_activation_bytes(const LayerSpec& spec, int local_experts, std::int64_t rows, DataType row_type);
+// holds `local_experts` experts in an expert-parallel group of `expert_ranks`, rows of
+// `row_type`, when its routing is balanced (k rows per token reach the experts, a tensor slice
+// its share of them; the actual figure follows the routing).
+std::int64_t moe_activation_bytes(const LayerSpec& spec, int local_experts, int expert_ranks, std::int64_t rows,
+                                  DataType row_type);
 
 // Where an MoE layer's parameters are read and its gradients written (this rank's experts).
 struct MoeParameters {

@@ -81,7 +81,16 @@ MoeRouting MoeLayer::route(const Pass& pass, const float* probabilities, std::in
   aux_loss *= settings_.aux_loss_coef * static_cast<double>(experts);
 
   const int me = exchange.data_rank();
+  // Expert rank j holds experts [j E/X, (j+1) E/X); within that block this rank's tensor slice
+  // holds [within, within + local experts). Every tensor rank routes alike and keeps the
+  // assignments of its own slice.
+  const int expert_ranks = exchange.expert_ranks();
+  const std::size_t per_rank = experts / static_cast<std::size_t>(expert_ranks);
+  const std::size_t within =
+      static_cast<std::size_t>(first_expert_) - static_cast<std::size_t>(exchange.expert_rank()) * per_rank;
+  const auto slice = static_cast<std::size_t>(local_experts_);
   for (std::size_t expert = 0; expert < experts; ++expert) {
+    if (expert % per_rank < within || expert % per_rank >= within + slice) continue;
     const auto keep = static_cast<std::size_t>(kept[me][expert]);
     for (std::size_t index = 0; index < keep; ++index) {
       const std::int32_t token = tokens_of[expert][index];
@@ -91,16 +100,14 @@ MoeRouting MoeLayer::route(const Pass& pass, const float* probabilities, std::in
     }
   }
 
-  // Who sends what to whom in the EP group.
-  const int expert_ranks = exchange.expert_ranks();
-  const std::size_t per_rank = experts / static_cast<std::size_t>(expert_ranks);
+  // Who sends what to whom in the EP group (of this tensor slice).
   const int first_peer = me - exchange.expert_rank();  // data rank of expert rank 0
   routing.send_rows.assign(static_cast<std::size_t>(expert_ranks), 0);
   routing.receive_rows.assign(static_cast<std::size_t>(expert_ranks), 0);
   routing.rows_per_local_expert.assign(static_cast<std::size_t>(local_experts_), 0);
   for (int peer = 0; peer < expert_ranks; ++peer) {
-    for (std::size_t index = 0; index < per_rank; ++index) {
-      const std::size_t theirs = static_cast<std::size_t>(peer) * per_rank + index;
+    for (std::size_t index = 0; index < slice; ++index) {
+      const std::size_t theirs = static_cast<std::size_t>(peer) * per_rank + within + index;
       const std::size_t mine = static_cast<std::size_t>(first_expert_) + index;
       routing.send_rows[peer] += static_cast<std::size_t>(kept[me][theirs]);
       const auto arriving = static_cast<std::size_t>(kept[first_peer + peer][mine]);
@@ -113,14 +120,14 @@ MoeRouting MoeLayer::route(const Pass& pass, const float* probabilities, std::in
     std::vector<std::int32_t> source_start(static_cast<std::size_t>(expert_ranks), 0);
     for (int peer = 1; peer < expert_ranks; ++peer)
       source_start[peer] = source_start[peer - 1] + static_cast<std::int32_t>(routing.receive_rows[peer - 1]);
-    for (std::size_t index = 0; index < per_rank; ++index) {
+    for (std::size_t index = 0; index < slice; ++index) {
       for (int peer = 0; peer < expert_ranks; ++peer) {
-        std::int32_t within = 0;  // rows of the source's earlier local experts
+        std::int32_t earlier_rows = 0;  // rows of the source's earlier local experts
         for (std::size_t earlier = 0; earlier < index; ++earlier)
-          within += static_cast<std::int32_t>(kept[first_peer + peer][first_expert_ + earlier]);
+          earlier_rows += static_cast<std::int32_t>(kept[first_peer + peer][first_expert_ + earlier]);
         const auto count = static_cast<std::int32_t>(kept[first_peer + peer][first_expert_ + index]);
         for (std::int32_t row = 0; row < count; ++row)
-          routing.grouping.push_back(source_start[peer] + within + row);
+          routing.grouping.push_back(source_start[peer] + earlier_rows + row);
       }
     }
     routing.ungrouping.resize(routing.grouping.size());

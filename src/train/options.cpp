@@ -225,10 +225,6 @@ void validate_precision(Config& c) {
           fmt::format("--min-loss-scale {} exceeds --initial-loss-scale {}", c.min_loss_scale, c.initial_loss_scale));
 }
 
-void not_built(bool used, const std::string& what) {
-  require(!used, what + " is not built yet in this version of mlptrain");
-}
-
 }  // namespace
 
 void validate_options(Config& c, int world_size) {
@@ -310,7 +306,9 @@ void validate_options(Config& c, int world_size) {
             fmt::format("--experts {} is not divisible by --ep {}", c.experts, c.ep));
   }
   require(c.ep == 1 || c.moe_every > 0, "--ep splits the experts of MoE layers: it needs --moe-every");
-  not_built(c.moe_every > 0 && c.tp > 1, "MoE layers with tensor parallelism (--moe-every with --tp > 1)");
+  require(c.moe_every == 0 || c.experts % (c.ep * c.tp) == 0,
+          fmt::format("--experts {} is not divisible by --ep x --tp = {} x {}: each tensor rank holds an equal "
+                      "slice of its expert-parallel rank's experts", c.experts, c.ep, c.tp));
   require(!c.offload || c.device != Device::cpu,
           "--offload moves the optimizer state from GPU memory to host memory: it needs --device cuda "
           "(or loopback; with --device cpu the state is in host memory already)");

@@ -145,6 +145,11 @@ nlohmann::json summary_json(const RunSummary& summary) {
                            {"comm_per_step", comm}};
   add_precision(object, summary.precision);
   object["parameters"] = summary.parameters;
+  nlohmann::json by_group = nlohmann::json::object();
+  for (const auto& [group, bytes] : summary.comm_bytes_by_group)
+    for (CommOp op : all_comm_ops)
+      if (bytes[static_cast<int>(op)] > 0) by_group[group][std::string(comm_op_name(op))] = bytes[static_cast<int>(op)];
+  object["comm_bytes_by_group"] = by_group;
   if (summary.steps > 0) object["final_loss"] = summary.final_loss;
   if (!summary.mfu.empty()) object["mfu"] = median(summary.mfu);
   if (std::any_of(summary.peak_host_memory.begin(), summary.peak_host_memory.end(),

@@ -4,8 +4,10 @@
 // Only rank 0 writes; the other ranks contribute through the trainer's gathers.
 #pragma once
 
+
 #include <cstdint>
 #include <cstdio>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -66,6 +68,8 @@ struct RunSummary {
   Prediction prediction;
   Precision precision;
   std::int64_t parameters = 0;  // the whole model's
+  // Rank 0's bytes by group and operation over the run (evaluation included), per training step.
+  std::map<std::string, std::array<double, comm_op_count>> comm_bytes_by_group;
 
   void add(const StepRecord& record);
   std::array<double, comm_op_count> mean_comm_bytes() const;

@@ -89,6 +89,10 @@ void complete_summary(Run& run, const MemoryByState& run_peak, RunSummary& summa
   summary.prediction = predict_this_rank(run);
   summary.precision = run.config.precision();
   summary.parameters = parameter_count(run.model->specs);
+  for (const auto& [group, totals] : run.comm_ledger.by_group())
+    for (int op = 0; op < comm_op_count; ++op)
+      summary.comm_bytes_by_group[group][static_cast<std::size_t>(op)] =
+          static_cast<double>(totals.bytes[static_cast<std::size_t>(op)]) / static_cast<double>(std::max<std::int64_t>(summary.steps, 1));
   // Exchanged experts' rows follow the routing: the counts the routing gave set the prediction.
   if (!run.moe_layers.empty() && summary.steps > 0)
     summary.prediction.comm(CommOp::all_to_all) =

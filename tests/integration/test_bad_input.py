@@ -66,7 +66,7 @@ class BadInput(TrainingTestCase):
             (["--moe-every", "1", "--capacity-factor", "-0.5"], 1, ["--capacity-factor"]),
             (["--moe-every", "5"], 1, ["--moe-every 5", "--layers 3"]),
             (["--ep", "2"], 2, ["--ep", "--moe-every"]),
-            (["--moe-every", "1", "--tp", "2"], 2, ["--tp", "not built yet"]),
+            (["--moe-every", "1", "--experts", "3", "--tp", "2"], 2, ["--experts 3", "--tp"]),
             (["--offload"], 2, ["--offload", "needs --device cuda"]),
             (["--param-dtype", "fp8"], 1, ["--param-dtype", "fp8"]),
             (["--reduce-dtype", "int8"], 2, ["--reduce-dtype", "int8"]),

@@ -178,7 +178,9 @@ class Moe(TrainingTestCase):
             model, [(["--ep", "2"], 2, [], 1), ([], 1, ["--ep", "4"], 4),
                     (["--ep", "4"], 4, ["--ep", "2", "--pp", "2"], 4),
                     # sharded experts (ZeRO over edp) resume whole, and the other way round
-                    (["--ep", "2", "--zero", "3"], 4, [], 1), ([], 1, ["--zero", "2"], 4)], steps=4)
+                    (["--ep", "2", "--zero", "3"], 4, [], 1), ([], 1, ["--zero", "2"], 4),
+                    # experts split over tensor ranks too
+                    (["--tp", "2", "--ep", "2", "--zero", "3"], 4, [], 1), ([], 1, ["--tp", "2"], 2)], steps=4)
 
 
 if __name__ == "__main__":

@@ -31,8 +31,8 @@ def expected_memory(stage, ranks):
             "grads": 4 * total if stage == 1 else 4 * shard,
             "optimizer": 8 * shard,
             # stage 2: two unit gradient buffers; stage 3: two gathered units (a unit's
-            # gradients overwrite its gathered parameters in backward)
-            "comm_buffers": {1: 0, 2: 2 * 4 * largest, 3: 2 * 4 * largest}[stage]}
+            # gradients overwrite its gathered parameters in backward), each on a 256-byte boundary
+            "comm_buffers": {1: 0, 2: 2 * 4 * largest, 3: 2 * ((4 * largest + 255) // 256 * 256)}[stage]}
 
 
 def expected_comm(stage, ranks, micro_batches):

@@ -1,9 +1,12 @@
 // How strategies compose, as their registrations declare it: which take part for a set of
-// options (ZeRO replaces plain data parallelism), the hook order their declarations give
-// whatever the registry's order, a refusal naming both strategies when two claim one exclusive
-// role, and registrations that name an unknown strategy or an order with a cycle.
+// options (ZeRO replaces plain data parallelism), the hook and split order their declarations
+// give whatever the registry's order (tensor parallelism narrows expert parallelism's block of
+// experts), placement modes that do not depend on that order, a refusal naming both strategies
+// when two claim one exclusive role, and registrations that name an unknown strategy or an order
+// with a cycle.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <stdexcept>
 
 #include "core/error.hpp"
@@ -24,6 +27,33 @@ std::vector<std::string_view> program_strategies(int dp, int tp, int pp, int zer
   config.zero = zero;
   return names(wanted_strategies(config, GridShape{.world = dp * tp * pp, .tp = tp, .dp = dp, .pp = pp}));
 }
+
+// A small model of 4 layers (an MoE layer at 2 when `moe`) at dp x tp x pp.
+struct SmallRun {
+  Config config;
+  GridShape shape;
+  std::vector<LayerSpec> model;
+  Strategies strategies;
+
+  SmallRun(int dp, int tp, int pp, int zero, bool moe = false, int ep = 1) {
+    config.layers = 4;
+    config.hidden = 16;
+    config.input_dim = 8;
+    config.output_dim = 4;
+    config.global_batch = 16;
+    config.micro_batches = 2;
+    config.zero = zero;
+    config.dp = dp, config.tp = tp, config.pp = pp, config.ep = ep;
+    if (moe) config.moe_every = 2, config.experts = 8, config.top_k = 2;
+    shape = {.world = dp * tp * pp, .tp = tp, .dp = dp, .pp = pp, .ep = ep};
+    model = model_layer_specs(config.layers, config.input_dim, config.hidden, config.output_dim, config.moe_every,
+                              config.experts, config.top_k);
+    strategies = wanted_strategies(config, shape);
+  }
+  RankLayout layout(const GridCoordinates& place) const {
+    return rank_layout(strategies, config, model, shape, place, LossKind::mse);
+  }
+};
 
 bool always(const Config&, const GridShape&) { return true; }
 std::unique_ptr<Strategy> nothing(const StrategyContext&) { return nullptr; }
@@ -77,4 +107,27 @@ TEST(Composition, BrokenDeclarations) {
   EXPECT_THROW(compose_strategies(cycle, Config{}, GridShape{}), std::logic_error);
   const StrategyRegistration typo[] = {{.name = "alpha", .replaces = unknown, .wanted = always, .create = nothing}};
   EXPECT_THROW(compose_strategies(typo, Config{}, GridShape{}), std::logic_error);
+}
+
+TEST(Composition, TensorSlicesNarrowTheExpertBlock) {
+  const SmallRun run(2, 2, 1, 0, true, 2);
+  EXPECT_EQ(names(run.strategies), (std::vector<std::string_view>{"data_parallel", "expert_parallel", "tensor_parallel"}));
+  // Expert rank 1 holds experts [4, 8); its tensor rank 0 the first half of them.
+  const RankLayout layout = run.layout({.tp = 0, .dp = 1, .ep = 1});
+  const auto experts = std::find_if(layout.tensors.begin(), layout.tensors.end(), [](const ParameterTensor& tensor) {
+    return tensor.path == "layers/02/experts/weight";
+  });
+  ASSERT_NE(experts, layout.tensors.end());
+  EXPECT_EQ(experts->local_start[0], 4);
+  EXPECT_EQ(experts->local_shape[0], 2);
+}
+
+TEST(Composition, PlacementModesDoNotDependOnPredictionOrder) {
+  // ZeRO-1 inside a pipeline stage: the stage's parameters are its own (sharded), not replicated.
+  const SmallRun pipeline(2, 1, 2, 1);
+  EXPECT_EQ(predict_rank(pipeline.strategies, pipeline.layout({})).params.mode, PlacementMode::sharded);
+  // ZeRO-3 over tensor slices: gathered shards, whichever strategy predicts last.
+  const SmallRun slices(2, 2, 1, 3);
+  EXPECT_EQ(predict_rank(slices.strategies, slices.layout({})).params.mode, PlacementMode::sharded_gathered);
+  EXPECT_EQ(predict_rank(slices.strategies, slices.layout({})).grads.mode, PlacementMode::sharded);
 }

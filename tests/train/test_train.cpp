@@ -111,12 +111,10 @@ TEST(Options, MalformedIniIsAUsageError) {
   EXPECT_NE(usage_error({"--config", path}).find("config"), std::string::npos);
 }
 
-TEST(Options, FeaturesNotBuiltAreRefusedByName) {
-  for (const auto& arguments : std::vector<std::vector<std::string>>{
-           {"--moe-every", "1", "--tp", "2"}}) {
-    const std::string message = usage_error(arguments, 2);
-    EXPECT_NE(message.find("not built yet"), std::string::npos) << arguments[0] << ": " << message;
-  }
+TEST(Options, InconsistentFeaturesAreRefusedByName) {
+  // Each tensor rank holds an equal slice of its expert-parallel rank's experts.
+  EXPECT_NE(usage_error({"--moe-every", "1", "--experts", "6", "--tp", "4"}, 4).find("--experts 6 is not divisible"),
+            std::string::npos);
   EXPECT_NE(usage_error({"--zero", "4"}).find("--zero must be"), std::string::npos);
   EXPECT_NE(usage_error({"--offload"}).find("needs --device cuda"), std::string::npos);
   EXPECT_NE(usage_error({"--tf32"}).find("needs --device cuda"), std::string::npos);
