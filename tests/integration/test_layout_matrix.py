@@ -1,6 +1,6 @@
 """The layout matrix's tested subset (scripts/layout_matrix.py --covering): every pair of values of
 dp, tp, pp with each schedule, ep, ZeRO 0-3, recomputation and MoE layers up to 4 ranks, and at 8
-ranks dp 2 x tp 2 x pp 2, dp 4 (ep 2) x tp 2 with MoE layers and every value once, each against one process within 1e-5 with its
+ranks dp 2 x tp 2 x pp 2 and dp 4 (ep 2) x tp 2 with MoE layers, each against one process within 1e-5 with its
 placement and traffic as predicted. The full matrix is the script's, its result kept in
 results/layout_matrix.json."""
 import unittest
