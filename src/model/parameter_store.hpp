@@ -116,10 +116,6 @@ struct ReplicaSegment {
 };
 std::vector<ReplicaSegment> replica_segments(const std::vector<ParameterTensor>& tensors, int layer,
                                              int unit_multiple, const GridShape& shape);
-inline std::vector<ReplicaSegment> replica_segments(const ParameterStore& store, int layer,
-                                                    const GridShape& shape) {
-  return replica_segments(store.tensors(), layer, store.unit_multiple(), shape);
-}
 
 // Calls visit(global_flat_offset, local_offset, count) for each row-major run of a box, in order
 // (none for an empty box).
