@@ -149,7 +149,7 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm, std::string group, CommLedger& l
   MPI_Comm_size(comm_, &size_);
   MPI_Op_create(sum_halves<Bf16>, 1, &half_sums_.bfloat16);
   MPI_Op_create(sum_halves<Fp16>, 1, &half_sums_.float16);
-  shares_node_ = shared_memory && size_ > 1 && group_shares_node(comm_);
+  shared_memory_ = shared_memory && size_ > 1;
 }
 
 MpiCommunicator::~MpiCommunicator() {
@@ -171,8 +171,11 @@ Buffer MpiCommunicator::allocate_collective_memory(Allocator& fallback, MemorySt
                                                    std::size_t bytes) {
   // Every rank decides alike, so the collective calls match. Windows are host memory: a
   // device's buffers stay on the device.
-  if (size_ == 1 || !shares_node_ || fallback.device() != Device::cpu)
-    return fallback.allocate(state, bytes);
+  if (!shared_memory_ || fallback.device() != Device::cpu) return fallback.allocate(state, bytes);
+  // Asked once, on first use: finding the node's ranks is slow when ranks outnumber cores, and
+  // most groups never ask.
+  if (!shares_node_) shares_node_ = group_shares_node(comm_);
+  if (!*shares_node_) return fallback.allocate(state, bytes);
   windows_.push_back(std::make_unique<SharedWindow>(comm_, bytes));
   window_allocators_.push_back(std::make_unique<WindowAllocator>(fallback.ledger(), *windows_.back()));
   return window_allocators_.back()->allocate(state, bytes);

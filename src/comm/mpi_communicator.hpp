@@ -8,6 +8,8 @@
 
 #include <mpi.h>
 
+#include <optional>
+
 #include "comm/communicator.hpp"
 #include "comm/host_staging.hpp"
 #include "comm/shared_window.hpp"
@@ -54,7 +56,8 @@ class MpiCommunicator final : public Communicator {
   MPI_Comm comm_;
   int rank_ = 0;
   int size_ = 1;
-  bool shares_node_ = false;
+  bool shared_memory_ = false;             // windows allowed (and more than one rank)
+  std::optional<bool> shares_node_;        // every rank on this node: known once asked
   HostStaging* staging_ = nullptr;
   MpiHalfSums half_sums_;
   // One window per allocation; each window hands out its one segment.

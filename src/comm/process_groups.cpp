@@ -17,7 +17,11 @@ ProcessGroups::ProcessGroups(MPI_Comm world, const GridShape& shape, const Commu
   place_ = coordinates_of(shape_, world_rank_);
   for (GroupKind kind : all_group_kinds) {
     MPI_Comm comm = world;
-    if (kind != GroupKind::world) {
+    if (kind != GroupKind::world && group_size(shape_, kind) == 1) {
+      // A group of one rank needs no split (a slow collective when ranks outnumber cores); every
+      // rank knows the shape, so all skip alike.
+      comm = MPI_COMM_SELF;
+    } else if (kind != GroupKind::world) {
       // Every rank takes part in every split, so the calls match across the world.
       MPI_Comm_split(world, group_index_of(shape_, kind, world_rank_), world_rank_, &comm);
     }

@@ -63,30 +63,30 @@ bool group_shares_node(MPI_Comm comm) {
 SharedWindow::SharedWindow(MPI_Comm comm, std::size_t bytes) : comm_(comm), bytes_(bytes) {
   MPI_Comm_rank(comm, &rank_);
   MPI_Comm_size(comm, &size_);
-  // Whole pages per rank, so no two ranks' data share a cache line or a page.
+  // Whole pages per rank, so no two ranks' data share a cache line or a page. The slots live in
+  // front of rank 0's data, in the same window: each window allocation is a slow collective when
+  // ranks outnumber cores. Rank 0 constructs them before anyone uses them (the barrier orders that).
   constexpr std::size_t page = 4096;
-  const std::size_t padded = std::max<std::size_t>((bytes + page - 1) / page * page, page);
+  const auto whole_pages = [page](std::size_t bytes) { return std::max<std::size_t>((bytes + page - 1) / page * page, page); };
+  const std::size_t padded = whole_pages(bytes);
+  const std::size_t control_bytes = whole_pages(slot_count * sizeof(Slot));
   void* base = nullptr;
-  MPI_Win_allocate_shared(static_cast<MPI_Aint>(padded), 1, MPI_INFO_NULL, comm, &base,
-                          &data_window_);
+  MPI_Win_allocate_shared(static_cast<MPI_Aint>(padded + (rank_ == 0 ? control_bytes : 0)), 1, MPI_INFO_NULL, comm,
+                          &base, &window_);
   segments_.resize(static_cast<std::size_t>(size_));
   posted_.resize(slot_count);
   for (int rank = 0; rank < size_; ++rank) {
     MPI_Aint size = 0;
     int unit = 0;
     void* segment = nullptr;
-    MPI_Win_shared_query(data_window_, rank, &size, &unit, &segment);
-    segments_[static_cast<std::size_t>(rank)] = static_cast<char*>(segment);
+    MPI_Win_shared_query(window_, rank, &size, &unit, &segment);
+    char* start = static_cast<char*>(segment);
+    if (rank == 0) {
+      slots_ = reinterpret_cast<Slot*>(start);
+      start += control_bytes;
+    }
+    segments_[static_cast<std::size_t>(rank)] = start;
   }
-  // The slots live in rank 0's part of a second window; rank 0 constructs them before anyone
-  // uses them (the barrier orders that).
-  const MPI_Aint control_bytes = rank_ == 0 ? static_cast<MPI_Aint>(slot_count * sizeof(Slot)) : 0;
-  void* control = nullptr;
-  MPI_Win_allocate_shared(control_bytes, 1, MPI_INFO_NULL, comm, &control, &control_window_);
-  MPI_Aint size = 0;
-  int unit = 0;
-  MPI_Win_shared_query(control_window_, 0, &size, &unit, &control);
-  slots_ = static_cast<Slot*>(control);
   if (rank_ == 0)
     for (std::size_t index = 0; index < slot_count; ++index)
       new (&slots_[index]) Slot{{0}, {0}, {0}, {0}};
@@ -99,8 +99,7 @@ SharedWindow::~SharedWindow() {
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (finalized || std::uncaught_exceptions() > 0) return;
-  if (control_window_ != MPI_WIN_NULL) MPI_Win_free(&control_window_);
-  if (data_window_ != MPI_WIN_NULL) MPI_Win_free(&data_window_);
+  if (window_ != MPI_WIN_NULL) MPI_Win_free(&window_);
 }
 
 bool SharedWindow::contains(const void* data, std::size_t bytes) const {

@@ -75,8 +75,7 @@ class SharedWindow {
   void sum_piece(const Task& task, std::size_t first, std::size_t end, int owner);
 
   MPI_Comm comm_ = MPI_COMM_NULL;  // the group's (not owned)
-  MPI_Win data_window_ = MPI_WIN_NULL;
-  MPI_Win control_window_ = MPI_WIN_NULL;
+  MPI_Win window_ = MPI_WIN_NULL;
   int rank_ = 0;
   int size_ = 1;
   std::size_t bytes_ = 0;
