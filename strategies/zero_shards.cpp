@@ -1,0 +1,52 @@
+// ZeRO's shared unit machinery (see zero_shards.hpp).
+#include "strategies/zero_shards.hpp"
+
+#include <stdexcept>
+#include <string>
+
+namespace mlptrain {
+
+void wait_all(std::vector<Request>& requests) {
+  for (Request& request : requests) request.wait();
+}
+
+void test_all(std::vector<Request>& requests) {
+  for (Request& request : requests) request.test();
+}
+
+ZeroShards::ZeroShards(const StrategyContext& context)
+    : groups_(context.groups),
+      kernels_(context.kernels),
+      allocator_(context.allocator),
+      store_(context.parameters),
+      precision_(store_.precision()),
+      layout_(zero_layout(store_.tensors(), store_.unit_multiple(), context.layers, context.local,
+                          context.config.recompute, context.groups.shape())),
+      first_layer_(context.local.first) {}
+
+std::size_t ZeroShards::unit_of(int layer) const {
+  const auto index = static_cast<std::size_t>(layer - first_layer_);
+  if (layer < first_layer_ || index >= layout_.units.size() || layout_.units[index].layer != layer)
+    throw std::logic_error("ZeRO: layer " + std::to_string(layer) + " is not one of this rank's units");
+  return index;
+}
+
+Buffer ZeroShards::collective_buffer(MemoryState state, std::size_t bytes) const {
+  Buffer buffer = groups_.group(GroupKind::data).allocate_collective_memory(allocator_, state, bytes);
+  buffer.fill_zero();
+  return buffer;
+}
+
+void ZeroShards::move_store_values_to_collective_memory() const {
+  store_.reallocate_values([&](std::size_t bytes) {
+    return groups_.group(GroupKind::data).allocate_collective_memory(allocator_, MemoryState::params, bytes);
+  });
+}
+
+void ZeroShards::move_store_grads_to_collective_memory() const {
+  store_.reallocate_grads([&](std::size_t bytes) {
+    return groups_.group(GroupKind::data).allocate_collective_memory(allocator_, MemoryState::grads, bytes);
+  });
+}
+
+}  // namespace mlptrain

@@ -1,0 +1,70 @@
+// What ZeRO's two paths (zero_gradients.hpp, zero_parameters.hpp) share: the unit layout of
+// zero_units.hpp over this rank's store, the group each piece is sharded over, and where this
+// rank's shard of a piece sits: in the store's layout, in a unit buffer, in the shard buffers.
+#pragma once
+
+#include <cstddef>
+#include <vector>
+
+#include "strategies/strategy.hpp"
+#include "strategies/zero_units.hpp"
+
+namespace mlptrain {
+
+void wait_all(std::vector<Request>& requests);
+void test_all(std::vector<Request>& requests);
+
+class ZeroShards {
+ public:
+  explicit ZeroShards(const StrategyContext& context);
+
+  const ZeroLayout& layout() const { return layout_; }
+  const std::vector<ZeroUnit>& units() const { return layout_.units; }
+  // The unit of a local layer.
+  std::size_t unit_of(int layer) const;
+
+  ParameterStore& store() const { return store_; }
+  Kernels& kernels() const { return kernels_; }
+  Allocator& allocator() const { return allocator_; }
+  const Precision& precision() const { return precision_; }
+
+  Communicator& group(const ZeroSegment& piece) const { return groups_.group(piece.group); }
+  // Zeroed memory from where the data-parallel group runs collectives fastest (an edp group's
+  // ranks are among its ranks): for the transient unit buffers.
+  Buffer collective_buffer(MemoryState state, std::size_t bytes) const;
+  // Re-homes the store's values or gradients the same way, for in-place collectives on them.
+  void move_store_values_to_collective_memory() const;
+  void move_store_grads_to_collective_memory() const;
+
+  // Where this rank's shard of a piece starts: in the store's layout, and from the unit's start.
+  std::size_t shard_start(const ZeroSegment& piece) const {
+    return piece.range.offset + static_cast<std::size_t>(group(piece).rank()) * piece.shard_size;
+  }
+  std::size_t shard_in_unit(const ZeroUnit& unit, const ZeroSegment& piece) const {
+    return shard_start(piece) - unit.full.offset;
+  }
+  // Element `element` of a buffer of parameters (param type) or gradients (reduce type).
+  void* value_at(void* base, std::size_t element) const { return advance(base, element, precision_.param); }
+  void* grad_at(void* base, std::size_t element) const { return advance(base, element, precision_.reduce); }
+
+  // Starts one collective per piece shared over more than one rank, on the piece's place in a
+  // unit buffer laid out as the store's (`start` gets the group, the piece and that place).
+  template <typename Start>
+  std::vector<Request> per_piece(const ZeroUnit& unit, Start start) const {
+    std::vector<Request> requests;
+    for (const ZeroSegment& piece : unit.segments)
+      if (piece.ranks > 1) requests.push_back(start(group(piece), piece, piece.range.offset - unit.full.offset));
+    return requests;
+  }
+
+ private:
+  const ProcessGroups& groups_;
+  Kernels& kernels_;
+  Allocator& allocator_;
+  ParameterStore& store_;
+  const Precision precision_;
+  const ZeroLayout layout_;
+  const int first_layer_;
+};
+
+}  // namespace mlptrain
