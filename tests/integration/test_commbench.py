@@ -1,10 +1,12 @@
 """commbench on the MPI host path and on the host-staged path over loopback device buffers: every
 collective at 2 and 4 ranks gives exactly the expected result at every size (in fp32, bf16 and fp16),
 with sizes in nccl-tests' convention and bus bandwidth the algorithm
-bandwidth times nccl-tests' bus factor; the plot script draws its output; bad flags get one line
+bandwidth times nccl-tests' bus factor; a list of element types, each --report mode and the CSV
+file give what they say; the plot script draws its output; bad flags get one line
 and exit 2 on every rank. The device paths' pinned copies are exact too, and the GPU speed script
 (scripts/bench_gpu.py) runs end to end on loopback. Where a GPU is present, the NCCL path at world
 size 1 is exact too (elsewhere that test says why it skips)."""
+import csv
 import json
 import os
 import shutil
@@ -110,7 +112,34 @@ class Commbench(TrainingTestCase):
         self.assertEqual(result.returncode, 0, result.stderr)
         lines = [line for line in result.stdout.splitlines() if not line.startswith("#")]
         self.assertEqual([line.split()[0] for line in lines], ["all_reduce"] * 4 + ["send_recv"] * 4)
-        self.assertTrue(all(line.split()[-1] == "yes" for line in lines))
+        self.assertTrue(all(line.split()[-1] == "0" for line in lines))  # no wrong element
+
+    def test_types_reports_and_csv(self):
+        """A list of element types gives a row per type; each --report picks its time among the
+        ranks' (min <= avg <= max, rank 0's between min and max); the CSV file holds the JSON rows."""
+        for report in ("rank0", "avg", "min", "max"):
+            with self.subTest(report=report):
+                csv_path = self.path(f"commbench_{report}.csv")
+                result = commbench(["--collectives", "all_reduce,all_to_all", "--dtype", "fp32,bf16,fp16",
+                                    "--max-bytes", "1K", "--step-factor", "4", "--iterations", "2",
+                                    "--report", report, "--json", "--csv", csv_path], 4)
+                self.assertEqual(result.returncode, 0, result.stderr)
+                rows = [json.loads(line) for line in result.stdout.splitlines()]
+                self.assertEqual(sorted({(row["dtype"], row["collective"]) for row in rows}),
+                                 sorted((t, c) for t in ("fp32", "bf16", "fp16") for c in ("all_reduce", "all_to_all")))
+                for row in rows:
+                    self.assertEqual((row["wrong"], row["correct"], row["time_report"]), (0, True, report))
+                    self.assertLessEqual(row["time_min_us"], row["time_us"] * (1 + 1e-12))
+                    self.assertLessEqual(row["time_us"], row["time_max_us"] * (1 + 1e-12))
+                    if report in ("min", "max"):
+                        self.assertEqual(row["time_us"], row[f"time_{report}_us"])
+                with open(csv_path) as handle:
+                    table = list(csv.DictReader(handle))
+                self.assertEqual(len(table), len(rows))
+                for line, row in zip(table, rows):
+                    self.assertEqual((line["collective"], line["dtype"], int(line["bytes"]), int(line["wrong"])),
+                                     (row["collective"], row["dtype"], row["bytes"], row["wrong"]))
+                    self.assertAlmostEqual(float(line["time_us"]), row["time_us"], places=6)
 
     def test_bad_input_is_one_line_and_exit_2(self):
         for arguments, words in [(["--path", "nccl", "--device", "loopback"], ["--path nccl", "needs --device cuda"]),
@@ -122,6 +151,9 @@ class Commbench(TrainingTestCase):
                                  (["--min-bytes", "1M", "--max-bytes", "1K"], ["--min-bytes"]),
                                  (["--iterations", "0"], ["--iterations"]),
                                  (["--dtype", "int8"], ["unknown --dtype 'int8'"]),
+                                 (["--dtype", "fp32,int64"], ["unknown --dtype 'int64'"]),
+                                 (["--report", "median"], ["unknown --report 'median'"]),
+                                 (["--max-bytes", "8", "--csv", "/nonexistent/rows.csv"], ["--csv", "/nonexistent"]),
                                  (["--frobnicate"], ["frobnicate"])]:
             with self.subTest(arguments=arguments):
                 result = commbench(arguments, 2)
