@@ -59,7 +59,8 @@ class Zero final : public Strategy, public LayerHooks, public StateSharding {
   const ZeroShards shards_;
   const GridShape& shape_;
   const GridCoordinates& place_;
-  // The gradient path first: the parameter path may lend it buffers, and it is destroyed last.
+  // The gradient path first: the parameter path refers to it (and, lending it buffers, waits for
+  // its reductions on them when destroyed, before the buffers go).
   std::unique_ptr<ZeroGradientPath> gradients_;
   std::unique_ptr<ZeroParameterPath> parameters_;
 };

@@ -2,6 +2,7 @@
 #include "strategies/zero_gradients.hpp"
 
 #include <algorithm>
+#include <stdexcept>
 
 namespace mlptrain {
 
@@ -47,6 +48,7 @@ GradientsReducedEveryMicroBatch::GradientsReducedEveryMicroBatch(const ZeroShard
 }
 
 void* GradientsReducedEveryMicroBatch::take_own_buffer() {
+  if (own_buffers_ == 0) throw std::logic_error("ZeRO: a unit's gradients have no buffer (none lent, none owned)");
   // Buffers are handed out in turn and freed in the same order, so the next one is free once
   // fewer reductions than buffers are in flight.
   while (reducing_.size() >= own_buffers_) finish_oldest();

@@ -2,6 +2,7 @@
 #include "strategies/zero_parameters.hpp"
 
 #include <algorithm>
+#include <exception>
 #include <optional>
 #include <stdexcept>
 
@@ -50,6 +51,11 @@ ParametersGatheredPerUse::ParametersGatheredPerUse(const ZeroShards& shards, Zer
   // The slots are what the collectives work on: charged as comm_buffers, they leave the params
   // at exactly the shards (16 bytes per parameter over N ranks in all).
   slot_pool_ = shards_.collective_buffer(MemoryState::comm_buffers, 2 * slot_bytes_);
+}
+
+ParametersGatheredPerUse::~ParametersGatheredPerUse() {
+  if (std::uncaught_exceptions() > 0) return;
+  for (std::size_t slot = 0; slot < 2; ++slot) gradients_.release(slot_grads(slot));
 }
 
 std::size_t ParametersGatheredPerUse::free_slot() {

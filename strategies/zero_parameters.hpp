@@ -66,6 +66,9 @@ class ParametersGatheredPerUse final : public ZeroParameterPath {
  public:
   // `gradients` finishes the reductions that read a slot before the slot is reused.
   ParametersGatheredPerUse(const ZeroShards& shards, ZeroGradientPath& gradients);
+  // The slots outlive the reductions reading them (not while unwinding from an error, when
+  // waiting on other ranks could hang).
+  ~ParametersGatheredPerUse() override;
   void* begin_forward(std::size_t unit, bool recomputing) override;
   void end_forward(std::size_t unit) override { gathered_.erase(unit); }
   BackwardBuffers begin_backward(std::size_t unit) override;

@@ -13,11 +13,14 @@ std::int64_t Operation::ledger_bytes(int group_size) const {
   const auto elements = static_cast<std::int64_t>(count);
   switch (op) {
     case CommOp::all_reduce:
+    case CommOp::reduce:
     case CommOp::broadcast:
     case CommOp::send:
     case CommOp::recv: return elements * element_bytes;
     case CommOp::reduce_scatter:
-    case CommOp::all_gather: return elements * group_size * element_bytes;
+    case CommOp::all_gather:
+    case CommOp::gather:
+    case CommOp::scatter: return elements * group_size * element_bytes;
     case CommOp::all_to_all:
       if (!send_counts.empty()) {
         const auto sent = std::accumulate(send_counts.begin(), send_counts.end(), std::size_t{0});

@@ -19,13 +19,16 @@ namespace mlptrain {
 
 enum class ReduceOp { sum, max, min };
 
-// What `count` means per op: all_reduce and broadcast, the buffer; reduce_scatter, the elements
-// each rank receives; all_gather, the elements each rank contributes; all_to_all, the elements
-// sent to each rank (or per-rank counts in send_counts/receive_counts when variable); send and
-// recv, the message. Variable all-to-all data is packed by destination rank, in rank order.
-// With send == receive, all_reduce, reduce_scatter and all_gather work in place: for the latter
-// two the buffer holds count x size elements, and this rank's block (at rank x count) receives
-// its reduced block, or holds its contribution. After an in-place reduce-scatter the other blocks
+// What `count` means per op: all_reduce, reduce and broadcast, the buffer; reduce_scatter and
+// scatter, the elements each rank receives; all_gather and gather, the elements each rank
+// contributes; all_to_all, the elements sent to each rank (or per-rank counts in
+// send_counts/receive_counts when variable); send and recv, the message. Variable all-to-all data
+// is packed by destination rank, in rank order. `peer` is the root of broadcast, reduce, gather
+// and scatter (only the root's receive buffer of reduce and gather, and its send buffer of
+// scatter, are used). With send == receive, all_reduce and reduce work in place, and so do the
+// block operations, on a buffer of count x size elements on every rank: reduce_scatter and
+// scatter leave this rank's result in its own block (at rank x count), all_gather and gather
+// take its contribution from there. After an in-place reduce-scatter or scatter the other blocks
 // are undefined.
 struct Operation {
   CommOp op = CommOp::all_reduce;
@@ -36,7 +39,7 @@ struct Operation {
   std::vector<std::size_t> receive_counts;
   DataType type = DataType::float32;
   ReduceOp reduce = ReduceOp::sum;
-  int peer = 0;  // broadcast root, or send/recv partner
+  int peer = 0;  // the root, or send/recv partner
   int tag = 0;
 
   // Bytes in nccl-tests' size convention, for a group of `group_size` ranks.
@@ -94,7 +97,8 @@ class Communicator {
 
   // Memory for buffers this group runs collectives on often (gradients, parameter shards),
   // charged to `state`. A backend may place it where its collectives are fastest; by default it
-  // comes from `fallback`. Collective over the group.
+  // comes from `fallback`. Collective over the group: every rank calls it at the same point, the
+  // first call too (the MPI backend asks then whether the group shares a node).
   virtual Buffer allocate_collective_memory(Allocator& fallback, MemoryState state,
                                             std::size_t bytes) {
     return fallback.allocate(state, bytes);

@@ -144,6 +144,24 @@ std::shared_ptr<StagedOperation> HostStaging::stage(const Operation& operation, 
       send_bytes = receive_bytes = block;
       (operation.peer == rank ? up_bytes : down_bytes) = block;
       break;
+    case CommOp::reduce:  // the sum lands at the root only
+      send_bytes = receive_bytes = up_bytes = block;
+      down_bytes = operation.peer == rank ? block : 0;
+      break;
+    case CommOp::gather:  // as all_gather, with only the root receiving
+      send_bytes = in_place ? block * ranks : block;
+      receive_bytes = block * ranks;
+      up_offset = in_place ? block * static_cast<std::size_t>(rank) : 0;
+      up_bytes = block;
+      down_bytes = operation.peer == rank ? block * ranks : 0;
+      break;
+    case CommOp::scatter:  // as reduce_scatter, with only the root sending
+      send_bytes = block * ranks;
+      up_bytes = operation.peer == rank ? send_bytes : 0;
+      receive_bytes = in_place ? send_bytes : block;
+      down_offset = in_place ? block * static_cast<std::size_t>(rank) : 0;
+      down_bytes = block;
+      break;
     case CommOp::send: send_bytes = up_bytes = block; break;
     case CommOp::recv: receive_bytes = down_bytes = block; break;
     case CommOp::all_to_all:

@@ -120,6 +120,26 @@ void move_to_own_block(const Operation& operation, int rank) {
   if (rank > 0) std::memmove(data + static_cast<std::size_t>(rank) * bytes, data, bytes);
 }
 
+// MPI's buffers for a rooted operation (reduce, gather, scatter) under Operation's in-place
+// convention: MPI_IN_PLACE at the root, and at the other ranks their own block of the buffer.
+struct RootedBuffers {
+  const void* send = nullptr;
+  void* receive = nullptr;
+};
+
+RootedBuffers rooted_buffers(const Operation& operation, int rank) {
+  if (!in_place(operation)) return {operation.send, operation.receive};
+  const bool root = rank == operation.peer;
+  char* own_block = static_cast<char*>(operation.receive) +
+                    static_cast<std::size_t>(rank) * operation.count * size_of(operation.type);
+  switch (operation.op) {
+    case CommOp::reduce: return {root ? MPI_IN_PLACE : operation.send, root ? operation.receive : nullptr};
+    case CommOp::gather: return {root ? MPI_IN_PLACE : own_block, operation.receive};
+    case CommOp::scatter: return {operation.send, root ? MPI_IN_PLACE : own_block};
+    default: return {operation.send, operation.receive};
+  }
+}
+
 // Hands out the window's one segment as a Buffer charged to the ledger.
 class WindowAllocator final : public Allocator {
  public:
@@ -264,6 +284,9 @@ void MpiCommunicator::run_host(const Operation& operation) {
       MPI_Recv(operation.receive, count, type, operation.peer, operation.tag, comm_,
                MPI_STATUS_IGNORE);
       return;
+    case CommOp::reduce:  // through the non-blocking call, which sets up the rooted buffers
+    case CommOp::gather:
+    case CommOp::scatter: start_host(operation)->wait(); return;
   }
 }
 
@@ -322,6 +345,22 @@ std::unique_ptr<MpiPending> MpiCommunicator::start_host(const Operation& operati
     case CommOp::recv:
       MPI_Irecv(operation.receive, count, type, operation.peer, operation.tag, comm_, request);
       break;
+    case CommOp::reduce: {
+      const RootedBuffers buffers = rooted_buffers(operation, rank_);
+      MPI_Ireduce(buffers.send, buffers.receive, count, type, mpi_op(operation.reduce, operation.type, half_sums_),
+                  operation.peer, comm_, request);
+      break;
+    }
+    case CommOp::gather: {
+      const RootedBuffers buffers = rooted_buffers(operation, rank_);
+      MPI_Igather(buffers.send, count, type, buffers.receive, count, type, operation.peer, comm_, request);
+      break;
+    }
+    case CommOp::scatter: {
+      const RootedBuffers buffers = rooted_buffers(operation, rank_);
+      MPI_Iscatter(buffers.send, count, type, buffers.receive, count, type, operation.peer, comm_, request);
+      break;
+    }
   }
   return pending;
 }

@@ -230,7 +230,47 @@ class NcclCommunicator final : public Communicator {
       case CommOp::all_to_all:
         all_to_all(operation, type, element);
         break;
+      case CommOp::reduce:
+        check(ncclReduce(send, receive, operation.count, type, nccl_op(operation.reduce), operation.peer, nccl_,
+                         stream_), "ncclReduce");
+        break;
+      case CommOp::gather:
+      case CommOp::scatter:
+        rooted_blocks(operation, type, element);
+        break;
     }
+  }
+
+  // Gather and scatter as nccl-tests builds them: one group call of the root's send or receive
+  // per rank and every rank's one transfer with the root (none between the root and itself in
+  // place, where its block already sits where it belongs).
+  void rooted_blocks(const Operation& operation, ncclDataType_t type, std::size_t element) {
+    const int root = operation.peer, self = rank();
+    const bool in_place = operation.send == operation.receive;
+    const std::size_t block = operation.count * element;
+    const auto* send = static_cast<const std::byte*>(operation.send);
+    auto* receive = static_cast<std::byte*>(operation.receive);
+    const bool gather = operation.op == CommOp::gather;
+    check(ncclGroupStart(), "ncclGroupStart");
+    if (self == root)
+      for (int peer = 0; peer < size(); ++peer) {
+        if (peer == self && in_place) continue;
+        const std::size_t at = static_cast<std::size_t>(peer) * block;
+        if (gather) {
+          check(ncclRecv(receive + at, operation.count, type, peer, nccl_, stream_), "ncclRecv");
+        } else {
+          check(ncclSend(send + at, operation.count, type, peer, nccl_, stream_), "ncclSend");
+        }
+      }
+    if (!(self == root && in_place)) {
+      const std::size_t own = in_place ? static_cast<std::size_t>(self) * block : 0;
+      if (gather) {
+        check(ncclSend((in_place ? receive : send) + own, operation.count, type, root, nccl_, stream_), "ncclSend");
+      } else {
+        check(ncclRecv(receive + own, operation.count, type, root, nccl_, stream_), "ncclRecv");
+      }
+    }
+    check(ncclGroupEnd(), "ncclGroupEnd");
   }
 
   // Every pair's send and receive in one group call, packed by rank as Operation describes.

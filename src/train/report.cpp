@@ -68,7 +68,7 @@ std::int64_t RunSummary::measured_bytes(MemoryState state) const {
 
 nlohmann::json step_json(const StepRecord& record) {
   nlohmann::json comm_bytes = nlohmann::json::object(), comm_ms = nlohmann::json::object();
-  for (CommOp op : all_comm_ops) {
+  for (CommOp op : training_comm_ops) {
     comm_bytes[std::string(comm_op_name(op))] = record.comm.bytes_of(op);
     comm_ms[std::string(comm_op_name(op))] = record.comm.milliseconds_of(op);
   }
@@ -114,7 +114,7 @@ std::pair<nlohmann::json, nlohmann::json> prediction_json(const Prediction& pred
   }
   const auto means = measured != nullptr ? measured->mean_comm_bytes() : std::array<double, comm_op_count>{};
   nlohmann::json comm = nlohmann::json::object();
-  for (CommOp op : all_comm_ops) {
+  for (CommOp op : training_comm_ops) {
     const int index = static_cast<int>(op);
     nlohmann::json& entry = comm[std::string(comm_op_name(op))];
     entry = {{"predicted_bytes", prediction.comm_bytes_per_step[index]}};
@@ -147,7 +147,7 @@ nlohmann::json summary_json(const RunSummary& summary) {
   object["parameters"] = summary.parameters;
   nlohmann::json by_group = nlohmann::json::object();
   for (const auto& [group, bytes] : summary.comm_bytes_by_group)
-    for (CommOp op : all_comm_ops)
+    for (CommOp op : training_comm_ops)
       if (bytes[static_cast<int>(op)] > 0) by_group[group][std::string(comm_op_name(op))] = bytes[static_cast<int>(op)];
   object["comm_bytes_by_group"] = by_group;
   if (summary.steps > 0) object["final_loss"] = summary.final_loss;
@@ -178,7 +178,7 @@ std::string placement_table(const Prediction& prediction, const RunSummary* meas
   if (measured) text += fmt::format("{:>16}", "measured");
   text += "\n";
   const auto means = measured ? measured->mean_comm_bytes() : std::array<double, comm_op_count>{};
-  for (CommOp op : all_comm_ops) {
+  for (CommOp op : training_comm_ops) {
     const int index = static_cast<int>(op);
     if (prediction.comm_bytes_per_step[index] == 0 && means[index] == 0) continue;
     text += fmt::format("  {:<24}{:>16}", comm_op_name(op),

@@ -103,6 +103,39 @@ TEST_F(HostStagingTest, ReduceScatterAndAllGatherInPlaceAndNot) {
   EXPECT_EQ(from_device<float>(together, total), gathered);
 }
 
+// Reduce, gather and scatter on device memory, in place and not, with the last rank as root: what
+// the root (or every rank, for scatter) holds equals the same operation on host memory.
+TEST_F(HostStagingTest, RootedOperationsInPlaceAndNot) {
+  const std::size_t block = 5, total = block * static_cast<std::size_t>(size);
+  const int root = size - 1;
+  for (const CommOp op : {CommOp::reduce, CommOp::gather, CommOp::scatter}) {
+    for (const bool in_place : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << comm_op_name(op) << (in_place ? ", in place" : ""));
+      // Host and device runs of the same operation: a buffer of `total` on every rank (`block`
+      // where the operation takes or leaves one block and it is not in place).
+      const std::size_t send_count = op == CommOp::gather && !in_place ? block : total;
+      const std::size_t receive_count = op == CommOp::scatter && !in_place ? block : total;
+      std::vector<float> host_send = values(send_count, 4), host_receive(receive_count, -1.0f);
+      if (in_place) host_receive = host_send;
+      host.run({.op = op, .send = host_send.data(), .receive = in_place ? host_send.data() : host_receive.data(),
+                .count = op == CommOp::reduce ? total : block, .peer = root});
+      Buffer send = on_device(values(send_count, 4)), receive = on_device(std::vector<float>(receive_count, -1.0f));
+      void* device_receive = in_place ? send.as<void>() : receive.as<void>();
+      staged.run({.op = op, .send = send.as<void>(), .receive = device_receive,
+                  .count = op == CommOp::reduce ? total : block, .peer = root});
+      const std::vector<float> expected = in_place ? host_send : host_receive;
+      const std::vector<float> got = from_device<float>(in_place ? send : receive, expected.size());
+      if (op == CommOp::scatter) {
+        const std::size_t own = in_place ? static_cast<std::size_t>(rank) * block : 0;
+        EXPECT_EQ(std::vector<float>(got.begin() + own, got.begin() + own + block),
+                  std::vector<float>(expected.begin() + own, expected.begin() + own + block));
+      } else if (rank == root) {
+        EXPECT_EQ(got, expected);
+      }
+    }
+  }
+}
+
 TEST_F(HostStagingTest, BroadcastAndAllToAllEqualAndVariable) {
   const int root = size - 1;
   std::vector<double> message(6, rank == root ? 2.5 : 0.0);

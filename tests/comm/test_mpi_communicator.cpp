@@ -63,6 +63,52 @@ TEST_F(MpiCommunicatorTest, ReduceScatterAndAllGather) {
   EXPECT_EQ(bytes_of(CommOp::all_gather), 2 * size * 4);
 }
 
+// Reduce, gather and scatter to and from the first and the last rank, in place and not, blocking
+// and started: the root holds the sum or every block, every rank its block of the root's buffer;
+// the ledger counts nccl-tests' sizes (the buffer; the whole output; the whole input).
+TEST_F(MpiCommunicatorTest, RootedOperationsInPlaceAndNot) {
+  const std::size_t block = 3, total = block * static_cast<std::size_t>(size);
+  const auto contribution = [](int source, std::size_t i) { return static_cast<float>(source * 10 + i); };
+  for (const int root : {0, size - 1}) {
+    for (const bool in_place : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << "root " << root << (in_place ? ", in place" : ""));
+      ledger.begin_step();
+      // reduce: every rank's buffer of `total` summed at the root.
+      std::vector<float> mine(total), sum(total, -1.0f);
+      for (std::size_t i = 0; i < total; ++i) mine[i] = contribution(rank, i);
+      Operation reduce{.op = CommOp::reduce, .send = mine.data(), .receive = in_place ? mine.data() : sum.data(),
+                       .count = total, .peer = root};
+      world.start(reduce).wait();
+      if (rank == root) {
+        for (std::size_t i = 0; i < total; ++i)
+          EXPECT_EQ(reduce.receive == sum.data() ? sum[i] : mine[i],
+                    size * static_cast<float>(i) + 10.0f * size * (size - 1) / 2.0f);
+      }
+      // gather: block r of the root's buffer is rank r's contribution.
+      std::vector<float> own(in_place ? total : block, -1.0f), gathered(total, -1.0f);
+      for (std::size_t i = 0; i < block; ++i) own[(in_place ? rank * block : 0) + i] = contribution(rank, i);
+      world.run({.op = CommOp::gather, .send = own.data(), .receive = in_place ? own.data() : gathered.data(),
+                 .count = block, .peer = root});
+      const std::vector<float>& at_root = in_place ? own : gathered;
+      if (rank == root) {
+        for (std::size_t i = 0; i < total; ++i) EXPECT_EQ(at_root[i], contribution(static_cast<int>(i / block), i % block));
+      }
+      // scatter: rank r receives block r of the root's buffer.
+      std::vector<float> source(total, -1.0f), received(in_place ? total : block, -2.0f);
+      if (rank == root)
+        for (std::size_t i = 0; i < total; ++i) source[i] = contribution(static_cast<int>(i / block), i % block) + 0.5f;
+      if (in_place) received = source;
+      world.run({.op = CommOp::scatter, .send = in_place ? received.data() : source.data(), .receive = received.data(),
+                 .count = block, .peer = root});
+      for (std::size_t i = 0; i < block; ++i)
+        EXPECT_EQ(received[(in_place ? rank * block : 0) + i], contribution(rank, i) + 0.5f);
+      EXPECT_EQ(ledger.step().bytes_of(CommOp::reduce), static_cast<std::int64_t>(total * 4));
+      EXPECT_EQ(ledger.step().bytes_of(CommOp::gather), static_cast<std::int64_t>(total * 4));
+      EXPECT_EQ(ledger.step().bytes_of(CommOp::scatter), static_cast<std::int64_t>(total * 4));
+    }
+  }
+}
+
 TEST_F(MpiCommunicatorTest, BroadcastFromTheLastRank) {
   std::vector<double> data(5, rank == size - 1 ? 3.25 : 0.0);
   world.broadcast(data.data(), data.size(), size - 1);
