@@ -1,6 +1,6 @@
 // commbench: the collectives the strategies use, timed over message sizes in the spirit of
 // nccl-tests (DESIGN.md §2.6). For each element type, collective and size it runs warm-up
-// iterations, times the timed ones on every rank, checks one more run's result exactly against
+// iterations, times the timed ones on every rank, checks one more run's result against
 // values every rank can compute (commbench_case.hpp), and prints time (rank 0's, the average,
 // the fastest or the slowest rank's mean, with the spread across ranks), algorithm bandwidth
 // (size / time), bus bandwidth (algbw times nccl-tests' bus factor) and the count of wrong
@@ -10,14 +10,17 @@
 // GPU); `nccl` is NCCL on GPU buffers, one rank per GPU. Both device paths get their
 // communicator as the trainer does (compute_device.hpp). Half elements (bf16, fp16) are summed
 // by the communicators themselves (fp32 sums rounded once where a backend can, pairwise
-// otherwise); the inputs are small integers whose sums every format holds exactly, so every
-// path is checked exactly.
+// otherwise): their sums are held within a bound derived from the format, every other result
+// exactly (commbench_case.hpp).
 #include <cstdio>
 #include <fmt/format.h>
 #include <fstream>
 #include <limits>
+#include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "bench/commbench_case.hpp"
@@ -56,9 +59,69 @@ Timing across_ranks(Communicator& world, double mine_us, TimeReport report) {
   return timing;
 }
 
+// One measurement of one case: time across ranks, bandwidths, wrong elements over every rank.
+struct Measurement {
+  Timing timing;
+  double algbw_gbps = 0;
+  double busbw_gbps = 0;
+  std::int64_t wrong = 0;
+  double max_error = 0;    // over every rank's checked elements
+  double error_bound = 0;  // the largest allowed (0: exact)
+};
+
+Measurement measure_case(CollectiveCase& current, Communicator& world, const CommbenchSettings& settings) {
+  current.fill();
+  for (int iteration = 0; iteration < settings.warmup; ++iteration) current.run();
+  world.barrier();
+  const double start_ms = now_ms();
+  for (int iteration = 0; iteration < settings.iterations; ++iteration) current.run();
+  Measurement result;
+  result.timing = across_ranks(world, (now_ms() - start_ms) * 1000.0 / settings.iterations, settings.report);
+  current.fill();
+  current.run();
+  result.wrong = static_cast<std::int64_t>(current.wrong_elements());
+  world.all_reduce(&result.wrong, 1, ReduceOp::sum);
+  double errors[2] = {current.max_error(), current.error_bound()};
+  world.all_reduce(errors, 2, ReduceOp::max);
+  result.max_error = errors[0];
+  result.error_bound = errors[1];
+  result.algbw_gbps = static_cast<double>(current.bytes()) / (result.timing.reported_us * 1e3);  // GB/s
+  result.busbw_gbps = result.algbw_gbps * current.bus_factor();
+  return result;
+}
+
 const char* const csv_header =
     "collective,path,device,dtype,ranks,bytes,time_us,time_report,time_min_us,time_max_us,algbw_gbps,busbw_gbps,"
-    "wrong\n";
+    "wrong,in_place_time_us,in_place_algbw_gbps,in_place_busbw_gbps,in_place_wrong\n";
+
+// The textbook identity: an all-reduce costs what a reduce-scatter and an all-gather of the same
+// size cost (both move 2(n-1)/n of the buffer per rank). Printed per size where all three ran.
+void print_identity(const CommbenchSettings& settings, const std::string& type_name, int ranks,
+                    const std::map<std::pair<std::string, std::int64_t>, double>& times_us) {
+  bool header = false;
+  for (const auto& [key, all_reduce_us] : times_us) {
+    if (key.first != "all_reduce") continue;
+    const auto scatter = times_us.find({"reduce_scatter", key.second});
+    const auto gather = times_us.find({"all_gather", key.second});
+    if (scatter == times_us.end() || gather == times_us.end()) continue;
+    const double parts_us = scatter->second + gather->second;
+    if (settings.json) {
+      const nlohmann::json row = {{"collective", "identity"}, {"path", settings.path}, {"dtype", type_name},
+                                  {"ranks", ranks}, {"bytes", key.second}, {"all_reduce_us", all_reduce_us},
+                                  {"reduce_scatter_plus_all_gather_us", parts_us},
+                                  {"ratio", all_reduce_us / parts_us}};
+      std::printf("%s\n", row.dump().c_str());
+      continue;
+    }
+    if (!header)
+      std::printf("# identity (%s): all_reduce against reduce_scatter + all_gather of the same size\n"
+                  "# %12s %14s %14s %8s\n",
+                  type_name.c_str(), "bytes", "all_reduce_us", "rs+ag_us", "ratio");
+    header = true;
+    std::printf("  %12lld %14.2f %14.2f %8.3f\n", static_cast<long long>(key.second), all_reduce_us, parts_us,
+                all_reduce_us / parts_us);
+  }
+}
 
 void measure(const CommbenchSettings& settings, Communicator& world, Allocator* device) {
   const int rank = world.rank();
@@ -77,53 +140,64 @@ void measure(const CommbenchSettings& settings, Communicator& world, Allocator* 
     std::printf("# commbench: path %s%s, %d rank(s), %d iterations after %d warm-up, time: %s over ranks\n",
                 settings.path.c_str(), device != nullptr ? (" on " + settings.device).c_str() : "", world.size(),
                 settings.iterations, settings.warmup, report.c_str());
-    std::printf("# %-15s %5s %12s %12s %9s %12s %12s %8s\n", "collective", "type", "bytes", "time_us", "spread_%",
-                "algbw_GB/s", "busbw_GB/s", "#wrong");
+    // Out of place, then in place (ip_), as nccl-tests' two column groups.
+    std::printf("# %-15s %5s %12s %10s %8s %10s %6s | %10s %10s %9s\n", "collective", "type", "bytes", "time_us",
+                "spread_%", "busbw_GB/s", "#wrong", "ip_time_us", "ip_busbw", "ip_#wrong");
   }
   std::int64_t wrong_measurements = 0;
   const std::unique_ptr<AsyncCopier> copier = device != nullptr ? device->make_async_copier(1) : nullptr;
   for (const DataType dtype : settings.dtypes) {
     const std::string type_name(data_type_name(dtype));
+    std::map<std::pair<std::string, std::int64_t>, double> times_us;  // out of place, for the identity
     for (const std::string& collective : settings.collectives) {
       for (std::int64_t size = settings.min_bytes; size <= settings.max_bytes; size *= settings.step_factor) {
-        CollectiveCase current(collective, size, dtype, world, device, copier.get());
-        if (current.empty()) continue;  // smaller than one element per rank
-        current.fill();
-        for (int iteration = 0; iteration < settings.warmup; ++iteration) current.run();
-        world.barrier();
-        const double start_ms = now_ms();
-        for (int iteration = 0; iteration < settings.iterations; ++iteration) current.run();
-        const Timing timing =
-            across_ranks(world, (now_ms() - start_ms) * 1000.0 / settings.iterations, settings.report);
-        current.fill();
-        current.run();
-        auto wrong = static_cast<std::int64_t>(current.wrong_elements());
-        world.all_reduce(&wrong, 1, ReduceOp::sum);
-        wrong_measurements += wrong > 0;
-        const double algbw = static_cast<double>(current.bytes()) / (timing.reported_us * 1e3);  // GB/s
-        const double busbw = algbw * current.bus_factor();
+        CollectiveCase apart(collective, size, dtype, false, world, MPI_COMM_WORLD, device, copier.get());
+        if (apart.empty()) continue;  // smaller than one element per rank
+        const Measurement out = measure_case(apart, world, settings);
+        std::optional<Measurement> in;
+        if (CollectiveCase::has_in_place(collective)) {
+          CollectiveCase together(collective, size, dtype, true, world, MPI_COMM_WORLD, device, copier.get());
+          in = measure_case(together, world, settings);
+        }
+        wrong_measurements += (out.wrong > 0) + (in && in->wrong > 0);
+        times_us[{collective, apart.bytes()}] = out.timing.reported_us;
         if (rank != 0) continue;
         if (settings.json) {
           nlohmann::json row = {{"collective", collective}, {"path", settings.path}, {"device", device_name},
-                                {"dtype", type_name}, {"bytes", current.bytes()}, {"ranks", world.size()},
-                                {"time_us", timing.reported_us}, {"time_report", report},
-                                {"time_min_us", timing.fastest_us}, {"time_max_us", timing.slowest_us},
-                                {"algbw_gbps", algbw}, {"busbw_gbps", busbw}, {"wrong", wrong},
-                                {"correct", wrong == 0}};
+                                {"dtype", type_name}, {"bytes", apart.bytes()}, {"ranks", world.size()},
+                                {"time_us", out.timing.reported_us}, {"time_report", report},
+                                {"time_min_us", out.timing.fastest_us}, {"time_max_us", out.timing.slowest_us},
+                                {"algbw_gbps", out.algbw_gbps}, {"busbw_gbps", out.busbw_gbps},
+                                {"wrong", out.wrong}, {"max_error", out.max_error},
+                                {"error_bound", out.error_bound},
+                                {"correct", out.wrong == 0 && (!in || in->wrong == 0)}};
+          if (in) {
+            row["in_place_time_us"] = in->timing.reported_us;
+            row["in_place_algbw_gbps"] = in->algbw_gbps;
+            row["in_place_busbw_gbps"] = in->busbw_gbps;
+            row["in_place_wrong"] = in->wrong;
+          }
           if (settings.path == "mpi-staged") row["chunk_bytes"] = settings.chunk_bytes;
           std::printf("%s\n", row.dump().c_str());
         } else {
-          std::printf("  %-15s %5s %12lld %12.2f %9.1f %12.3f %12.3f %8lld\n", collective.c_str(), type_name.c_str(),
-                      static_cast<long long>(current.bytes()), timing.reported_us, timing.spread_percent(), algbw,
-                      busbw, static_cast<long long>(wrong));
+          const std::string in_place_columns =
+              in ? fmt::format("{:10.2f} {:10.3f} {:9d}", in->timing.reported_us, in->busbw_gbps, in->wrong)
+                 : fmt::format("{:>10} {:>10} {:>9}", "-", "-", "-");
+          std::printf("  %-15s %5s %12lld %10.2f %8.1f %10.3f %6lld | %s\n", collective.c_str(), type_name.c_str(),
+                      static_cast<long long>(apart.bytes()), out.timing.reported_us, out.timing.spread_percent(),
+                      out.busbw_gbps, static_cast<long long>(out.wrong), in_place_columns.c_str());
         }
-        if (csv)
-          csv << fmt::format("{},{},{},{},{},{},{},{},{},{},{},{},{}\n", collective, settings.path, device_name,
-                             type_name, world.size(), current.bytes(), timing.reported_us, report, timing.fastest_us,
-                             timing.slowest_us, algbw, busbw, wrong);
+        if (csv) {
+          csv << fmt::format("{},{},{},{},{},{},{},{},{},{},{},{},{}", collective, settings.path, device_name,
+                             type_name, world.size(), apart.bytes(), out.timing.reported_us, report,
+                             out.timing.fastest_us, out.timing.slowest_us, out.algbw_gbps, out.busbw_gbps, out.wrong);
+          csv << (in ? fmt::format(",{},{},{},{}\n", in->timing.reported_us, in->algbw_gbps, in->busbw_gbps, in->wrong)
+                     : std::string(",,,,\n"));
+        }
         std::fflush(stdout);
       }
     }
+    if (rank == 0) print_identity(settings, type_name, world.size(), times_us);
   }
   if (wrong_measurements > 0)
     throw AgreedError(ExitCode::runtime_failure,

@@ -2,6 +2,8 @@
 #include "bench/commbench_case.hpp"
 
 #include <algorithm>
+#include <cmath>
+#include <stdexcept>
 
 #include "bench/commbench_options.hpp"
 #include "core/half_float.hpp"
@@ -10,105 +12,157 @@ namespace mlptrain {
 
 namespace {
 
+constexpr int root = 0;
+
 // A value every rank can compute for (rank, element): small integers below `range`, chosen so that
 // a sum over every rank stays an integer the element type holds exactly (bf16: up to 256).
 float value(int rank, std::size_t element, int range) {
   return static_cast<float>((rank * 7 + static_cast<int>(element % 61) * 3) % range);
 }
 
+bool is_sum(const std::string& collective) {
+  return collective == "all_reduce" || collective == "reduce" || collective == "mpi_all_reduce";
+}
+
+bool per_rank(const std::string& collective) {
+  return collective == "reduce_scatter" || collective == "all_gather" || collective == "all_to_all" ||
+         collective == "gather" || collective == "scatter";
+}
+
+CommOp plain_op(const std::string& collective) {
+  if (collective == "all_reduce") return CommOp::all_reduce;
+  if (collective == "reduce_scatter") return CommOp::reduce_scatter;
+  if (collective == "all_gather") return CommOp::all_gather;
+  if (collective == "all_to_all") return CommOp::all_to_all;
+  if (collective == "reduce") return CommOp::reduce;
+  if (collective == "gather") return CommOp::gather;
+  if (collective == "scatter") return CommOp::scatter;
+  throw std::logic_error("commbench: '" + collective + "' is not a plain operation");
+}
+
 }  // namespace
 
-CollectiveCase::CollectiveCase(const std::string& collective, std::int64_t bytes, DataType type,
-                               Communicator& group, Allocator* device, AsyncCopier* copier)
-    : collective_(collective), type_(type), group_(group), device_(device), copier_(copier) {
-  const int ranks = group.size(), rank = group.rank();
-  const bool per_rank = collective == "reduce_scatter" || collective == "all_gather" ||
-                        collective == "all_to_all";
+bool CollectiveCase::has_in_place(const std::string& collective) {
+  return is_sum(collective) || collective == "reduce_scatter" || collective == "all_gather" ||
+         collective == "gather" || collective == "scatter";
+}
+
+bool CollectiveCase::takes_block() const { return collective_ == "all_gather" || collective_ == "gather"; }
+bool CollectiveCase::leaves_block() const { return collective_ == "reduce_scatter" || collective_ == "scatter"; }
+
+float CollectiveCase::value_of(int rank, std::size_t element) const {
+  if (!rounds_) return value(rank, element, range_);
+  return 1.0f + static_cast<float>((rank * 37 + static_cast<int>(element % 127) * 11) % 128) / 128.0f;
+}
+
+float CollectiveCase::input(std::size_t element) const { return value_of(rank_, element); }
+
+CollectiveCase::CollectiveCase(const std::string& collective, std::int64_t bytes, DataType type, bool in_place,
+                               Communicator& group, MPI_Comm raw, Allocator* device, AsyncCopier* copier)
+    : collective_(collective),
+      type_(type),
+      in_place_(in_place && has_in_place(collective)),
+      group_(group),
+      raw_(raw),
+      rank_(group.rank()),
+      ranks_(group.size()),
+      device_(device),
+      copier_(copier) {
   const std::size_t element = size_of(type);
-  range_ = type == DataType::float32 ? 64 : std::clamp(256 / ranks, 2, 64);
-  count_ = static_cast<std::size_t>(bytes) / element / static_cast<std::size_t>(per_rank ? ranks : 1);
-  const std::size_t whole = count_ * (per_rank ? ranks : 1);
-  bytes_ = static_cast<std::int64_t>(whole * element);
-  send_.resize((collective == "all_gather" ? count_ : whole) * element);
-  receive_.resize((collective == "reduce_scatter" ? count_ : whole) * element);
-  expected_.resize(receive_.size() / element);
+  const auto blocks = static_cast<std::size_t>(per_rank(collective) ? ranks_ : 1);
+  range_ = type == DataType::float32 ? 64 : std::clamp(256 / ranks_, 2, 64);
+  rounds_ = is_half(type) && (is_sum(collective) || collective == "reduce_scatter");
+  count_ = static_cast<std::size_t>(bytes) / element / blocks;
+  whole_ = count_ * blocks;
+  bytes_ = static_cast<std::int64_t>(whole_ * element);
+  if (!in_place_) send_.resize((takes_block() ? count_ : whole_) * element);
+  receive_.resize((leaves_block() && !in_place_ ? count_ : whole_) * element);
   if (device_ != nullptr) {
-    send_device_ = device_->allocate(MemoryState::comm_buffers, send_.size());
+    if (!send_.empty()) send_device_ = device_->allocate(MemoryState::comm_buffers, send_.size());
     receive_device_ = device_->allocate(MemoryState::comm_buffers, receive_.size());
   }
-  if (is_device_copy(collective)) pinned_ = copier_->host_memory().allocate(MemoryState::comm_buffers, whole * element);
-  const auto n = static_cast<std::size_t>(ranks);
-  const auto r = static_cast<std::size_t>(rank);
-  const auto of = [this](int source, std::size_t index) { return value(source, index, range_); };
-  for (std::size_t index = 0; index < expected_.size(); ++index) {
+  if (is_device_copy(collective)) pinned_ = copier_->host_memory().allocate(MemoryState::comm_buffers, whole_ * element);
+  // What this rank checks: nothing of a reduce or a gather but at the root; its own block of
+  // what leaves one block (at its place in the buffer, in place); else the whole result.
+  const auto r = static_cast<std::size_t>(rank_);
+  const bool to_root = collective == "reduce" || collective == "gather";
+  const std::size_t checked = to_root && rank_ != root ? 0 : leaves_block() ? count_ : whole_;
+  check_offset_ = leaves_block() && in_place_ ? r * count_ : 0;
+  const auto of = [this](int source, std::size_t index) { return value_of(source, index); };
+  expected_.resize(checked);
+  // The unit roundoff of the format, for the bound of a rounded sum (the header says which).
+  const double unit = type == DataType::bfloat16 ? 0x1p-8 : 0x1p-11;
+  if (rounds_) bounds_.resize(checked);
+  for (std::size_t index = 0; index < checked; ++index) {
+    const std::size_t block = index / std::max<std::size_t>(count_, 1), within = index % std::max<std::size_t>(count_, 1);
     float sum = 0;
-    if (collective == "all_reduce") {
-      for (int source = 0; source < ranks; ++source) sum += of(source, index);
-    } else if (collective == "reduce_scatter") {
-      for (int source = 0; source < ranks; ++source) sum += of(source, r * count_ + index);
-    } else if (collective == "all_gather") {
-      sum = of(static_cast<int>(index / count_), index % count_);
+    if (is_sum(collective) || collective == "reduce_scatter") {
+      const std::size_t at = is_sum(collective) ? index : r * count_ + index;
+      for (int source = 0; source < ranks_; ++source) sum += of(source, at);
+      // Every input is positive: sum|x| is the sum itself.
+      if (rounds_) bounds_[index] = static_cast<float>(ranks_ * unit * sum);
+    } else if (collective == "all_gather" || collective == "gather") {
+      sum = of(static_cast<int>(block), within);
     } else if (collective == "all_to_all") {  // block s came from rank s: its block for me
-      sum = of(static_cast<int>(index / count_), r * count_ + index % count_);
+      sum = of(static_cast<int>(block), r * count_ + within);
+    } else if (collective == "scatter") {
+      sum = of(root, r * count_ + index);
     } else if (collective == "broadcast") {
-      sum = of(0, index);
+      sum = of(root, index);
     } else if (is_device_copy(collective)) {
-      sum = of(rank, index);
+      sum = of(rank_, index);
     } else {  // send_recv around the ring: from the previous rank
-      sum = of(static_cast<int>((r + n - 1) % n), index);
+      sum = of((rank_ + ranks_ - 1) % ranks_, index);
     }
     expected_[index] = sum;
   }
 }
 
 void CollectiveCase::fill() {
-  const int rank = group_.rank();
+  const std::size_t own = static_cast<std::size_t>(rank_) * count_;
   for (std::size_t index = 0; index < send_.size() / size_of(type_); ++index)
-    store_element(send_.data(), index, type_, value(rank, index, range_));
-  for (std::size_t index = 0; index < expected_.size(); ++index) {
-    const float initial = collective_ == "broadcast" && rank == 0 ? value(0, index, range_) : -1.0f;
+    store_element(send_.data(), index, type_, input(index));
+  for (std::size_t index = 0; index < receive_.size() / size_of(type_); ++index) {
+    float initial = -1.0f;  // poison, unless the buffer is (part of) the input
+    if (collective_ == "broadcast" && rank_ == root) initial = input(index);
+    if (in_place_) {
+      if (takes_block() && index >= own && index < own + count_) initial = input(index - own);
+      if (!takes_block() && (collective_ != "scatter" || rank_ == root)) initial = input(index);
+    }
     store_element(receive_.data(), index, type_, initial);
-    if (!pinned_.empty())
-      store_element(pinned_.as<void>(), index, type_, collective_ == "copy_to_device" ? value(rank, index, range_) : -1.0f);
   }
+  if (!pinned_.empty())
+    for (std::size_t index = 0; index < whole_; ++index)
+      store_element(pinned_.as<void>(), index, type_, collective_ == "copy_to_device" ? input(index) : -1.0f);
   if (device_ == nullptr) return;
-  device_->copy_to_device(send_device_.as<void>(), send_.data(), send_.size());
+  if (!send_.empty()) device_->copy_to_device(send_device_.as<void>(), send_.data(), send_.size());
   device_->copy_to_device(receive_device_.as<void>(), receive_.data(), receive_.size());
 }
 
 void CollectiveCase::run() {
-  const int ranks = group_.size(), rank = group_.rank();
-  void* send = device_ != nullptr ? send_device_.as<void>() : send_.data();
   void* receive = device_ != nullptr ? receive_device_.as<void>() : receive_.data();
-  const auto operation = [&](CommOp op) {
-    return Operation{.op = op, .send = send, .receive = receive, .count = count_, .type = type_};
-  };
+  void* send = in_place_ ? receive : device_ != nullptr ? send_device_.as<void>() : send_.data();
+  const auto bytes = static_cast<std::size_t>(bytes_);
   if (collective_ == "copy_to_host") {
-    copier_->start_to_host(0, pinned_.as<void>(), send, static_cast<std::size_t>(bytes_));
+    copier_->start_to_host(0, pinned_.as<void>(), send, bytes);
     copier_->wait_to_host(0);
   } else if (collective_ == "copy_to_device") {
-    copier_->start_to_device(0, receive, pinned_.as<void>(), static_cast<std::size_t>(bytes_));
+    copier_->start_to_device(0, receive, pinned_.as<void>(), bytes);
     copier_->wait_to_device(0);
-  } else if (collective_ == "all_reduce" || collective_ == "reduce_scatter" || collective_ == "all_gather" ||
-             collective_ == "all_to_all") {
-    group_.run(operation(collective_ == "all_reduce"       ? CommOp::all_reduce
-                         : collective_ == "reduce_scatter" ? CommOp::reduce_scatter
-                         : collective_ == "all_gather"     ? CommOp::all_gather
-                                                           : CommOp::all_to_all));
+  } else if (collective_ == "mpi_all_reduce") {  // fp32 on host buffers (the options see to it)
+    MPI_Allreduce(in_place_ ? MPI_IN_PLACE : send, receive, static_cast<int>(count_), MPI_FLOAT, MPI_SUM, raw_);
   } else if (collective_ == "broadcast") {
-    Operation broadcast = operation(CommOp::broadcast);
-    broadcast.send = nullptr;
-    broadcast.count = expected_.size();
-    group_.run(broadcast);
-  } else {
-    Operation received = operation(CommOp::recv), sent = operation(CommOp::send);
-    received.send = nullptr;
-    received.peer = (rank + ranks - 1) % ranks;
-    sent.receive = nullptr;
-    sent.peer = (rank + 1) % ranks;
-    Request receiving = group_.start(received), sending = group_.start(sent);
+    group_.run({.op = CommOp::broadcast, .receive = receive, .count = whole_, .type = type_, .peer = root});
+  } else if (collective_ == "send_recv") {
+    Request receiving = group_.start({.op = CommOp::recv, .receive = receive, .count = count_, .type = type_,
+                                      .peer = (rank_ + ranks_ - 1) % ranks_});
+    Request sending =
+        group_.start({.op = CommOp::send, .send = send, .count = count_, .type = type_, .peer = (rank_ + 1) % ranks_});
     sending.wait();
     receiving.wait();
+  } else {
+    group_.run({.op = plain_op(collective_), .send = send, .receive = receive, .count = count_, .type = type_,
+                .peer = root});
   }
 }
 
@@ -120,15 +174,22 @@ std::size_t CollectiveCase::wrong_elements() {
     device_->copy_to_host(receive_.data(), receive_device_.as<void>(), receive_.size());
   }
   std::size_t wrong = 0;
-  for (std::size_t index = 0; index < expected_.size(); ++index)
-    wrong += load_element(result, index, type_) != expected_[index];
+  max_error_ = error_bound_ = 0;
+  for (std::size_t index = 0; index < expected_.size(); ++index) {
+    const double error = std::abs(static_cast<double>(load_element(result, check_offset_ + index, type_)) - expected_[index]);
+    const double bound = rounds_ ? bounds_[index] : 0.0;
+    wrong += !(error <= bound);  // a NaN is wrong too
+    max_error_ = std::max(max_error_, error);
+    error_bound_ = std::max(error_bound_, bound);
+  }
   return wrong;
 }
 
 double CollectiveCase::bus_factor() const {
-  const double n = group_.size();
-  if (collective_ == "all_reduce") return 2 * (n - 1) / n;
-  if (collective_ == "broadcast" || collective_ == "send_recv" || is_device_copy(collective_)) return 1;
+  const double n = ranks_;
+  if (collective_ == "all_reduce" || collective_ == "mpi_all_reduce") return 2 * (n - 1) / n;
+  if (collective_ == "broadcast" || collective_ == "reduce" || collective_ == "send_recv" || is_device_copy(collective_))
+    return 1;
   return (n - 1) / n;
 }
 

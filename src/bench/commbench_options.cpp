@@ -22,8 +22,9 @@ std::string_view time_report_name(TimeReport report) {
   return "max";
 }
 
-const std::vector<std::string> all_collectives = {"all_reduce", "reduce_scatter", "all_gather",
-                                                  "all_to_all", "broadcast", "send_recv"};
+const std::vector<std::string> all_collectives = {"all_reduce", "reduce_scatter", "all_gather", "all_to_all",
+                                                  "broadcast",  "reduce",         "gather",     "scatter",
+                                                  "send_recv"};
 
 namespace {
 
@@ -74,8 +75,9 @@ CommbenchSettings parse_commbench_options(int argc, char** argv) {
   options.add_options()
       ("help", "print this help")
       ("collectives", po::value(&collectives)->default_value(collectives),
-       "comma-separated: all_reduce, reduce_scatter, all_gather, all_to_all, broadcast, send_recv, or all; "
-       "on a device path also copy_to_host, copy_to_device (each rank's pinned copies)")
+       "comma-separated: all_reduce, reduce_scatter, all_gather, all_to_all, broadcast, reduce, gather, scatter, "
+       "send_recv, or all (all of those, with anything else listed); on mpi-host also mpi_all_reduce (MPI_Allreduce called directly, the baseline); on a "
+       "device path also copy_to_host, copy_to_device (each rank's pinned copies)")
       ("path", po::value(&settings.path)->default_value(settings.path), "mpi-host | mpi-staged | nccl")
       ("dtype", po::value(&dtypes)->default_value(dtypes), "element types, comma-separated: fp32, bf16, fp16")
       ("device", po::value(&settings.device)->default_value(settings.device),
@@ -124,18 +126,24 @@ CommbenchSettings parse_commbench_options(int argc, char** argv) {
     throw UsageError("--iterations must be at least 1 and --warmup at least 0");
   if (settings.path != "mpi-host" && settings.path != "mpi-staged" && settings.path != "nccl")
     throw UsageError(fmt::format("unknown --path '{}' (mpi-host, mpi-staged or nccl)", settings.path));
-  if (collectives == "all") {
-    settings.collectives = all_collectives;
-  } else {
-    for (const std::string& name : split_list(collectives)) {
-      if (std::find(all_collectives.begin(), all_collectives.end(), name) == all_collectives.end() &&
-          !is_device_copy(name))
-        throw UsageError(fmt::format("unknown collective '{}' in --collectives", name));
-      if (is_device_copy(name) && settings.path == "mpi-host")
-        throw UsageError(fmt::format("{} times a device's copies: it needs --path mpi-staged or nccl", name));
-      settings.collectives.push_back(name);
+  for (const std::string& name : split_list(collectives)) {
+    if (name == "all") {  // every communicator collective, beside whatever else the list names
+      settings.collectives.insert(settings.collectives.end(), all_collectives.begin(), all_collectives.end());
+      continue;
     }
+    if (std::find(all_collectives.begin(), all_collectives.end(), name) == all_collectives.end() &&
+        !is_device_copy(name) && name != "mpi_all_reduce")
+      throw UsageError(fmt::format("unknown collective '{}' in --collectives", name));
+    if (name == "mpi_all_reduce" && settings.path != "mpi-host")
+      throw UsageError("mpi_all_reduce times MPI_Allreduce on host buffers: it needs --path mpi-host");
+    if (name == "mpi_all_reduce" && (settings.dtypes.size() != 1 || settings.dtypes[0] != DataType::float32))
+      throw UsageError("mpi_all_reduce times MPI_Allreduce on fp32 elements (MPI has no 16-bit float sum): "
+                       "use --dtype fp32");
+    if (is_device_copy(name) && settings.path == "mpi-host")
+      throw UsageError(fmt::format("{} times a device's copies: it needs --path mpi-staged or nccl", name));
+    settings.collectives.push_back(name);
   }
+  if (settings.collectives.empty()) throw UsageError("--collectives names no collective");
   if (settings.device != "cuda" && settings.device != "loopback")
     throw UsageError(fmt::format("unknown --device '{}' (cuda or loopback)", settings.device));
   if (settings.path == "nccl" && settings.device != "cuda")

@@ -1,7 +1,8 @@
 """commbench on the MPI host path and on the host-staged path over loopback device buffers: every
 collective at 2 and 4 ranks gives exactly the expected result at every size (in fp32, bf16 and fp16),
 with sizes in nccl-tests' convention and bus bandwidth the algorithm
-bandwidth times nccl-tests' bus factor; a list of element types, each --report mode and the CSV
+bandwidth times nccl-tests' bus factor, in place and out of place; the identity rows hold the
+all-reduce against reduce-scatter plus all-gather; a list of element types, each --report mode and the CSV
 file give what they say; the plot script draws its output; bad flags get one line
 and exit 2 on every rank. The device paths' pinned copies are exact too, and the GPU speed script
 (scripts/bench_gpu.py) runs end to end on loopback. Where a GPU is present, the NCCL path at world
@@ -17,7 +18,9 @@ import unittest
 from common import SOURCE_ROOT, MPIEXEC, TrainingTestCase
 
 COMMBENCH = os.path.join(os.path.dirname(os.environ.get("MLPTRAIN", "build/mlptrain")), "commbench")
-COLLECTIVES = ["all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast", "send_recv"]
+COLLECTIVES = ["all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast", "reduce", "gather", "scatter",
+               "send_recv"]
+IN_PLACE = {"all_reduce", "reduce_scatter", "all_gather", "reduce", "gather", "scatter", "mpi_all_reduce"}
 
 
 def commbench(arguments, ranks):
@@ -26,9 +29,15 @@ def commbench(arguments, ranks):
 
 
 def bus_factor(collective, ranks):
-    if collective == "all_reduce":
+    if collective in ("all_reduce", "mpi_all_reduce"):
         return 2 * (ranks - 1) / ranks
-    return 1 if collective in ("broadcast", "send_recv") else (ranks - 1) / ranks
+    return 1 if collective in ("broadcast", "reduce", "send_recv") else (ranks - 1) / ranks
+
+
+def measurements(stdout):
+    """The measurement rows of --json output (the identity rows apart)."""
+    rows = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+    return [row for row in rows if row["collective"] != "identity"], [row for row in rows if row["collective"] == "identity"]
 
 
 class Commbench(TrainingTestCase):
@@ -36,10 +45,14 @@ class Commbench(TrainingTestCase):
         """commbench's JSON rows for every collective, each checked correct."""
         result = commbench(arguments + ["--iterations", "2", "--warmup", "1", "--json"], ranks)
         self.assertEqual(result.returncode, 0, result.stderr)
-        rows = [json.loads(line) for line in result.stdout.splitlines()]
+        rows, _ = measurements(result.stdout)
         self.assertEqual(sorted({row["collective"] for row in rows}), sorted(COLLECTIVES))
         for row in rows:
             self.assertTrue(row["correct"], row)
+            self.assertEqual(row["wrong"], 0, row)
+            # An in-place column exactly for the operations that have one.
+            self.assertEqual("in_place_wrong" in row, row["collective"] in IN_PLACE, row)
+            self.assertEqual(row.get("in_place_wrong", 0), 0, row)
         return result, rows
 
     def test_half_elements_are_exact_and_named(self):
@@ -50,8 +63,32 @@ class Commbench(TrainingTestCase):
                                            "--step-factor", "8"] + path, ranks)
                 for row in rows:
                     self.assertEqual(row["dtype"], dtype)
-                    per_rank = row["collective"] in ("reduce_scatter", "all_gather", "all_to_all")
+                    per_rank = row["collective"] in ("reduce_scatter", "all_gather", "all_to_all", "gather", "scatter")
                     self.assertEqual(row["bytes"] % (2 * ranks if per_rank else 2), 0, row)
+
+    def test_half_sums_within_the_format_bound(self):
+        """A sum of 16-bit floats is held within n u sum|x| of the fp32 sum of the same inputs (each
+        at least 1): the bound lies between n^2 u and 2 n^2 u, below 1, so a missing or doubled
+        contribution (a change of at least 1) would count as wrong; bf16 sums do round within it,
+        fp16 ones (inputs k/128 apart, sums below 16) come out exact."""
+        staged = ["--path", "mpi-staged", "--device", "loopback"]
+        for ranks, path in [(4, []), (4, staged), (2, [])]:
+            with self.subTest(ranks=ranks, path=path):
+                _, rows = self.exact_rows(["--dtype", "bf16,fp16", "--min-bytes", "64", "--max-bytes", "16K",
+                                           "--step-factor", "16"] + path, ranks)
+                sums = [row for row in rows if row["collective"] in ("all_reduce", "reduce", "reduce_scatter")]
+                for row in sums:
+                    unit = 2.0 ** -8 if row["dtype"] == "bf16" else 2.0 ** -11
+                    self.assertLessEqual(row["max_error"], row["error_bound"], row)
+                    self.assertGreaterEqual(row["error_bound"], ranks * ranks * unit, row)
+                    self.assertLessEqual(row["error_bound"], 2 * ranks * ranks * unit, row)
+                    self.assertLess(row["error_bound"], 1.0, row)
+                    if row["dtype"] == "fp16":
+                        self.assertEqual(row["max_error"], 0.0, row)
+                self.assertGreater(max(row["max_error"] for row in sums if row["dtype"] == "bf16"), 0.0)
+                for row in rows:  # everything else is exact
+                    if row not in sums:
+                        self.assertEqual((row["max_error"], row["error_bound"]), (0.0, 0.0), row)
 
     def test_every_collective_is_exact_at_2_and_4_ranks(self):
         staged = ["--path", "mpi-staged", "--device", "loopback"]
@@ -64,7 +101,7 @@ class Commbench(TrainingTestCase):
                     self.assertEqual((row["path"], row["ranks"], row["device"]),
                                      ("mpi-staged", ranks, "loopback") if path else ("mpi-host", ranks, "cpu"))
                     # A whole float per rank for the per-rank collectives.
-                    per_rank = row["collective"] in ("reduce_scatter", "all_gather", "all_to_all")
+                    per_rank = row["collective"] in ("reduce_scatter", "all_gather", "all_to_all", "gather", "scatter")
                     self.assertEqual(row["bytes"] % (4 * ranks if per_rank else 4), 0, row)
                     self.assertAlmostEqual(row["busbw_gbps"], row["algbw_gbps"] * bus_factor(row["collective"], ranks))
                     self.assertAlmostEqual(row["algbw_gbps"], row["bytes"] / (row["time_us"] * 1e3))
@@ -112,7 +149,27 @@ class Commbench(TrainingTestCase):
         self.assertEqual(result.returncode, 0, result.stderr)
         lines = [line for line in result.stdout.splitlines() if not line.startswith("#")]
         self.assertEqual([line.split()[0] for line in lines], ["all_reduce"] * 4 + ["send_recv"] * 4)
-        self.assertTrue(all(line.split()[-1] == "0" for line in lines))  # no wrong element
+        # No wrong element out of place (and in place, where the operation has that form).
+        self.assertEqual([line.split()[6] for line in lines], ["0"] * 8)
+        self.assertEqual([line.split()[-1] for line in lines], ["0"] * 4 + ["-"] * 4)
+
+    def test_identity_and_the_mpi_baseline(self):
+        """Where all-reduce, reduce-scatter and all-gather ran, one identity row per size holds the
+        all-reduce's time against the sum of the other two; MPI_Allreduce called directly is
+        measured and checked like the communicator's all-reduce."""
+        result = commbench(["--collectives", "all_reduce,reduce_scatter,all_gather,mpi_all_reduce", "--min-bytes", "64",
+                            "--max-bytes", "4K", "--step-factor", "4", "--iterations", "2", "--json"], 2)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        rows, identities = measurements(result.stdout)
+        time = {(row["collective"], row["bytes"]): row["time_us"] for row in rows}
+        self.assertEqual([row["bytes"] for row in identities], [64, 256, 1024, 4096])
+        for row in identities:
+            parts = time[("reduce_scatter", row["bytes"])] + time[("all_gather", row["bytes"])]
+            self.assertAlmostEqual(row["reduce_scatter_plus_all_gather_us"], parts)
+            self.assertAlmostEqual(row["ratio"], time[("all_reduce", row["bytes"])] / parts)
+        baseline = [row for row in rows if row["collective"] == "mpi_all_reduce"]
+        self.assertEqual(len(baseline), 4)
+        self.assertTrue(all(row["correct"] and row["in_place_wrong"] == 0 for row in baseline), baseline)
 
     def test_types_reports_and_csv(self):
         """A list of element types gives a row per type; each --report picks its time among the
@@ -122,7 +179,7 @@ class Commbench(TrainingTestCase):
                 csv_path = self.path(f"commbench_{report}.csv")
                 result = commbench(["--collectives", "all_reduce,all_to_all", "--dtype", "fp32,bf16,fp16",
                                     "--max-bytes", "1K", "--step-factor", "4", "--iterations", "2",
-                                    "--report", report, "--json", "--csv", csv_path], 4)
+                                    "--warmup", "1", "--report", report, "--json", "--csv", csv_path], 4)
                 self.assertEqual(result.returncode, 0, result.stderr)
                 rows = [json.loads(line) for line in result.stdout.splitlines()]
                 self.assertEqual(sorted({(row["dtype"], row["collective"]) for row in rows}),
@@ -154,6 +211,9 @@ class Commbench(TrainingTestCase):
                                  (["--dtype", "fp32,int64"], ["unknown --dtype 'int64'"]),
                                  (["--report", "median"], ["unknown --report 'median'"]),
                                  (["--max-bytes", "8", "--csv", "/nonexistent/rows.csv"], ["--csv", "/nonexistent"]),
+                                 (["--collectives", "mpi_all_reduce", "--dtype", "bf16"], ["mpi_all_reduce", "fp32"]),
+                                 (["--collectives", "mpi_all_reduce", "--path", "mpi-staged", "--device", "loopback"],
+                                  ["mpi_all_reduce", "--path mpi-host"]),
                                  (["--frobnicate"], ["frobnicate"])]:
             with self.subTest(arguments=arguments):
                 result = commbench(arguments, 2)
@@ -168,8 +228,8 @@ class Commbench(TrainingTestCase):
         if result.returncode == 2 and "no GPU" in result.stderr:
             self.skipTest(f"no GPU to test on: commbench says \"{result.stderr.strip()}\"")
         self.assertEqual(result.returncode, 0, result.stderr)
-        rows = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
-        self.assertLessEqual({"all_reduce", "reduce_scatter", "all_gather", "broadcast"},
+        rows, _ = measurements(result.stdout)
+        self.assertLessEqual({"all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "gather", "scatter"},
                              {row["collective"] for row in rows})
         self.assertTrue(all(row["correct"] and row["path"] == "nccl" for row in rows), rows)
 
