@@ -4,12 +4,16 @@
 #include <algorithm>
 #include <numeric>
 
+#include "schedule/pipeline_orders.hpp"
+
 namespace mlptrain {
 
 std::string_view action_name(ActionKind kind) {
   switch (kind) {
     case ActionKind::forward: return "forward";
     case ActionKind::backward: return "backward";
+    case ActionKind::backward_input: return "backward_input";
+    case ActionKind::backward_weight: return "backward_weight";
     case ActionKind::receive_activations: return "receive_activations";
     case ActionKind::send_activations: return "send_activations";
     case ActionKind::receive_gradients: return "receive_gradients";
@@ -34,47 +38,30 @@ std::vector<Action> forward_only_schedule(int micro_batches) {
   return actions;
 }
 
-int one_f_one_b_warmup(int stages, int stage, int micro_batches) {
-  return std::min(stages - stage - 1, micro_batches);
-}
-
-namespace {
-
-std::vector<Action> computation_order(PipelineKind kind, int stages, int stage, int micro_batches,
-                                      bool training) {
-  if (!training) return forward_only_schedule(micro_batches);
-  std::vector<Action> order;
-  const auto forward = [&](int micro_batch) { order.push_back({ActionKind::forward, micro_batch}); };
-  const auto backward = [&](int micro_batch) { order.push_back({ActionKind::backward, micro_batch}); };
-  if (kind == PipelineKind::gpipe) {
-    for (int micro_batch = 0; micro_batch < micro_batches; ++micro_batch) forward(micro_batch);
-    for (int micro_batch = 0; micro_batch < micro_batches; ++micro_batch) backward(micro_batch);
-    return order;
-  }
-  const int warmup = one_f_one_b_warmup(stages, stage, micro_batches);
-  for (int micro_batch = 0; micro_batch < warmup; ++micro_batch) forward(micro_batch);
-  for (int steady = 0; steady < micro_batches - warmup; ++steady) {
-    forward(warmup + steady);
-    backward(steady);
-  }
-  for (int micro_batch = micro_batches - warmup; micro_batch < micro_batches; ++micro_batch)
-    backward(micro_batch);
-  return order;
-}
-
-}  // namespace
-
 std::vector<Action> pipeline_schedule(PipelineKind kind, int stages, int stage, int micro_batches,
                                       bool training) {
-  const bool first = stage == 0, last = stage == stages - 1;
-  const std::vector<Action> order = computation_order(kind, stages, stage, micro_batches, training);
-  // A computation waits for data from a neighbour: a forward from the previous stage, a backward
-  // from the next.
+  const ScheduleKind schedule = kind == PipelineKind::gpipe ? ScheduleKind::gpipe : ScheduleKind::one_f_one_b;
+  return stage_schedule(schedule, {.stages = stages, .chunks = 1, .micro_batches = micro_batches}, stage, training);
+}
+
+std::vector<Action> stage_schedule(ScheduleKind kind, const PipelineShape& shape, int stage, bool training) {
+  std::vector<Action> order = computation_order(kind, shape, stage);
+  // Evaluating, the forwards alone in the schedule's order.
+  if (!training) std::erase_if(order, [](const Action& action) { return action.kind != ActionKind::forward; });
+  // Where a chunk sits in the whole model: its input comes from the chunk before (unless it is
+  // the model's first), its output goes to the chunk after (unless it is the last).
+  const int last_chunk = shape.stages * shape.chunks - 1;
+  const auto global = [&](const Action& action) { return action.chunk * shape.stages + stage; };
+  const auto sends_on = [](const Action& action) {
+    return action.kind == ActionKind::backward || action.kind == ActionKind::backward_input;
+  };
+  // A computation waits for data from a neighbour: a forward from the previous chunk, a
+  // backward (or its B) from the next.
   const auto post_receive = [&](std::vector<Action>& actions, const Action& computation) {
-    if (computation.kind == ActionKind::forward && !first)
-      actions.push_back({ActionKind::receive_activations, computation.micro_batch});
-    if (computation.kind == ActionKind::backward && !last)
-      actions.push_back({ActionKind::receive_gradients, computation.micro_batch});
+    if (computation.kind == ActionKind::forward && global(computation) > 0)
+      actions.push_back({ActionKind::receive_activations, computation.micro_batch, computation.chunk});
+    if (sends_on(computation) && global(computation) < last_chunk)
+      actions.push_back({ActionKind::receive_gradients, computation.micro_batch, computation.chunk});
   };
   std::vector<Action> actions;
   for (std::size_t index = 0; index < order.size(); ++index) {
@@ -82,10 +69,10 @@ std::vector<Action> pipeline_schedule(PipelineKind kind, int stages, int stage, 
     if (index + 1 < order.size()) post_receive(actions, order[index + 1]);
     const Action& computation = order[index];
     actions.push_back(computation);
-    if (computation.kind == ActionKind::forward && !last)
-      actions.push_back({ActionKind::send_activations, computation.micro_batch});
-    if (computation.kind == ActionKind::backward && !first)
-      actions.push_back({ActionKind::send_gradients, computation.micro_batch});
+    if (computation.kind == ActionKind::forward && global(computation) < last_chunk)
+      actions.push_back({ActionKind::send_activations, computation.micro_batch, computation.chunk});
+    if (sends_on(computation) && global(computation) > 0)
+      actions.push_back({ActionKind::send_gradients, computation.micro_batch, computation.chunk});
   }
   return actions;
 }
@@ -94,7 +81,7 @@ int peak_micro_batches_in_flight(const std::vector<Action>& actions) {
   int alive = 0, peak = 0;
   for (const Action& action : actions) {
     if (action.kind == ActionKind::forward) peak = std::max(peak, ++alive);
-    if (action.kind == ActionKind::backward) --alive;
+    if (action.kind == ActionKind::backward || action.kind == ActionKind::backward_weight) --alive;
   }
   return peak;
 }

@@ -64,6 +64,10 @@ LossTotals ScheduleExecutor::run(const std::vector<Action>& actions, const Sched
   gradient_posted_.assign(static_cast<std::size_t>(work.micro_batches), false);
   LossTotals totals;
   for (const Action& action : actions) {
+    // The runner holds one contiguous range of layers and runs a backward whole.
+    if (action.chunk != 0 || action.kind == ActionKind::backward_input || action.kind == ActionKind::backward_weight)
+      throw std::logic_error(fmt::format("the executor runs one chunk and whole backwards, not {} of chunk {}",
+                                         action_name(action.kind), action.chunk));
     const int micro_batch = action.micro_batch;
     MicroBatchActivations& activations = prepared(micro_batch, work);
     const std::int64_t rows = work.rows(micro_batch);  // (a backward leaves activations empty)
@@ -119,6 +123,8 @@ LossTotals ScheduleExecutor::run(const std::vector<Action>& actions, const Sched
       case ActionKind::send_gradients:
         start(action.kind, micro_batch, activations.input_grad.as<void>(), rows * runner_.input_width());
         break;
+      case ActionKind::backward_input:
+      case ActionKind::backward_weight: break;  // refused above
     }
   }
   for (Transfer& transfer : pending_) {

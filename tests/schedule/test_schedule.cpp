@@ -1,142 +1,19 @@
-// Pipeline schedules as data: every stage's generated actions run together in a simulation of
-// non-blocking point-to-point transfers, for P = 1..8 stages and M = 1..32 micro-batches, both
-// kinds, training and evaluation. Also the stage partition by cost.
+// The two classic pipeline schedules as data: every stage's generated actions run together in the
+// checker's simulation of non-blocking point-to-point transfers (schedule_check.hpp), for
+// P = 1..8 stages and M = 1..32 micro-batches, both kinds, training and evaluation; the checker
+// finds broken lists. Also the stage partition by cost.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <fmt/format.h>
-#include <map>
 #include <numeric>
-#include <tuple>
 
 #include "schedule/schedule.hpp"
+#include "schedule/schedule_check.hpp"
 
 using namespace mlptrain;
 
 namespace {
-
-// A transfer between two neighbouring stages: (sending stage, receiving stage, what, micro-batch).
-using Message = std::tuple<int, int, bool /*activations*/, int>;
-
-// Runs every stage's list the way the executor does, with MPI's strictest semantics: sends and
-// receives are only posted, and a send completes only once its receive is posted (a rendezvous).
-// A forward waits until its input's receive is posted here and the matching send was posted by
-// the previous stage (a backward likewise, from the next stage); a backward first waits for its
-// micro-batch's activation send to complete (its memory is freed), evaluation waits for each
-// send at once, and a list ends waiting for every send. Every condition, once true, stays true,
-// so if one interleaving of the stages finishes, every interleaving does: running each stage as
-// far as it can in turn finds a deadlock if any order has one. Returns the first problem found.
-std::string simulate(const std::vector<std::vector<Action>>& lists, bool training) {
-  const int stages = static_cast<int>(lists.size());
-  std::map<Message, int> sent_posts, received_posts;  // posted so far, by message
-  // Reads never insert, so the maps hold only what was posted.
-  const auto sent = [&](const Message& message) {
-    const auto found = sent_posts.find(message);
-    return found == sent_posts.end() ? 0 : found->second;
-  };
-  const auto received = [&](const Message& message) {
-    const auto found = received_posts.find(message);
-    return found == received_posts.end() ? 0 : found->second;
-  };
-  std::vector<std::size_t> next(lists.size(), 0);
-  std::vector<std::vector<std::vector<int>>> computed(
-      lists.size(), std::vector<std::vector<int>>(2));  // per stage: forwards, backwards done
-  const auto message_of = [&](int stage, const Action& action) -> Message {
-    switch (action.kind) {
-      case ActionKind::send_activations: return {stage, stage + 1, true, action.micro_batch};
-      case ActionKind::receive_activations: return {stage - 1, stage, true, action.micro_batch};
-      case ActionKind::send_gradients: return {stage, stage - 1, false, action.micro_batch};
-      case ActionKind::receive_gradients: return {stage + 1, stage, false, action.micro_batch};
-      default: return {};
-    }
-  };
-  const auto ready = [&](int stage, const Action& action) {
-    const int micro_batch = action.micro_batch;
-    if (action.kind == ActionKind::forward && stage > 0) {
-      const Message input{stage - 1, stage, true, micro_batch};
-      return received(input) > 0 && sent(input) > 0;
-    }
-    if (action.kind == ActionKind::backward) {
-      const Message output{stage, stage + 1, true, micro_batch};
-      if (sent(output) > 0 && received(output) == 0) return false;  // its send must complete
-      if (stage + 1 == stages) return true;
-      const Message input{stage + 1, stage, false, micro_batch};
-      return received(input) > 0 && sent(input) > 0;
-    }
-    return true;
-  };
-  // A stage's list is over once each of its sends has its receive posted (and, evaluating,
-  // each send is waited for as soon as it is posted).
-  const auto sends_complete = [&](int stage) {
-    for (const auto& [message, count] : sent_posts)
-      if (std::get<0>(message) == stage && received(message) == 0) return false;
-    return true;
-  };
-  bool progressed = true;
-  while (progressed) {
-    progressed = false;
-    for (int stage = 0; stage < stages; ++stage) {
-      const auto& list = lists[static_cast<std::size_t>(stage)];
-      auto& at = next[static_cast<std::size_t>(stage)];
-      while (at < list.size() && ready(stage, list[at]) && (training || sends_complete(stage))) {
-        const Action& action = list[at];
-        auto& done = computed[static_cast<std::size_t>(stage)];
-        switch (action.kind) {
-          case ActionKind::forward:
-          case ActionKind::backward: {
-            const bool forward = action.kind == ActionKind::forward;
-            if (!forward && std::count(done[0].begin(), done[0].end(), action.micro_batch) == 0)
-              return fmt::format("stage {} runs backward {} before its forward", stage, action.micro_batch);
-            done[forward ? 0 : 1].push_back(action.micro_batch);
-            break;
-          }
-          case ActionKind::send_activations:
-          case ActionKind::send_gradients: {
-            const Message message = message_of(stage, action);
-            if (std::get<1>(message) < 0 || std::get<1>(message) >= stages)
-              return fmt::format("stage {} sends beyond the pipeline", stage);
-            const bool activations = action.kind == ActionKind::send_activations;
-            if (std::count(done[activations ? 0 : 1].begin(), done[activations ? 0 : 1].end(),
-                           action.micro_batch) == 0)
-              return fmt::format("stage {} sends micro-batch {} before computing it", stage, action.micro_batch);
-            ++sent_posts[message];
-            break;
-          }
-          case ActionKind::receive_activations:
-          case ActionKind::receive_gradients: {
-            const Message message = message_of(stage, action);
-            if (std::get<0>(message) < 0 || std::get<0>(message) >= stages)
-              return fmt::format("stage {} receives from beyond the pipeline", stage);
-            ++received_posts[message];
-            break;
-          }
-        }
-        ++at;
-        progressed = true;
-      }
-    }
-  }
-  for (int stage = 0; stage < stages; ++stage)
-    if (next[static_cast<std::size_t>(stage)] < lists[static_cast<std::size_t>(stage)].size() ||
-        !sends_complete(stage))
-      return fmt::format("deadlock: stage {} waits at action {}", stage, next[static_cast<std::size_t>(stage)]);
-  // Every send is received exactly once and nothing is received that was not sent.
-  for (const auto& [message, count] : sent_posts)
-    if (count != 1 || received(message) != 1) return "a send without exactly one matching receive";
-  for (const auto& [message, count] : received_posts)
-    if (count != 1 || sent(message) != 1) return "a receive without exactly one matching send";
-  // Every micro-batch once forward (and, training, once backward) on every stage.
-  const auto micro_batches = static_cast<int>(computed[0][0].size());
-  for (int stage = 0; stage < stages; ++stage)
-    for (int pass = 0; pass < (training ? 2 : 1); ++pass) {
-      std::vector<int> done = computed[static_cast<std::size_t>(stage)][static_cast<std::size_t>(pass)];
-      std::sort(done.begin(), done.end());
-      std::vector<int> expected(static_cast<std::size_t>(micro_batches));
-      std::iota(expected.begin(), expected.end(), 0);
-      if (done != expected) return fmt::format("stage {} does not run every micro-batch once", stage);
-    }
-  return {};
-}
 
 std::vector<std::vector<Action>> all_stages(PipelineKind kind, int stages, int micro_batches,
                                             bool training) {
@@ -144,6 +21,15 @@ std::vector<std::vector<Action>> all_stages(PipelineKind kind, int stages, int m
   for (int stage = 0; stage < stages; ++stage)
     lists.push_back(pipeline_schedule(kind, stages, stage, micro_batches, training));
   return lists;
+}
+
+// The checker of schedule_check.hpp for one chunk per stage.
+std::string simulate(const std::vector<std::vector<Action>>& lists, bool training) {
+  int micro_batches = 0;
+  for (const Action& action : lists[0])
+    if (action.kind == ActionKind::forward) ++micro_batches;
+  return check_schedule(lists, {.stages = static_cast<int>(lists.size()), .chunks = 1, .micro_batches = micro_batches},
+                        training);
 }
 
 std::vector<Action> computations(const std::vector<Action>& actions) {

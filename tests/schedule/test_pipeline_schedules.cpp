@@ -1,0 +1,119 @@
+// Every pipeline schedule against the checker and its own theory: for P = 1..8 stages, V = 1..4
+// chunks per stage (interleaved) and M = 1..32 micro-batches wherever the shape suits the
+// schedule, all stages' lists run to the end in the strict-rendezvous simulation, training and
+// evaluation, with every weight gradient in micro-batch order; each stage's peak of
+// (chunk, micro-batch) pairs in flight equals the schedule's theory; the bubble at equal F, B
+// and W equals each schedule's formula; interleaved with one chunk is 1F1B; the checker rejects
+// a W before its B and a chunk's gradients out of order; unsuitable shapes are refused.
+#include <gtest/gtest.h>
+
+#include <fmt/format.h>
+
+#include "schedule/schedule.hpp"
+#include "schedule/schedule_check.hpp"
+
+using namespace mlptrain;
+
+namespace {
+
+constexpr ScheduleKind all_kinds[] = {ScheduleKind::gpipe, ScheduleKind::one_f_one_b, ScheduleKind::interleaved,
+                                      ScheduleKind::zero_bubble_h1};
+
+// Every (kind, shape) the tests cover that suits its schedule.
+template <typename Check>
+void for_every_valid_shape(Check check) {
+  for (ScheduleKind kind : all_kinds)
+    for (int stages = 1; stages <= 8; ++stages)
+      for (int chunks = 1; chunks <= (kind == ScheduleKind::interleaved ? 4 : 1); ++chunks)
+        for (int micro_batches = 1; micro_batches <= 32; ++micro_batches) {
+          const PipelineShape shape{.stages = stages, .chunks = chunks, .micro_batches = micro_batches};
+          if (!schedule_shape_problem(kind, shape).empty()) continue;
+          SCOPED_TRACE(fmt::format("{} P {} V {} M {}", schedule_kind_name(kind), stages, chunks, micro_batches));
+          check(kind, shape);
+        }
+}
+
+}  // namespace
+
+TEST(PipelineSchedules, EveryScheduleRunsToTheEndWithoutDeadlock) {
+  int checked = 0;
+  for_every_valid_shape([&](ScheduleKind kind, const PipelineShape& shape) {
+    for (bool training : {true, false}) EXPECT_EQ(check_schedule(all_stage_schedules(kind, shape, training), shape, training), "");
+    ++checked;
+  });
+  EXPECT_GT(checked, 3 * 8 * 32);  // the three one-chunk schedules and the interleaved shapes
+}
+
+TEST(PipelineSchedules, PeakInFlightEqualsTheTheory) {
+  for_every_valid_shape([&](ScheduleKind kind, const PipelineShape& shape) {
+    for (int stage = 0; stage < shape.stages; ++stage)
+      EXPECT_EQ(peak_micro_batches_in_flight(stage_schedule(kind, shape, stage)),
+                theoretical_peak_in_flight(kind, shape, stage))
+          << "stage " << stage;
+  });
+}
+
+TEST(PipelineSchedules, InterleavedWithOneChunkIsOneFOneB) {
+  for (int stages = 1; stages <= 8; ++stages)
+    for (int micro_batches = 1; micro_batches <= 16; ++micro_batches)
+      for (int stage = 0; stage < stages; ++stage) {
+        const PipelineShape shape{.stages = stages, .chunks = 1, .micro_batches = micro_batches};
+        EXPECT_EQ(stage_schedule(ScheduleKind::interleaved, shape, stage),
+                  stage_schedule(ScheduleKind::one_f_one_b, shape, stage));
+      }
+}
+
+// The bubble at equal F, B and W (each 1 for a whole stage, 1/V for a chunk): 1F1B and GPipe
+// idle (P - 1)(F + B + W) per stage (Narayanan et al., 2021), interleaved 1F1B divides that by V
+// (Narayanan et al., SC'21, with M a multiple of P), ZB-H1 idles (P - 1)(F + B - W), a third of
+// 1F1B's (Qi et al., 2023, section 3), once M >= P.
+TEST(PipelineSchedules, BubblesAtEqualCostsMatchTheFormulas) {
+  for (int stages = 1; stages <= 8; ++stages)
+    for (int micro_batches = stages; micro_batches <= 24; micro_batches += stages) {
+      SCOPED_TRACE(fmt::format("P {} M {}", stages, micro_batches));
+      const auto makespan = [&](ScheduleKind kind, int chunks) {
+        const PipelineShape shape{.stages = stages, .chunks = chunks, .micro_batches = micro_batches};
+        const double part = 1.0 / chunks;
+        return schedule_timeline(all_stage_schedules(kind, shape, true), shape, {part, part, part}).makespan;
+      };
+      const double work = 3.0 * micro_batches, idle = stages - 1.0;
+      EXPECT_DOUBLE_EQ(makespan(ScheduleKind::one_f_one_b, 1), work + 3 * idle);
+      EXPECT_DOUBLE_EQ(makespan(ScheduleKind::gpipe, 1), work + 3 * idle);
+      EXPECT_DOUBLE_EQ(makespan(ScheduleKind::zero_bubble_h1, 1), work + idle);
+      for (int chunks = 2; chunks <= 4 && stages > 1; ++chunks)
+        EXPECT_NEAR(makespan(ScheduleKind::interleaved, chunks), work + 3 * idle / chunks, 1e-9) << chunks;
+    }
+}
+
+TEST(PipelineSchedules, CheckerRejectsWBeforeBAndGradientsOutOfOrder) {
+  const PipelineShape one{.stages = 1, .chunks = 1, .micro_batches = 2};
+  EXPECT_NE(check_schedule({{{ActionKind::forward, 0}, {ActionKind::backward_weight, 0}, {ActionKind::backward_input, 0}}},
+                           {.stages = 1, .chunks = 1, .micro_batches = 1}, true)
+                .find("before its B"),
+            std::string::npos);
+  EXPECT_NE(check_schedule({{{ActionKind::forward, 0}, {ActionKind::forward, 1}, {ActionKind::backward, 1},
+                             {ActionKind::backward, 0}}},
+                           one, true)
+                .find("micro-batch order"),
+            std::string::npos);
+  // A ZB-H1 list that loses a W no longer covers every (chunk, micro-batch).
+  const PipelineShape shape{.stages = 4, .chunks = 1, .micro_batches = 8};
+  auto lists = all_stage_schedules(ScheduleKind::zero_bubble_h1, shape, true);
+  std::erase(lists[2], Action{ActionKind::backward_weight, 5});
+  EXPECT_NE(check_schedule(lists, shape, true).find("every (chunk, micro-batch) once"), std::string::npos);
+}
+
+TEST(PipelineSchedules, UnsuitableShapesAreRefusedWithTheirReason) {
+  EXPECT_NE(schedule_shape_problem(ScheduleKind::interleaved, {.stages = 4, .chunks = 2, .micro_batches = 6})
+                .find("whole groups of the stages (4)"),
+            std::string::npos);
+  EXPECT_NE(schedule_shape_problem(ScheduleKind::interleaved, {.stages = 1, .chunks = 2, .micro_batches = 4})
+                .find("at least 2 stages"),
+            std::string::npos);
+  EXPECT_NE(schedule_shape_problem(ScheduleKind::zero_bubble_h1, {.stages = 2, .chunks = 2, .micro_batches = 4})
+                .find("one chunk per stage"),
+            std::string::npos);
+  EXPECT_EQ(schedule_shape_problem(ScheduleKind::interleaved, {.stages = 4, .chunks = 3, .micro_batches = 8}), "");
+  EXPECT_THROW(stage_schedule(ScheduleKind::interleaved, {.stages = 4, .chunks = 2, .micro_batches = 6}, 0),
+               std::logic_error);
+}
