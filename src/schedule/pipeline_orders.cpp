@@ -1,11 +1,11 @@
 // The computations of each pipeline schedule, in a stage's order (see schedule.hpp), and each
 // schedule's theory of what a stage keeps in flight. Transfers are placed among them by
 // schedule.cpp.
+#include "schedule/pipeline_orders.hpp"
+
 #include <algorithm>
 #include <stdexcept>
 #include <string>
-
-#include "schedule/pipeline_orders.hpp"
 
 namespace mlptrain {
 
