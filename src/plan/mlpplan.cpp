@@ -6,6 +6,7 @@
 // mlptrain refuses, mlpplan refuses with the same line) plus --world and --json. Ranks that
 // differ only in their data-parallel coordinate hold the same (sharded) amounts, so one replica's
 // ranks, tp x pp of them, stand for the world.
+#include <algorithm>
 #include <cstdio>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -48,7 +49,9 @@ PlanRequest split_arguments(int argc, char** argv) {
       request.trainer_arguments.push_back(argument);
     }
   }
-  if (request.world == 0) throw UsageError("--world N is required: the number of ranks to plan for");
+  const bool help = std::find(request.trainer_arguments.begin(), request.trainer_arguments.end(), "--help") !=
+                    request.trainer_arguments.end();
+  if (request.world == 0 && !help) throw UsageError("--world N is required: the number of ranks to plan for");
   return request;
 }
 

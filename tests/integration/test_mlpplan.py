@@ -76,11 +76,14 @@ class Mlpplan(TrainingTestCase):
         self.assertEqual(row["layout"]["dp"], 1_000_000)
         self.assertGreater(row["memory_bytes"]["optimizer"], 0)
 
-    def test_table(self):
+    def test_table_and_help(self):
         result = plan(SMALL + ["--world", 4, "--dp", 4, "--zero", 2])
         self.assertEqual(result.returncode, 0, result.stderr)
         self.assertIn("ZeRO stage 2", result.stdout)
         self.assertIn("reduce_scatter", result.stdout)
+        result = plan(["--help"])
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertIn("usage: mlpplan --world N", result.stdout)
 
     def test_bad_input_is_one_line_and_exit_2(self):
         trainer_line = run(SMALL + ["--tp", 3], 4, check=False).stderr.strip()
