@@ -77,6 +77,15 @@ class TrainingTestCase(unittest.TestCase):
             final = os.path.join(checkpoints, handle.read().strip())
         return steps, summary, read_checkpoint(final)
 
+    def assert_predicted(self, summary):
+        """The summary's model states exactly as predicted, each operation's bytes within 1 %."""
+        for state in ("params", "grads", "optimizer"):
+            placement = summary["placement"][state]
+            self.assertEqual(placement["predicted_bytes"], placement["measured_bytes"], state)
+        for op, comm in summary["comm_per_step"].items():
+            self.assertLessEqual(abs(comm["predicted_bytes"] - comm["measured_bytes"]),
+                                 0.01 * comm["measured_bytes"], op)
+
     def assert_losses_close(self, steps, reference, tolerance=RELATIVE_TOLERANCE):
         self.assertEqual([s["step"] for s in steps], [s["step"] for s in reference])
         for mine, theirs in zip(steps, reference):
