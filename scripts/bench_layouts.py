@@ -28,7 +28,7 @@ LAYOUTS = [
     ("MoE ep 2, ZeRO-3", 4, MOE, ["--ep", 2, "--zero", 3]),
     ("MoE dp 2 x tp 2, ep 2", 4, MOE, ["--tp", 2, "--ep", 2]),
 ]
-STATES = ("params", "grads", "optimizer", "activations")
+STATES = ("params", "grads", "optimizer", "activations", "comm_buffers")
 
 
 def main():

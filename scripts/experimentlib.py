@@ -7,7 +7,7 @@ import time
 import benchlib
 
 MIB = 2.0 ** 20
-STATES = ("params", "grads", "optimizer", "activations")
+STATES = ("params", "grads", "optimizer", "activations", "comm_buffers")
 EXPERTS = 8  # per MoE layer
 
 

@@ -118,7 +118,7 @@ def memory(settings):
     rows = run_all(settings, "memory", runs,
                    lambda ranks, arguments, fields: placement_row(train(settings, ranks, arguments)[1]))
     figure, axes = plt.subplots(1, 4, figsize=(14, 3.8), sharey=True)
-    colors = dict(zip(STATES, ("tab:blue", "tab:orange", "tab:green", "tab:red")))
+    colors = dict(zip(STATES, ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple")))
     for axis, stage in zip(axes, (0, 1, 2, 3)):
         chosen = sorted((r for r in rows if r["zero"] == stage or r["ranks"] == 1), key=lambda r: r["ranks"])
         ranks = [r["ranks"] for r in chosen]

@@ -152,7 +152,7 @@ def misprediction(summary, moe):
     found = []
     for state, entry in summary["placement"].items():
         predicted, measured = entry["predicted_bytes"], entry["measured_bytes"]
-        if state in ("params", "grads", "optimizer"):
+        if state in ("params", "grads", "optimizer", "comm_buffers"):
             wrong = predicted != measured
         elif state == "activations":
             wrong = predicted < measured if moe else abs(predicted - measured) > 0.05 * measured

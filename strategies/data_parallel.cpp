@@ -106,7 +106,7 @@ void predict(const RankLayout& layout, Prediction& prediction) {
   const std::size_t element_bytes = layout.config.precision().reduce_bytes();
   for (const BucketRange& bucket :
        gradient_buckets(layout.tensors, layout.plan.unit_multiple, layout.layers, layout.shape, element_bytes))
-    prediction.comm(CommOp::all_reduce) += static_cast<std::int64_t>(bucket.range.count * element_bytes);
+    prediction.add_comm(bucket.group, CommOp::all_reduce, static_cast<std::int64_t>(bucket.range.count * element_bytes));
 }
 
 constexpr Role roles[] = {Role::reduces_gradients};

@@ -98,10 +98,12 @@ void predict(const RankLayout& layout, Prediction& prediction) {
   // replaces this by what the routing counts give).
   const Config& config = layout.config;
   const std::int64_t passes = static_cast<std::int64_t>(local_moe_layers(layout)) * config.micro_batches;
-  if (layout.shape.dp > 1) prediction.comm(CommOp::all_gather) += passes * (2 * config.experts + 1) * 8 * layout.shape.dp;
+  if (layout.shape.dp > 1)
+    prediction.add_comm(GroupKind::data, CommOp::all_gather, passes * (2 * config.experts + 1) * 8 * layout.shape.dp);
   if (layout.shape.ep > 1)
-    prediction.comm(CommOp::all_to_all) += passes * 4 * config.top_k * layout.rows * config.hidden *
-                                           static_cast<std::int64_t>(size_of(config.param_dtype)) / layout.shape.tp;
+    prediction.add_comm(GroupKind::expert, CommOp::all_to_all,
+                        passes * 4 * config.top_k * layout.rows * config.hidden *
+                            static_cast<std::int64_t>(size_of(config.param_dtype)) / layout.shape.tp);
 }
 
 std::string describe(const RankLayout& layout) {

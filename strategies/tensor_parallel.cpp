@@ -128,8 +128,9 @@ void predict(const RankLayout& layout, Prediction& prediction) {
       float_elements += layout.rows * layer.experts;
     }
   }
-  prediction.comm(CommOp::all_reduce) +=
-      config.micro_batches * (elements * static_cast<std::int64_t>(size_of(config.param_dtype)) + 4 * float_elements);
+  prediction.add_comm(GroupKind::tensor, CommOp::all_reduce,
+                      config.micro_batches *
+                          (elements * static_cast<std::int64_t>(size_of(config.param_dtype)) + 4 * float_elements));
 }
 
 std::string describe(const RankLayout& layout) {

@@ -42,12 +42,9 @@ ParametersGatheredPerUse::ParametersGatheredPerUse(const ZeroShards& shards, Zer
   const Precision& precision = shards_.precision();
   shard_values_ = shards_.allocator().allocate_elements(MemoryState::params, layout.shard_total, precision.param);
   shard_values_.fill_zero();
-  // Gradients and the second slot start on 256-byte boundaries: fp32 gradients after an odd
-  // number of bf16 values would be misaligned (and slower on any device).
-  const auto aligned = [](std::size_t bytes) { return (bytes + 255) / 256 * 256; };
-  slot_grads_at_ = precision.param == precision.reduce ? 0 : aligned(layout.largest_unit * precision.param_bytes());
-  slot_bytes_ =
-      aligned(slot_grads_at_ + layout.largest_unit * std::max(precision.param_bytes(), precision.reduce_bytes()));
+  const ZeroSlotLayout slot = zero_slot_layout(layout, precision);
+  slot_grads_at_ = slot.grads_offset;
+  slot_bytes_ = slot.bytes;
   // The slots are what the collectives work on: charged as comm_buffers, they leave the params
   // at exactly the shards (16 bytes per parameter over N ranks in all).
   slot_pool_ = shards_.collective_buffer(MemoryState::comm_buffers, 2 * slot_bytes_);

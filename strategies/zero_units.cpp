@@ -23,12 +23,20 @@ ZeroLayout zero_layout(const std::vector<ParameterTensor>& tensors, int unit_mul
       unit.segments.push_back({.range = piece.range, .group = piece.group, .ranks = ranks, .shard_size = shard,
                                .shard_offset = layout.shard_total});
       layout.shard_total += shard;
-      if (ranks > 1) layout.communicated += piece.range.count;
     }
     layout.largest_unit = std::max(layout.largest_unit, unit.full.count);
     layout.units.push_back(std::move(unit));
   }
   return layout;
+}
+
+ZeroSlotLayout zero_slot_layout(const ZeroLayout& layout, const Precision& precision) {
+  const auto aligned = [](std::size_t bytes) { return (bytes + 255) / 256 * 256; };
+  ZeroSlotLayout slot;
+  slot.grads_offset = precision.param == precision.reduce ? 0 : aligned(layout.largest_unit * precision.param_bytes());
+  slot.bytes = aligned(slot.grads_offset +
+                       layout.largest_unit * std::max(precision.param_bytes(), precision.reduce_bytes()));
+  return slot;
 }
 
 void zero_predict(const RankLayout& layout, Prediction& prediction) {
@@ -51,16 +59,21 @@ void zero_predict(const RankLayout& layout, Prediction& prediction) {
   if (stage >= 2) prediction.grads.bytes += bytes(zero.shard_total, reduce);
   if (stage == 3) prediction.params.bytes += bytes(zero.shard_total, param);
   prediction.optimizer.bytes = bytes(zero.shard_total, precision.optimizer_bytes());
+  // The fixed pools the collectives work on: two unit gradient buffers in stage 2, two slots of
+  // a gathered unit (with its gradients after the values when their types differ) in stage 3.
+  if (stage == 2) prediction.comm_buffers.bytes += bytes(2 * zero.largest_unit, reduce);
+  if (stage == 3) prediction.comm_buffers.bytes += static_cast<std::int64_t>(2 * zero_slot_layout(zero, precision).bytes);
   const std::int64_t micro_batches = layout.config.micro_batches;
-  const std::int64_t reduced = bytes(zero.communicated, reduce), gathered = bytes(zero.communicated, param);
-  prediction.comm(CommOp::reduce_scatter) += stage == 1 ? reduced : micro_batches * reduced;
-  prediction.comm(CommOp::all_gather) += stage == 3 ? 2 * micro_batches * gathered : gathered;
-  // Stage 3 gathers each recomputed unit once more per micro-batch, for its second forward.
-  if (stage == 3)
-    for (const ZeroUnit& unit : zero.units)
-      if (unit.recomputed)
-        for (const ZeroSegment& piece : unit.segments)
-          if (piece.ranks > 1) prediction.comm(CommOp::all_gather) += micro_batches * bytes(piece.range.count, param);
+  for (const ZeroUnit& unit : zero.units)
+    for (const ZeroSegment& piece : unit.segments) {
+      if (piece.ranks == 1) continue;
+      const std::int64_t reduced = bytes(piece.range.count, reduce), gathered = bytes(piece.range.count, param);
+      prediction.add_comm(piece.group, CommOp::reduce_scatter, stage == 1 ? reduced : micro_batches * reduced);
+      // Stage 3 gathers a unit for forward and for backward, and a recomputed unit once more for
+      // its second forward; stages 1 and 2 once after the update.
+      const std::int64_t uses = stage < 3 ? 1 : micro_batches * (unit.recomputed ? 3 : 2);
+      prediction.add_comm(piece.group, CommOp::all_gather, uses * gathered);
+    }
 }
 
 std::string zero_describe(const RankLayout& layout) {

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "core/precision.hpp"
 #include "core/process_grid.hpp"
 #include "cost/prediction.hpp"
 #include "cost/rank_layout.hpp"
@@ -39,10 +40,17 @@ struct ZeroLayout {
   std::vector<ZeroUnit> units;  // one per local layer, in order
   std::size_t shard_total = 0;  // elements of this rank's shards over every unit
   std::size_t largest_unit = 0;  // elements of the largest unit
-  // Elements of the pieces shared over more than one rank, padding included: what a
-  // reduce-scatter or an all-gather of every unit moves.
-  std::size_t communicated = 0;
 };
+
+// A stage-3 slot of one gathered unit: its values, and its gradients after them (at
+// `grads_offset` bytes) when the reduce type differs from the param type, else in place.
+// Gradients and the next slot start on 256-byte boundaries: fp32 gradients after an odd number
+// of bf16 values would be misaligned (and slower on any device).
+struct ZeroSlotLayout {
+  std::size_t grads_offset = 0;
+  std::size_t bytes = 0;
+};
+ZeroSlotLayout zero_slot_layout(const ZeroLayout& layout, const Precision& precision);
 
 ZeroLayout zero_layout(const std::vector<ParameterTensor>& tensors, int unit_multiple,
                        const std::vector<LayerSpec>& model, LayerRange layers, bool recompute,

@@ -89,6 +89,30 @@ std::int64_t step_sum_values(const RankLayout& layout) {
   return 4 + (moe_layers > 0 ? 2 + moe_layers * layout.config.experts : 0);
 }
 
+namespace {
+
+// The peak of the tensors that exist for a pipeline transfer, following the executor: a stage
+// that receives its output's gradient allocates it when the receive is posted and frees it at
+// the end of that micro-batch's backward; a stage that sends its input's gradient allocates it
+// when that backward starts and frees it once the send completes. The executor waits for the
+// earlier gradient sends before each of these allocations, so no send's completion time changes
+// the peak.
+std::int64_t transfer_buffer_peak(const RankLayout& layout, std::int64_t input_bytes, std::int64_t output_bytes) {
+  std::int64_t alive = 0, sending = 0, peak = 0;
+  for (const Action& action : layout.schedule) {
+    if (action.kind == ActionKind::receive_gradients || action.kind == ActionKind::backward)
+      alive -= std::exchange(sending, 0);
+    if (action.kind == ActionKind::receive_gradients) peak = std::max(peak, alive += output_bytes);
+    if (action.kind == ActionKind::backward && layout.layers.first > 0) peak = std::max(peak, alive += input_bytes);
+    if (action.kind == ActionKind::backward && layout.layers.last < static_cast<int>(layout.model.size()))
+      alive -= output_bytes;
+    if (action.kind == ActionKind::send_gradients) sending += input_bytes;
+  }
+  return peak;
+}
+
+}  // namespace
+
 Prediction base_prediction(const RankLayout& layout, const RoutingSeen& routing) {
   Prediction prediction;
   const Precision precision = layout.config.precision();
@@ -104,18 +128,20 @@ Prediction base_prediction(const RankLayout& layout, const RoutingSeen& routing)
   prediction.optimizer.bytes = static_cast<std::int64_t>(precision.optimizer_bytes() * elements);
   prediction.activations.bytes = peak_activation_bytes(layout.schedule, activation_profile(layout, routing));
   if (layout.shape.world > 1)
-    prediction.comm(CommOp::all_reduce) += step_sum_values(layout) * static_cast<std::int64_t>(sizeof(double));
+    prediction.add_comm(GroupKind::world, CommOp::all_reduce,
+                          step_sum_values(layout) * static_cast<std::int64_t>(sizeof(double)));
   // The schedule's transfers across stage boundaries: inputs in, outputs out, and their gradients
   // the other way.
   const auto row_bytes = static_cast<std::int64_t>(precision.param_bytes());
   const std::int64_t input_bytes = layout.rows * layout.local_spec(layout.layers.first).in_features * row_bytes;
   const std::int64_t output_bytes = layout.rows * layout.local_spec(layout.layers.last - 1).out_features * row_bytes;
   for (const Action& action : layout.schedule) {
-    if (action.kind == ActionKind::send_activations) prediction.comm(CommOp::send) += output_bytes;
-    if (action.kind == ActionKind::send_gradients) prediction.comm(CommOp::send) += input_bytes;
-    if (action.kind == ActionKind::receive_activations) prediction.comm(CommOp::recv) += input_bytes;
-    if (action.kind == ActionKind::receive_gradients) prediction.comm(CommOp::recv) += output_bytes;
+    if (action.kind == ActionKind::send_activations) prediction.add_comm(GroupKind::pipeline, CommOp::send, output_bytes);
+    if (action.kind == ActionKind::send_gradients) prediction.add_comm(GroupKind::pipeline, CommOp::send, input_bytes);
+    if (action.kind == ActionKind::receive_activations) prediction.add_comm(GroupKind::pipeline, CommOp::recv, input_bytes);
+    if (action.kind == ActionKind::receive_gradients) prediction.add_comm(GroupKind::pipeline, CommOp::recv, output_bytes);
   }
+  prediction.comm_buffers.bytes = transfer_buffer_peak(layout, input_bytes, output_bytes);
   return prediction;
 }
 

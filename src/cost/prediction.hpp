@@ -8,6 +8,7 @@
 
 #include "core/comm_op.hpp"
 #include "core/memory_ledger.hpp"
+#include "core/process_grid.hpp"
 
 namespace mlptrain {
 
@@ -34,18 +35,31 @@ struct StatePrediction {
 };
 
 // The states a prediction places, in report order.
-inline constexpr std::array<MemoryState, 4> placed_states = {
-    MemoryState::params, MemoryState::grads, MemoryState::optimizer, MemoryState::activations};
+inline constexpr std::array<MemoryState, 5> placed_states = {MemoryState::params, MemoryState::grads,
+                                                             MemoryState::optimizer, MemoryState::activations,
+                                                             MemoryState::comm_buffers};
+
+inline constexpr int group_kind_count = static_cast<int>(std::size(all_group_kinds));
 
 struct Prediction {
   StatePrediction params;
   StatePrediction grads;
   StatePrediction optimizer;
   StatePrediction activations;
-  std::array<std::int64_t, comm_op_count> comm_bytes_per_step{};
+  // What collectives and pipeline transfers work on: fixed pools and in-flight boundary tensors.
+  StatePrediction comm_buffers;
+  // Bytes per step in nccl-tests' sizes, by the group an operation runs over (which decides the
+  // links it crosses) and by operation.
+  std::array<std::array<std::int64_t, comm_op_count>, group_kind_count> comm_by_group{};
 
-  std::int64_t& comm(CommOp op) { return comm_bytes_per_step[static_cast<int>(op)]; }
-  std::int64_t comm(CommOp op) const { return comm_bytes_per_step[static_cast<int>(op)]; }
+  void add_comm(GroupKind group, CommOp op, std::int64_t bytes) {
+    comm_by_group[static_cast<int>(group)][static_cast<int>(op)] += bytes;
+  }
+  std::int64_t comm(GroupKind group, CommOp op) const {
+    return comm_by_group[static_cast<int>(group)][static_cast<int>(op)];
+  }
+  // Over every group.
+  std::int64_t comm(CommOp op) const;
   // One of placed_states.
   StatePrediction& state(MemoryState state);
   const StatePrediction& state(MemoryState state) const;

@@ -69,6 +69,10 @@ class Simulation {
 
   bool ready(int stage, const Action& action) const {
     const int chunk = global(stage, action), micro_batch = action.micro_batch;
+    // A new transfer buffer waits for the chunk's earlier gradient sends (theirs are freed).
+    if ((action.kind == ActionKind::receive_gradients || whole_or_input(action.kind)) &&
+        !gradient_sends_complete(chunk))
+      return false;
     if (action.kind == ActionKind::forward) return chunk == 0 || arrived({true, micro_batch, chunk - 1});
     if (whole_or_input(action.kind)) {
       if (chunk == last_chunk()) return true;
@@ -130,6 +134,12 @@ class Simulation {
   bool sends_complete(int stage) const {
     for (const auto& [message, posts] : sent_)
       if (sender(message) == stage && count(received_, message) == 0) return false;
+    return true;
+  }
+  // Every gradient send of the model's chunk `chunk` has its receive posted.
+  bool gradient_sends_complete(int chunk) const {
+    for (const auto& [message, posts] : sent_)
+      if (!std::get<0>(message) && std::get<2>(message) == chunk - 1 && count(received_, message) == 0) return false;
     return true;
   }
 

@@ -117,7 +117,7 @@ std::pair<nlohmann::json, nlohmann::json> prediction_json(const Prediction& pred
   for (CommOp op : training_comm_ops) {
     const int index = static_cast<int>(op);
     nlohmann::json& entry = comm[std::string(comm_op_name(op))];
-    entry = {{"predicted_bytes", prediction.comm_bytes_per_step[index]}};
+    entry = {{"predicted_bytes", prediction.comm(op)}};
     if (measured != nullptr) entry["measured_bytes"] = means[index];
   }
   return {placement, comm};
@@ -180,9 +180,9 @@ std::string placement_table(const Prediction& prediction, const RunSummary* meas
   const auto means = measured ? measured->mean_comm_bytes() : std::array<double, comm_op_count>{};
   for (CommOp op : training_comm_ops) {
     const int index = static_cast<int>(op);
-    if (prediction.comm_bytes_per_step[index] == 0 && means[index] == 0) continue;
+    if (prediction.comm(op) == 0 && means[index] == 0) continue;
     text += fmt::format("  {:<24}{:>16}", comm_op_name(op),
-                        human_bytes(static_cast<double>(prediction.comm_bytes_per_step[index])));
+                        human_bytes(static_cast<double>(prediction.comm(op))));
     if (measured) text += fmt::format("{:>16}", human_bytes(means[index]));
     text += "\n";
   }

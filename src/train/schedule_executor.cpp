@@ -48,6 +48,15 @@ void ScheduleExecutor::finish(ActionKind kind, int micro_batch) {
   pending_.erase(found);
 }
 
+void ScheduleExecutor::finish_gradient_sends() {
+  std::erase_if(pending_, [&](Transfer& transfer) {
+    if (transfer.kind != ActionKind::send_gradients) return false;
+    transfer.request.wait();
+    release(transfer);
+    return true;
+  });
+}
+
 void ScheduleExecutor::progress() {
   std::erase_if(pending_, [&](Transfer& transfer) {
     if (!transfer.request.test()) return false;
@@ -101,6 +110,7 @@ LossTotals ScheduleExecutor::run(const std::vector<Action>& actions, const Sched
         }
         break;
       case ActionKind::receive_gradients: {
+        finish_gradient_sends();
         // The gradient of the stage's output, as many rows as its last layer computed on.
         const std::int64_t count = ModelRunner::output_rows(activations) * runner_.output_width();
         activations.output_grad = allocator_.allocate_elements(MemoryState::comm_buffers, static_cast<std::size_t>(count),
@@ -115,7 +125,7 @@ LossTotals ScheduleExecutor::run(const std::vector<Action>& actions, const Sched
           require_posted(gradient_posted_[static_cast<std::size_t>(micro_batch)], action.kind, micro_batch);
         finish(ActionKind::receive_gradients, micro_batch);
         finish(ActionKind::send_activations, micro_batch);  // its data is about to be freed
-        const double start_ms = now_ms();
+        finish_gradient_sends();        const double start_ms = now_ms();
         runner_.backward(activations, micro_batch, work.micro_batches, work.loss_scale);
         record_span(trace_, "backward", start_ms, now_ms(), micro_batch);
         break;

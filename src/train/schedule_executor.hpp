@@ -1,7 +1,7 @@
 // Executes one rank's actions for a step (or an evaluation pass): forwards and backwards through
 // the model runner, boundary transfers through the strategies. A transfer is waited for only when
 // its memory is needed (a receive before the computation that reads it, a send before its data
-// is freed), and pending transfers are tested between computations, so they make progress
+// is freed, earlier gradient sends before another transfer buffer is allocated), and pending transfers are tested between computations, so they make progress
 // (MPI moves large messages only inside its calls). A micro-batch's memory lives from its first
 // action to its last use.
 #pragma once
@@ -50,6 +50,10 @@ class ScheduleExecutor {
   void finish(ActionKind kind, int micro_batch);
   // Tests every pending transfer; a finished send of gradients frees their buffer.
   void progress();
+  // Waits for every pending send of gradients and frees their buffers: done before each
+  // allocation of a transfer buffer, so the peak of those is the same in every run (the cost
+  // model's) whenever the sends happen to complete.
+  void finish_gradient_sends();
   void release(const Transfer& transfer);
   MicroBatchActivations& prepared(int micro_batch, const ScheduleWork& work);
   // A schedule must receive what a computation needs before it: else it would compute on memory

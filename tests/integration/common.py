@@ -78,8 +78,8 @@ class TrainingTestCase(unittest.TestCase):
         return steps, summary, read_checkpoint(final)
 
     def assert_predicted(self, summary):
-        """The summary's model states exactly as predicted, each operation's bytes within 1 %."""
-        for state in ("params", "grads", "optimizer"):
+        """The summary's model states and communication buffers exactly as predicted, each operation's bytes within 1 %."""
+        for state in ("params", "grads", "optimizer", "comm_buffers"):
             placement = summary["placement"][state]
             self.assertEqual(placement["predicted_bytes"], placement["measured_bytes"], state)
         for op, comm in summary["comm_per_step"].items():

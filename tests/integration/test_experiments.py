@@ -57,7 +57,7 @@ class Experiments(TrainingTestCase):
                 with open(self.path(name + ".png"), "rb") as handle:
                     self.assertEqual(handle.read(8), b"\x89PNG\r\n\x1a\n")
         for row in self.rows("memory"):
-            for state in ("params", "grads", "optimizer"):
+            for state in ("params", "grads", "optimizer", "comm_buffers"):
                 self.assertEqual(row["predicted_bytes"][state], row["measured_bytes"][state])
         for row in self.rows("pipeline"):
             self.assertAlmostEqual(row["ideal_bubble"], 1 / (row["micro_batches"] + 1))

@@ -12,7 +12,7 @@ from common import TrainingTestCase, run
 
 MLPPLAN = os.path.join(os.path.dirname(os.environ.get("MLPTRAIN", "build/mlptrain")), "mlpplan")
 SMALL = ["--layers", 4, "--hidden", 32, "--input-dim", 16, "--output-dim", 8, "--global-batch", 32]
-PLACED = ("params", "grads", "optimizer", "activations")
+PLACED = ("params", "grads", "optimizer", "activations", "comm_buffers")
 
 
 def plan(arguments):

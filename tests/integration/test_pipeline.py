@@ -59,7 +59,7 @@ class Pipeline(TrainingTestCase):
                 self.assert_tensors_close(tensors, reference)
                 for op, comm in summary["comm_per_step"].items():
                     self.assertAlmostEqual(comm["measured_bytes"], comm["predicted_bytes"], msg=op)
-                for state in ("params", "grads", "optimizer"):
+                for state in ("params", "grads", "optimizer", "comm_buffers"):
                     placement = summary["placement"][state]
                     self.assertEqual(placement["measured_bytes"], placement["predicted_bytes"], state)
 

@@ -46,7 +46,7 @@ class Placement(TrainingTestCase):
                     _, summary, _ = self.train(f"layout{index}{task[-1]}", model + layout + task + precision, ranks)
                     self.assertEqual(summary["param_dtype"], precision[1] if precision else "fp32")
                     placement = summary["placement"]
-                    for state in ("params", "grads", "optimizer"):
+                    for state in ("params", "grads", "optimizer", "comm_buffers"):
                         self.assertEqual(placement[state]["predicted_bytes"], placement[state]["measured_bytes"],
                                          state)
                     activations = placement["activations"]

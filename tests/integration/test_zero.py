@@ -98,7 +98,7 @@ class Zero(TrainingTestCase):
                     for rank, peaks in enumerate(summary["peak_mem_bytes_by_rank"]):
                         for state, value in memory.items():
                             self.assertEqual(peaks[state], value, f"rank {rank} {state}")
-                    for state in ("params", "grads", "optimizer"):
+                    for state in ("params", "grads", "optimizer", "comm_buffers"):
                         self.assertEqual(summary["placement"][state]["predicted_bytes"], memory[state], state)
                     # The model-state figures of the ZeRO paper, padding included.
                     state_bytes = memory["params"] + memory["grads"] + memory["optimizer"]
