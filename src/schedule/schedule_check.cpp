@@ -199,6 +199,11 @@ double Timeline::bubble_fraction() const {
 
 Timeline schedule_timeline(const std::vector<std::vector<Action>>& lists, const PipelineShape& shape,
                            const ComputeTimes& times) {
+  return schedule_timeline(lists, shape, std::vector<ComputeTimes>(static_cast<std::size_t>(shape.stages), times));
+}
+
+Timeline schedule_timeline(const std::vector<std::vector<Action>>& lists, const PipelineShape& shape,
+                           const std::vector<ComputeTimes>& stage_times) {
   const int stages = shape.stages, chunks_total = shape.stages * shape.chunks;
   // End times by (kind, global chunk, micro-batch); the input gradient's end stands for a whole
   // backward's too.
@@ -224,6 +229,7 @@ Timeline schedule_timeline(const std::vector<std::vector<Action>>& lists, const 
           continue;
         }
         const int chunk = action.chunk * stages + stage, micro_batch = action.micro_batch;
+        const ComputeTimes& times = stage_times.at(index);
         const double* input_end = nullptr;
         double duration = times.forward;
         if (action.kind == ActionKind::forward) {

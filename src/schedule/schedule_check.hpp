@@ -45,5 +45,8 @@ struct Timeline {
 // must pass check_schedule).
 Timeline schedule_timeline(const std::vector<std::vector<Action>>& lists, const PipelineShape& shape,
                            const ComputeTimes& times);
+// The same with each stage's own times (one entry per stage).
+Timeline schedule_timeline(const std::vector<std::vector<Action>>& lists, const PipelineShape& shape,
+                           const std::vector<ComputeTimes>& stage_times);
 
 }  // namespace mlptrain

@@ -1,8 +1,11 @@
 """mlpplan, the placement calculator: the ZeRO paper's figure (Psi = 7.5B on an MLP of 112 x 8192,
 N_d = 64, bf16 parameters and gradients with fp32 Adam: 16, 4 + 12/N_d, 2 + 14/N_d and 16/N_d bytes
-per parameter) within 1 %; for layouts at 2 and 4 ranks, exactly what mlptrain --predict gives
-(the same functions, no launch); a million ranks answered; bad input one line and exit 2, a layout
-mlptrain refuses refused with mlptrain's line."""
+per parameter) within 1 %, and its traffic (plain DP's 2 Psi against ZeRO-3's 3 Psi bus bytes); for
+layouts at 2 and 4 ranks, exactly what mlptrain --predict gives (the same functions, no launch);
+bus bytes on the links the rank grid and --ranks-per-node put them on; the step time's arithmetic
+from a calibration written here; every layout of a world ranked; a million ranks answered; bad
+input (flags, presets, cluster and calibration files) one line and exit 2, a layout mlptrain
+refuses refused with mlptrain's line."""
 import json
 import os
 import subprocess
@@ -79,7 +82,8 @@ class Mlpplan(TrainingTestCase):
     def test_table_and_help(self):
         result = plan(SMALL + ["--world", 4, "--dp", 4, "--zero", 2])
         self.assertEqual(result.returncode, 0, result.stderr)
-        self.assertIn("ZeRO stage 2", result.stdout)
+        self.assertIn("zero2", result.stdout)
+        self.assertIn("cluster h100-sxm-8", result.stdout)
         self.assertIn("reduce_scatter", result.stdout)
         result = plan(["--help"])
         self.assertEqual(result.returncode, 0, result.stderr)
@@ -94,6 +98,109 @@ class Mlpplan(TrainingTestCase):
                                  (SMALL + ["--world", 4, "--tp", 3], [trainer_line.split("error: ")[-1]])]:
             with self.subTest(arguments=arguments):
                 result = plan(arguments)
+                self.assertEqual(result.returncode, 2, result.stdout + result.stderr)
+                lines = result.stderr.strip().splitlines()
+                self.assertEqual(len(lines), 1, result.stderr)
+                for word in words:
+                    self.assertIn(word, lines[0])
+
+    def test_the_zero_papers_traffic_and_its_links(self):
+        model = ["--layers", 112, "--hidden", 8192, "--input-dim", 8192, "--output-dim", 8192, "--global-batch", 64,
+                 "--param-dtype", "bf16", "--reduce-dtype", "bf16", "--world", 64]
+        bus = {}
+        for stage, nodes in [(0, 1), (3, 1), (0, 8)]:
+            row = plan_json(model + ["--zero", stage, "--ranks-per-node", 64 // nodes])
+            bus[stage, nodes] = row["bus_bytes_per_step"]
+            inside, across = row["bus_bytes_per_step"]["intra_node"], row["bus_bytes_per_step"]["inter_node"]
+            self.assertEqual(across == 0, nodes == 1, row["bus_bytes_per_step"])
+            self.assertEqual(inside == 0, nodes > 1, row["bus_bytes_per_step"])
+        # Per rank, bf16: DP all-reduces 2 Psi x 2 bytes x (N-1)/N, ZeRO-3 moves 3 Psi (the paper's 1.5x).
+        dp, zero3 = bus[0, 1]["intra_node"], bus[3, 1]["intra_node"]
+        self.assertLess(abs(dp / (2 * 7.5e9 * 2 * 63 / 64) - 1), 0.01)
+        self.assertLess(abs(zero3 / dp - 1.5), 0.01)
+        self.assertEqual(bus[0, 8]["inter_node"], bus[0, 1]["intra_node"])
+
+    def test_tensor_parallelism_inside_a_node_data_parallelism_across(self):
+        for tp, expect_intra, expect_inter in [(8, True, True), (1, False, True)]:
+            with self.subTest(tp=tp):
+                row = plan_json(SMALL[:-2] + ["--global-batch", 64, "--world", 16, "--tp", tp, "--ranks-per-node", 8])
+                links = row["bus_bytes_per_step"]
+                self.assertEqual(links["intra_node"] > 0, expect_intra, links)
+                self.assertEqual(links["inter_node"] > 0, expect_inter, links)
+
+    def test_step_time_from_a_calibration(self):
+        """The step's arithmetic on one rank from rates written here: GEMMs at 6 multiply-adds'
+        FLOPs per parameter-sample, the bias/GELU passes three times per output element, the
+        update per parameter."""
+        gemm_gflops, threads, adamw_ms, gelu_ms = 50.0, 1, 2.0, 0.5
+        bench = self.path("bench.jsonl")
+        rows = [{"dtype": "fp32", "gemm_gflops": gemm_gflops, "kernels": f"test; {threads} GEMM thread(s)",
+                 "adamw_ms": adamw_ms, "bias_gelu_forward_ms": gelu_ms, "rows": 100, "in": 99, "out": 100},
+                {"collective": "all_reduce", "path": "mpi-host", "dtype": "fp32", "bytes": 8, "time_us": 10.0,
+                 "busbw_gbps": 1.0, "correct": True}]
+        with open(bench, "w") as handle:
+            handle.write("\n".join(json.dumps(row) for row in rows) + "\n")
+        row = plan_json(SMALL + ["--world", 1, "--calibrate", bench])
+        widths = [(16, 32), (32, 32), (32, 32), (32, 8)]
+        parameters = sum(i * o + o for i, o in widths)
+        elements = sum(o for _, o in widths) * 32
+        cores = os.cpu_count()
+        gemm = 6 * parameters * 32 / (gemm_gflops * 1e9 * cores / threads)
+        elementwise = 3 * elements / (100 * 100 / (gelu_ms * 1e-3))
+        update = parameters / ((99 * 100 + 100) / (adamw_ms * 1e-3))
+        step = row["step_ms"]
+        self.assertAlmostEqual(step["compute"], 1e3 * (gemm + elementwise + update), delta=1e-9)
+        self.assertEqual((step["exposed_comm"], step["bubble"]), (0, 0))
+        self.assertAlmostEqual(row["samples_per_s"], 32 / (step["total"] * 1e-3), delta=1e-6)
+
+    def test_a_pipeline_bubble_shrinks_with_micro_batches(self):
+        bubbles = []
+        for micro_batches in (2, 4, 8):
+            row = plan_json(SMALL[:-2] + ["--global-batch", 64, "--world", 4, "--pp", 4, "--micro-batches", micro_batches])
+            step = row["step_ms"]
+            self.assertAlmostEqual(step["compute"] + step["exposed_comm"] + step["bubble"], step["total"], delta=1e-9)
+            bubbles.append(step["bubble"] / step["total"])
+        self.assertTrue(bubbles[0] > bubbles[1] > bubbles[2] > 0, bubbles)
+
+    def test_every_layout_of_a_world_ranked(self):
+        result = plan(SMALL[:-2] + ["--global-batch", 64, "--world", 8, "--layouts", "all",
+                                    "--micro-batch-choices", "1,2", "--json"])
+        self.assertEqual(result.returncode, 0, result.stderr)
+        rows = [json.loads(line) for line in result.stdout.splitlines()]
+        layouts = {json.dumps(row["layout"], sort_keys=True) for row in rows}
+        self.assertEqual(len(layouts), len(rows))
+        splits = {(r["layout"]["dp"], r["layout"]["tp"], r["layout"]["pp"]) for r in rows}
+        self.assertEqual(splits, {(8, 1, 1), (4, 2, 1), (4, 1, 2), (2, 4, 1), (2, 2, 2), (2, 1, 4), (1, 8, 1),
+                                  (1, 4, 2), (1, 2, 4)})  # pp 8 > 4 layers: refused
+        self.assertEqual({r["layout"]["zero"] for r in rows}, {0, 1, 2, 3})
+        fitting = [r["step_ms"]["total"] for r in rows if r["fits"]]
+        self.assertEqual(fitting, sorted(fitting))
+        self.assertTrue(all(r["fits"] for r in rows[:len(fitting)]))
+        # One of them as mlpplan answers for it alone.
+        chosen = rows[len(rows) // 2]["layout"]
+        alone = plan_json(SMALL[:-2] + ["--global-batch", 64, "--world", 8, "--dp", chosen["dp"], "--tp", chosen["tp"],
+                                        "--pp", chosen["pp"], "--zero", chosen["zero"],
+                                        "--micro-batches", chosen["micro_batches"]] +
+                          (["--recompute"] if chosen["recompute"] else []) +
+                          (["--schedule", chosen["schedule"]] if chosen["pp"] > 1 else []))
+        self.assertEqual(alone, rows[len(rows) // 2])
+
+    def test_bad_cluster_input_is_one_line_and_exit_2(self):
+        broken = self.path("broken.json")
+        with open(broken, "w") as handle:
+            json.dump({"devices_per_node": 8, "device_memory_gb": 80}, handle)
+        empty = self.path("empty.jsonl")
+        with open(empty, "w") as handle:
+            handle.write("{}\n")
+        for arguments, words in [(["--cluster", "tpu-pod"], ["--cluster tpu-pod", "h100-sxm-8"]),
+                                 (["--cluster", broken], [broken, "gemm_tflops.fp32"]),
+                                 (["--calibrate", empty], [empty, "layerbench"]),
+                                 (["--calibrate"], ["--calibrate needs"]),
+                                 (["--layouts", "some"], ["--layouts 'some'"]),
+                                 (["--top", "-1"], ["--top '-1'"]),
+                                 (["--micro-batch-choices", "1,x"], ["--micro-batch-choices 'x'"])]:
+            with self.subTest(arguments=arguments):
+                result = plan(SMALL + ["--world", 2] + arguments)
                 self.assertEqual(result.returncode, 2, result.stdout + result.stderr)
                 lines = result.stderr.strip().splitlines()
                 self.assertEqual(len(lines), 1, result.stderr)

@@ -1,0 +1,151 @@
+#!/usr/bin/env python3
+"""mlpplan against measured runs on this machine: for every layout of the placement test's list
+(data, tensor, pipeline and expert parallelism, ZeRO 1-3, recompute, MoE, at 1, 2 and 4 ranks),
+mlpplan calibrated on this machine (layerbench and commbench output made here first) is held
+against mlptrain's own ledger and step times: parameters, gradients, optimizer state and
+communication buffers equal, activations within 5 % (an upper bound with MoE layers, whose rows
+follow the routing), bytes per operation within 1 % (MoE exchanges follow the routing), and the
+step time against the measured median (goal: within 25 %). Ranks beyond the cores share them; the
+rows say when they do. Writes results/plan_vs_measured.json and .png.
+
+usage: scripts/plan_vs_measured.py [--steps N] [--output FILE]"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+import benchlib
+from bench_cpu import cpu_model
+
+ROOT = benchlib.ROOT
+PLAN = os.path.join(benchlib.BUILD, "mlpplan")
+LAYERBENCH = os.path.join(benchlib.BUILD, "layerbench")
+COMMBENCH = os.path.join(benchlib.BUILD, "commbench")
+# The trainer as users run it: each rank takes its share of the cores (no OMP_NUM_THREADS).
+ENVIRONMENT = {key: value for key, value in os.environ.items() if key != "OMP_NUM_THREADS"}
+
+DENSE = ["--layers", 6, "--hidden", 1024, "--input-dim", 256, "--output-dim", 16, "--dataset", "mixture",
+         "--global-batch", 512]
+MOE = DENSE + ["--moe-every", 2, "--experts", 4, "--top-k", 2]
+sys.path.insert(0, os.path.join(ROOT, "tests", "integration"))
+from test_placement import LAYOUTS as PLACEMENT_LAYOUTS  # noqa: E402  (the same list of layouts)
+
+STATES_EXACT = ("params", "grads", "optimizer", "comm_buffers")
+
+
+def run(command, environment=None):
+    result = subprocess.run([str(part) for part in command], capture_output=True, text=True,
+                            env=environment or ENVIRONMENT)
+    if result.returncode != 0:
+        sys.exit(f"plan_vs_measured: {' '.join(map(str, command))} failed:\n{result.stdout}{result.stderr}")
+    return result.stdout
+
+
+def calibrate(scratch, worlds):
+    """layerbench at the model's shape (one GEMM thread: mlpplan scales it to the cores) and
+    commbench at each world size: the files mlpplan --calibrate reads, by world."""
+    layer = os.path.join(scratch, "layerbench.jsonl")
+    with open(layer, "w") as handle:
+        handle.write(run([LAYERBENCH, 256, 1024, 1024, 10, "--dtype", "fp32"], environment=dict(ENVIRONMENT, OMP_NUM_THREADS="1")))
+    files = {}
+    for world in worlds:
+        comm = os.path.join(scratch, f"commbench_{world}.jsonl")
+        with open(comm, "w") as handle:
+            handle.write(run(["mpiexec.mpich", "-n", max(world, 2), COMMBENCH, "--json", "--max-bytes", "32M",
+                              "--step-factor", 4, "--collectives",
+                              "all_reduce,reduce_scatter,all_gather,all_to_all,broadcast,send_recv"]))
+        files[world] = [layer, comm]
+    return files
+
+
+def measure(ranks, arguments, steps, scratch):
+    metrics = os.path.join(scratch, "metrics.jsonl")
+    run(["mpiexec.mpich", "-n", ranks, benchlib.PROGRAM] + arguments +
+        ["--steps", steps, "--log-every", 0, "--metrics", metrics])
+    with open(metrics) as handle:
+        records = [json.loads(line) for line in handle]
+    step_ms = [r["step_ms"] for r in records if not r.get("summary") and "step_ms" in r][2:]
+    return statistics.median(step_ms), records[-1]
+
+
+def compare(ranks, model, layout, steps, files, scratch):
+    arguments = model + layout
+    measured_ms, summary = measure(ranks, arguments, steps, scratch)
+    plan = json.loads(run([PLAN, "--world", ranks, "--calibrate"] + files + arguments + ["--json"]).splitlines()[0])
+    moe = model is MOE
+    problems = []
+    placement = summary["placement"]
+    if plan["memory_rank"] != 0:
+        problems.append(f"the planner's largest rank is {plan['memory_rank']}, the summary's rank 0")
+    for state in STATES_EXACT:
+        if plan["memory_bytes"][state] != placement[state]["measured_bytes"]:
+            problems.append(f"{state}: planned {plan['memory_bytes'][state]}, measured "
+                            f"{placement[state]['measured_bytes']}")
+    planned, actual = plan["memory_bytes"]["activations"], placement["activations"]["measured_bytes"]
+    if (planned < actual) if moe else abs(planned - actual) > 0.05 * actual:
+        problems.append(f"activations: planned {planned}, measured {actual}")
+    for op, entry in summary["comm_per_step"].items():
+        planned, actual = plan["comm_bytes_per_step"][op], entry["measured_bytes"]
+        routed = moe and op == "all_to_all"
+        if abs(planned - actual) > (0.25 if routed else 0.01) * max(actual, 1):
+            problems.append(f"{op}: planned {planned} bytes, measured {actual}")
+    ratio = plan["step_ms"]["total"] / measured_ms
+    return {"ranks": ranks, "moe": moe, "layout": [str(a) for a in layout],
+            "oversubscribed": ranks > (os.cpu_count() or 1),
+            "memory_and_bytes_agree": not problems, "problems": problems,
+            "planned_step_ms": plan["step_ms"], "measured_step_ms": measured_ms,
+            "step_time_ratio": ratio, "within_25_percent": abs(ratio - 1) <= 0.25}
+
+
+def plot(rows, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    figure, axis = plt.subplots(figsize=(6.5, 6))
+    for oversubscribed, color, label in ((False, "tab:blue", "ranks <= cores"), (True, "tab:red", "ranks > cores")):
+        chosen = [r for r in rows if r["oversubscribed"] == oversubscribed]
+        axis.scatter([r["measured_step_ms"] for r in chosen], [r["planned_step_ms"]["total"] for r in chosen],
+                     color=color, label=label)
+    top = max(max(r["measured_step_ms"], r["planned_step_ms"]["total"]) for r in rows) * 1.1
+    axis.plot([0, top], [0, top], "k-", linewidth=0.8, label="planned = measured")
+    axis.fill_between([0, top], [0, 0.75 * top], [0, 1.25 * top], color="0.85", label="within 25 %")
+    axis.set(xlim=(0, top), ylim=(0, top), xlabel="measured step (ms, median)", ylabel="mlpplan --calibrate step (ms)",
+             title=f"mlpplan against mlptrain: {cpu_model()}")
+    axis.legend(loc="upper left")
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--output", default=os.path.join(ROOT, "results", "plan_vs_measured.json"))
+    args = parser.parse_args()
+    scratch = tempfile.mkdtemp(prefix="mlpplan-vs-measured-")
+    files = calibrate(scratch, sorted({ranks for ranks, _, _ in PLACEMENT_LAYOUTS}))
+    rows = []
+    for index, (ranks, model, layout) in enumerate(PLACEMENT_LAYOUTS):
+        model = MOE if "--moe-every" in model else DENSE
+        row = compare(ranks, model, layout, args.steps, files[ranks], scratch)
+        rows.append(row)
+        print(f"plan_vs_measured: {index + 1}/{len(PLACEMENT_LAYOUTS)} {ranks} rank(s) {' '.join(row['layout'])}"
+              f"{' (MoE)' if row['moe'] else ''}: step planned {row['planned_step_ms']['total']:.1f} ms, measured "
+              f"{row['measured_step_ms']:.1f} ms ({row['step_time_ratio']:.2f}x); "
+              f"{'memory and bytes agree' if row['memory_and_bytes_agree'] else '; '.join(row['problems'])}", flush=True)
+    fitting = [r for r in rows if not r["oversubscribed"]]
+    summary = {"cpu": cpu_model(), "cores": os.cpu_count(), "layouts": len(rows),
+               "memory_and_bytes_agree": sum(r["memory_and_bytes_agree"] for r in rows),
+               "within_25_percent_ranks_within_cores": f"{sum(r['within_25_percent'] for r in fitting)} of {len(fitting)}",
+               "within_25_percent_oversubscribed": f"{sum(r['within_25_percent'] for r in rows if r['oversubscribed'])} of "
+                                                   f"{len(rows) - len(fitting)}",
+               "step_time_ratios_ranks_within_cores": sorted(round(r["step_time_ratio"], 3) for r in fitting)}
+    print(json.dumps(summary, indent=1))
+    benchlib.write_result(args.output, {"summary": summary, "rows": rows})
+    plot(rows, os.path.splitext(args.output)[0] + ".png")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,206 @@
+// Cluster descriptions: presets, files and calibration (see cluster.hpp).
+#include "plan/cluster.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <fmt/format.h>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
+
+#include "core/error.hpp"
+
+namespace mlptrain {
+
+std::string_view link_class_name(LinkClass link) {
+  return link == LinkClass::intra_node ? "intra_node" : "inter_node";
+}
+
+double Cluster::gemm_flops_per_s(DataType type) const {
+  if (type == DataType::bfloat16) return gemm_bf16_flops_per_s;
+  if (type == DataType::float16) return gemm_fp16_flops_per_s;
+  return gemm_fp32_flops_per_s;
+}
+
+namespace {
+
+// AdamW in fp32 reads a parameter, its gradient and two moments and writes three of them back:
+// 28 bytes per parameter; a bias/GELU pass reads and writes one fp32 element: 8 bytes.
+constexpr double optimizer_bytes_per_parameter = 28;
+constexpr double elementwise_bytes_per_element = 8;
+
+void set_every_op(Cluster& cluster, LinkClass link, LinkRates rates) {
+  cluster.links[static_cast<std::size_t>(link)].fill(rates);
+}
+
+// The keys of a cluster file; the presets are written in the same terms.
+Cluster from_json(const nlohmann::json& object, const std::string& where) {
+  const auto number = [&](const nlohmann::json& parent, const std::string& key, const std::string& path) {
+    if (!parent.is_object() || !parent.contains(key) || !parent[key].is_number() || parent[key].get<double>() <= 0)
+      throw UsageError(fmt::format("{}: '{}' must be a positive number", where, path));
+    return parent[key].get<double>();
+  };
+  Cluster cluster;
+  cluster.name = object.value("name", where);
+  cluster.source = object.value("source", "");
+  cluster.devices_per_node = static_cast<int>(number(object, "devices_per_node", "devices_per_node"));
+  cluster.device_memory_bytes = number(object, "device_memory_gb", "device_memory_gb") * 1e9;
+  const nlohmann::json gemm = object.value("gemm_tflops", nlohmann::json{});
+  cluster.gemm_fp32_flops_per_s = number(gemm, "fp32", "gemm_tflops.fp32") * 1e12;
+  cluster.gemm_bf16_flops_per_s = number(gemm, "bf16", "gemm_tflops.bf16") * 1e12;
+  cluster.gemm_fp16_flops_per_s = number(gemm, "fp16", "gemm_tflops.fp16") * 1e12;
+  const double memory_bytes_per_s = number(object, "memory_gb_per_s", "memory_gb_per_s") * 1e9;
+  cluster.optimizer_parameters_per_s = memory_bytes_per_s / optimizer_bytes_per_parameter;
+  cluster.elementwise_elements_per_s = memory_bytes_per_s / elementwise_bytes_per_element;
+  for (LinkClass link : all_link_classes) {
+    const std::string key(link_class_name(link));
+    const nlohmann::json rates = object.value(key, nlohmann::json{});
+    set_every_op(cluster, link,
+                 {.latency_s = number(rates, "latency_us", key + ".latency_us") * 1e-6,
+                  .bus_bytes_per_s = number(rates, "bus_gb_per_s", key + ".bus_gb_per_s") * 1e9});
+  }
+  return cluster;
+}
+
+// Public specifications: dense (not sparse) tensor-core rates, memory bandwidth and capacity
+// from NVIDIA's H100 (SXM5) and A100 (80 GB SXM) datasheets; NVLink per GPU per direction
+// (900 and 600 GB/s bidirectional); one 400 Gb/s NDR (DGX H100) or 200 Gb/s HDR (DGX A100)
+// InfiniBand adapter per GPU. Latencies are typical small-message figures, not specifications.
+const std::map<std::string, nlohmann::json>& presets() {
+  static const std::map<std::string, nlohmann::json> table = {
+      {"h100-sxm-8",
+       {{"name", "h100-sxm-8"},
+        {"source", "NVIDIA H100 datasheet (SXM5), DGX H100: NVLink 4 900 GB/s, 8 x 400 Gb/s NDR InfiniBand"},
+        {"devices_per_node", 8},
+        {"device_memory_gb", 80},
+        {"gemm_tflops", {{"fp32", 67}, {"bf16", 989.4}, {"fp16", 989.4}}},
+        {"memory_gb_per_s", 3350},
+        {"intra_node", {{"latency_us", 3}, {"bus_gb_per_s", 450}}},
+        {"inter_node", {{"latency_us", 6}, {"bus_gb_per_s", 50}}}}},
+      {"a100-80gb-8",
+       {{"name", "a100-80gb-8"},
+        {"source", "NVIDIA A100 datasheet (80 GB SXM), DGX A100: NVLink 3 600 GB/s, 8 x 200 Gb/s HDR InfiniBand"},
+        {"devices_per_node", 8},
+        {"device_memory_gb", 80},
+        {"gemm_tflops", {{"fp32", 19.5}, {"bf16", 312}, {"fp16", 312}}},
+        {"memory_gb_per_s", 2039},
+        {"intra_node", {{"latency_us", 3}, {"bus_gb_per_s", 300}}},
+        {"inter_node", {{"latency_us", 6}, {"bus_gb_per_s", 25}}}}},
+  };
+  return table;
+}
+
+std::vector<nlohmann::json> json_lines(const std::string& path) {
+  std::ifstream file(path);
+  if (!file) throw UsageError(fmt::format("--calibrate {}: cannot be read", path));
+  std::vector<nlohmann::json> rows;
+  std::string line;
+  int number = 0;
+  while (std::getline(file, line)) {
+    ++number;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    nlohmann::json row = nlohmann::json::parse(line, nullptr, false);
+    if (!row.is_object())
+      throw UsageError(fmt::format("--calibrate {}: line {} is not a JSON object", path, number));
+    rows.push_back(std::move(row));
+  }
+  return rows;
+}
+
+// commbench's collective names; its send_recv row times a pipeline transfer.
+// layerbench's kernel description ends "...; N GEMM thread(s)".
+double gemm_threads(const std::string& kernels) {
+  const std::size_t at = kernels.rfind(" GEMM thread");
+  const std::size_t start = kernels.rfind(' ', at == std::string::npos || at == 0 ? 0 : at - 1);
+  if (at == std::string::npos || start == std::string::npos) return 1;
+  return std::max(1.0, std::atof(kernels.substr(start + 1, at - start - 1).c_str()));
+}
+
+std::optional<CommOp> calibrated_op(const std::string& collective) {
+  if (collective == "send_recv") return CommOp::send;
+  for (CommOp op : training_comm_ops)
+    if (comm_op_name(op) == collective) return op;
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::vector<std::string_view> cluster_preset_names() {
+  std::vector<std::string_view> names;
+  for (const auto& [name, description] : presets()) names.push_back(name);
+  return names;
+}
+
+Cluster load_cluster(const std::string& preset_or_file) {
+  if (const auto found = presets().find(preset_or_file); found != presets().end())
+    return from_json(found->second, preset_or_file);
+  std::ifstream file(preset_or_file);
+  if (!file)
+    throw UsageError(fmt::format("--cluster {}: neither a preset ({}) nor a readable file", preset_or_file,
+                                 fmt::join(cluster_preset_names(), ", ")));
+  const nlohmann::json object = nlohmann::json::parse(file, nullptr, false);
+  if (!object.is_object()) throw UsageError(fmt::format("--cluster {}: not a JSON object", preset_or_file));
+  return from_json(object, "--cluster " + preset_or_file);
+}
+
+Cluster calibrated_cluster(const std::vector<std::string>& files) {
+  Cluster cluster{.name = "calibrated", .source = fmt::format("this machine: {}", fmt::join(files, ", "))};
+  cluster.device_memory_bytes =
+      static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
+  const double cores = std::max(1L, sysconf(_SC_NPROCESSORS_ONLN));
+  // Per collective: the smallest message's time stands for the latency, the best bus bandwidth
+  // for the bandwidth (fp32 rows of one path, the host's where there are several).
+  std::map<CommOp, LinkRates> measured;
+  std::map<CommOp, double> smallest;
+  bool gemm_seen = false;
+  for (const std::string& path : files)
+    for (const nlohmann::json& row : json_lines(path)) {
+      if (row.contains("gemm_gflops") && row.contains("dtype")) {
+        // The machine's rate: the bench's, per GEMM thread it ran, times the cores (the trainer
+        // gives each of a node's ranks its share of them).
+        const double rate = row.value("gemm_gflops", 0.0) * 1e9 * cores / gemm_threads(row.value("kernels", ""));
+        const std::string dtype = row.value("dtype", "");
+        double& slot = dtype == "bf16" ? cluster.gemm_bf16_flops_per_s
+                       : dtype == "fp16" ? cluster.gemm_fp16_flops_per_s
+                                         : cluster.gemm_fp32_flops_per_s;
+        slot = std::max(slot, rate);
+        const double parameters = row.value("in", 0.0) * row.value("out", 0.0) + row.value("out", 0.0);
+        if (dtype == "fp32" && row.value("adamw_ms", 0.0) > 0)
+          cluster.optimizer_parameters_per_s = parameters / (row.value("adamw_ms", 0.0) * 1e-3);
+        if (dtype == "fp32" && row.value("bias_gelu_forward_ms", 0.0) > 0)
+          cluster.elementwise_elements_per_s =
+              row.value("rows", 0.0) * row.value("out", 0.0) / (row.value("bias_gelu_forward_ms", 0.0) * 1e-3);
+        gemm_seen = true;
+      } else if (row.contains("collective") && row.value("dtype", "") == "fp32" &&
+                 row.value("path", "") == "mpi-host" && row.value("correct", true)) {
+        const std::optional<CommOp> op = calibrated_op(row.value("collective", ""));
+        const auto bytes = row.value("bytes", 0.0);
+        if (!op || bytes <= 0) continue;
+        LinkRates& rates = measured.try_emplace(*op, LinkRates{.bus_bytes_per_s = 0}).first->second;
+        if (!smallest.contains(*op) || bytes < smallest[*op]) {
+          smallest[*op] = bytes;
+          rates.latency_s = row.value("time_us", 0.0) * 1e-6;
+        }
+        rates.bus_bytes_per_s = std::max(rates.bus_bytes_per_s, row.value("busbw_gbps", 0.0) * 1e9);
+      }
+    }
+  if (measured.contains(CommOp::send)) measured[CommOp::recv] = measured[CommOp::send];
+  if (!gemm_seen || cluster.optimizer_parameters_per_s <= 0)
+    throw UsageError(fmt::format("--calibrate {}: no layerbench rows (fp32 GEMM and AdamW times)", fmt::join(files, " ")));
+  if (!measured.contains(CommOp::all_reduce))
+    throw UsageError(fmt::format("--calibrate {}: no commbench fp32 all_reduce rows on mpi-host", fmt::join(files, " ")));
+  // Types the bench did not time run at the fp32 rate; collectives it did not time at the
+  // all-reduce's; one node, so both link classes are the machine's.
+  for (double* rate : {&cluster.gemm_bf16_flops_per_s, &cluster.gemm_fp16_flops_per_s})
+    if (*rate <= 0) *rate = cluster.gemm_fp32_flops_per_s;
+  for (LinkClass link : all_link_classes)
+    for (CommOp op : all_comm_ops)
+      cluster.links[static_cast<std::size_t>(link)][static_cast<std::size_t>(op)] =
+          measured.contains(op) ? measured[op] : measured[CommOp::all_reduce];
+  return cluster;
+}
+
+}  // namespace mlptrain

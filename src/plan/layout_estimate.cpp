@@ -1,0 +1,202 @@
+// The planner's estimate of one layout (see layout_estimate.hpp). The time model, per pipeline
+// stage (one rank stands for its stage):
+//   forward and backward of a micro-batch: GEMM FLOPs at the cluster's rate for the param type
+//     (backward twice forward, plus recomputation's second forward), bias/GELU passes at the
+//     memory-bound rate, and the communication they wait for: tensor-parallel all-reduces and
+//     expert exchanges (half in each pass) and the pipeline transfers they send;
+//   the pipeline: the stage lists the trainer runs, simulated with those per-stage times
+//     (schedule_timeline), which gives the bubble;
+//   after the last backward: gradient reductions beyond what the last backward hides (data
+//     parallelism's buckets and ZeRO stage 1's reduce-scatter start as layers finish, so all but
+//     the last layer's share can hide behind it; ZeRO 2-3 reduce every micro-batch behind its
+//     backward, stage 3 gathers behind the layer before), ZeRO 1-2's gather after the update,
+//     the loop's world sums, and the optimizer at the memory-bound rate.
+// Every collective takes latency + bus bytes / bus bandwidth on the link class its group
+// crosses, with one latency per layer and micro-batch (per layer for once-a-step reductions).
+#include "plan/layout_estimate.hpp"
+
+#include <algorithm>
+
+#include "schedule/schedule_check.hpp"
+
+namespace mlptrain {
+
+double bus_factor(CommOp op, int ranks) {
+  const double n = ranks;
+  switch (op) {
+    case CommOp::all_reduce: return 2 * (n - 1) / n;
+    case CommOp::reduce_scatter:
+    case CommOp::all_gather:
+    case CommOp::all_to_all:
+    case CommOp::gather:
+    case CommOp::scatter: return (n - 1) / n;
+    default: return 1;  // broadcast, reduce, send, recv
+  }
+}
+
+bool crosses_nodes(const GridShape& shape, GroupKind kind, int rank, int ranks_per_node) {
+  const GridCoordinates place = coordinates_of(shape, rank);
+  const auto node = [&](int tp, int dp, int pp) { return rank_of(shape, tp, dp, pp) / ranks_per_node; };
+  const int replica_first = place.expert_replica * shape.ep;
+  switch (kind) {
+    case GroupKind::world: return 0 != (shape.world - 1) / ranks_per_node;
+    case GroupKind::tensor: return node(0, place.dp, place.pp) != node(shape.tp - 1, place.dp, place.pp);
+    case GroupKind::data: return node(place.tp, 0, place.pp) != node(place.tp, shape.dp - 1, place.pp);
+    case GroupKind::expert:
+      return node(place.tp, replica_first, place.pp) != node(place.tp, replica_first + shape.ep - 1, place.pp);
+    case GroupKind::expert_data:
+      return node(place.tp, place.ep, place.pp) != node(place.tp, shape.dp - shape.ep + place.ep, place.pp);
+    case GroupKind::pipeline: {
+      const int here = rank / ranks_per_node;
+      return (place.pp > 0 && node(place.tp, place.dp, place.pp - 1) != here) ||
+             (place.pp + 1 < shape.pp && node(place.tp, place.dp, place.pp + 1) != here);
+    }
+  }
+  return false;
+}
+
+namespace {
+
+struct StageWork {
+  int rank = 0;
+  Prediction prediction;
+  std::int64_t memory_total = 0;
+  LinkBytes bus_bytes;
+  double forward_compute = 0, backward_compute = 0;  // seconds per micro-batch
+  double forward_comm = 0, backward_comm = 0;        // seconds per micro-batch it waits for
+  double after_backward = 0;                         // exposed seconds after the pipeline drains
+  double optimizer = 0;
+  std::vector<Action> schedule;
+};
+
+class StageModel {
+ public:
+  StageModel(const PlanInputs& inputs, double share) : inputs_(inputs), share_(share) {}
+
+  StageWork stage(int pipeline_stage) const {
+    const PlanInputs& in = inputs_;
+    const int rank = rank_of(in.shape, 0, 0, pipeline_stage);
+    const RankLayout layout =
+        rank_layout(in.strategies, in.config, in.model, in.shape, coordinates_of(in.shape, rank), in.loss_kind);
+    StageWork work{.rank = rank, .prediction = predict_rank(in.strategies, layout), .schedule = layout.schedule};
+    for (MemoryState state : placed_states) work.memory_total += work.prediction.state(state).bytes;
+    compute_times(layout, work);
+    communication_times(layout, work);
+    return work;
+  }
+
+ private:
+  void compute_times(const RankLayout& layout, StageWork& work) const {
+    const PlanInputs& in = inputs_;
+    std::vector<LayerSpec> specs;
+    double multiply_adds = 0, elements = 0;
+    for (int layer = layout.layers.first; layer < layout.layers.last; ++layer) {
+      specs.push_back(layout.local_spec(layer));
+      multiply_adds += static_cast<double>(layer_cost(specs.back()));
+      elements += static_cast<double>(specs.back().out_features);
+    }
+    const auto rows = static_cast<double>(layout.rows);
+    const double gemm_rate = in.cluster.gemm_flops_per_s(in.config.param_dtype) * share_;
+    const double elementwise_rate = in.cluster.elementwise_elements_per_s * share_;
+    work.forward_compute = 2 * multiply_adds * rows / gemm_rate + elements * rows / elementwise_rate;
+    work.backward_compute = (4 * multiply_adds + recompute_flops_per_sample(specs, in.config.recompute)) * rows / gemm_rate +
+                            2 * elements * rows / elementwise_rate;
+    const double updated = static_cast<double>(work.prediction.optimizer.bytes) /
+                           static_cast<double>(in.config.precision().optimizer_bytes());
+    work.optimizer = updated / (in.cluster.optimizer_parameters_per_s * share_);
+  }
+
+  // Seconds for `bytes` of `op` over the rank's group of `kind`, in `operations` operations; the
+  // bus bytes are counted on the link class they cross.
+  double collective(StageWork& work, GroupKind kind, CommOp op, double operations) const {
+    const std::int64_t bytes = work.prediction.comm(kind, op);
+    const int ranks = kind == GroupKind::pipeline ? 2 : group_size(inputs_.shape, kind);
+    if (bytes == 0 || ranks < 2) return 0;
+    const LinkClass link = crosses_nodes(inputs_.shape, kind, work.rank, inputs_.ranks_per_node)
+                               ? LinkClass::inter_node
+                               : LinkClass::intra_node;
+    const double bus = static_cast<double>(bytes) * bus_factor(op, ranks);
+    (link == LinkClass::inter_node ? work.bus_bytes.inter_node : work.bus_bytes.intra_node) +=
+        static_cast<std::int64_t>(bus);
+    const LinkRates& rates = inputs_.cluster.link(link, op);
+    return operations * rates.latency_s + bus / rates.bus_bytes_per_s;
+  }
+
+  void communication_times(const RankLayout& layout, StageWork& work) const {
+    const double micro_batches = inputs_.config.micro_batches;
+    const double layers = std::max(1, layout.local_layer_count());
+    const int zero = inputs_.config.zero;
+    const double per_pass = micro_batches * layers;
+    // Waited for inside forward and backward, per micro-batch.
+    const double blocking = collective(work, GroupKind::tensor, CommOp::all_reduce, 2 * per_pass) +
+                            collective(work, GroupKind::expert, CommOp::all_to_all, 4 * per_pass) +
+                            collective(work, GroupKind::pipeline, CommOp::send, 2 * micro_batches);
+    collective(work, GroupKind::pipeline, CommOp::recv, 0);  // counted on the link, timed as the send
+    const double statistics = zero == 0 ? collective(work, GroupKind::data, CommOp::all_gather, per_pass) : 0;
+    work.forward_comm = (blocking / 2 + statistics) / micro_batches;
+    work.backward_comm = blocking / 2 / micro_batches;
+    // Reductions the backward can hide all but a layer's share of.
+    const auto hidden = [&](double seconds, double window) {
+      return seconds > 0 ? std::max(seconds - window * (layers - 1) / layers, seconds / layers) : 0.0;
+    };
+    double reductions = 0, reduce_scatters = 0, gathers = 0;
+    for (GroupKind kind : {GroupKind::data, GroupKind::expert_data}) {
+      reductions += collective(work, kind, CommOp::all_reduce, layers);
+      reduce_scatters += collective(work, kind, CommOp::reduce_scatter, zero == 1 ? layers : per_pass);
+      if (zero > 0) gathers += collective(work, kind, CommOp::all_gather, zero == 3 ? 2 * per_pass : layers);
+    }
+    double after = hidden(reductions + (zero == 1 ? reduce_scatters : 0), work.backward_compute);
+    if (zero >= 2) after += micro_batches * hidden(reduce_scatters / micro_batches, work.backward_compute);
+    if (zero == 3) {
+      after += micro_batches * hidden(gathers / micro_batches, work.forward_compute + work.backward_compute);
+    } else {
+      after += gathers;  // after the update, before the next step's forward
+    }
+    work.after_backward = after + collective(work, GroupKind::world, CommOp::all_reduce, 1);
+  }
+
+  const PlanInputs& inputs_;
+  double share_;
+};
+
+}  // namespace
+
+LayoutEstimate estimate_layout(const PlanInputs& inputs) {
+  // Ranks beyond a node's devices share them, compute and memory alike.
+  const int node_ranks = std::min(inputs.ranks_per_node, inputs.shape.world);
+  const double share = std::min(1.0, static_cast<double>(inputs.cluster.devices_per_node) / node_ranks);
+  const StageModel model(inputs, share);
+  std::vector<StageWork> stages;
+  std::vector<std::vector<Action>> lists;
+  std::vector<ComputeTimes> times;
+  for (int stage = 0; stage < inputs.shape.pp; ++stage) {
+    stages.push_back(model.stage(stage));
+    const StageWork& work = stages.back();
+    lists.push_back(work.schedule);
+    times.push_back({.forward = work.forward_compute + work.forward_comm,
+                     .backward_input = work.backward_compute + work.backward_comm,
+                     .backward_weight = 0});
+  }
+  const Timeline timeline =
+      schedule_timeline(lists, {.stages = inputs.shape.pp, .chunks = 1, .micro_batches = inputs.config.micro_batches}, times);
+  LayoutEstimate estimate{.memory_capacity = inputs.cluster.device_memory_bytes * share};
+  estimate.memory_total = -1;
+  const double micro_batches = inputs.config.micro_batches;
+  for (std::size_t index = 0; index < stages.size(); ++index) {
+    const StageWork& work = stages[index];
+    if (work.memory_total > estimate.memory_total) {
+      estimate.memory_rank = work.rank;
+      estimate.prediction = work.prediction;
+      estimate.memory_total = work.memory_total;
+      estimate.bus_bytes = work.bus_bytes;
+    }
+    const StepTime step{
+        .compute = micro_batches * (work.forward_compute + work.backward_compute) + work.optimizer,
+        .exposed_comm = micro_batches * (work.forward_comm + work.backward_comm) + work.after_backward,
+        .bubble = timeline.makespan - timeline.busy[index]};
+    if (step.total() > estimate.step.total()) estimate.step = step;
+  }
+  return estimate;
+}
+
+}  // namespace mlptrain

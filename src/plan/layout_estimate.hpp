@@ -1,0 +1,62 @@
+// One layout's answer from the planner: the memory by state of the rank that needs the most, its
+// communication per step by operation and by link class, and the step time, from the trainer's
+// own pure functions (train/rank_plan.hpp) and a cluster's rates. Pure arithmetic: nothing of
+// the model is allocated, no MPI, and the work is flat in the world size (ranks that differ only
+// in their data- or tensor-parallel coordinate hold and move the same amounts, so one rank per
+// pipeline stage stands for the world).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "model/loss.hpp"
+#include "plan/cluster.hpp"
+#include "train/rank_plan.hpp"
+
+namespace mlptrain {
+
+struct PlanInputs {
+  const Strategies& strategies;
+  const Config& config;  // validated for shape.world
+  const std::vector<LayerSpec>& model;
+  GridShape shape;
+  LossKind loss_kind = LossKind::mse;
+  int ranks_per_node = 1;
+  const Cluster& cluster;
+};
+
+// Bus bytes per step (nccl-tests' size times the bus factor) by the links they cross: a group's
+// collective crosses nodes when its ranks do (its slowest link then sets its pace).
+struct LinkBytes {
+  std::int64_t intra_node = 0;
+  std::int64_t inter_node = 0;
+};
+
+// A step's time, seconds, on the pipeline stage that takes longest: computation (GEMMs,
+// bias/GELU passes and the optimizer), communication nothing hides, and the pipeline's idle time.
+struct StepTime {
+  double compute = 0;
+  double exposed_comm = 0;
+  double bubble = 0;
+  double total() const { return compute + exposed_comm + bubble; }
+};
+
+struct LayoutEstimate {
+  int memory_rank = 0;
+  Prediction prediction;           // of memory_rank
+  std::int64_t memory_total = 0;   // bytes over the placed states of memory_rank
+  double memory_capacity = 0;      // bytes one rank may use: its device's (or its share)
+  LinkBytes bus_bytes;             // of memory_rank
+  StepTime step;
+  bool fits() const { return static_cast<double>(memory_total) <= memory_capacity; }
+};
+
+// nccl-tests' bus factor of an operation over n ranks.
+double bus_factor(CommOp op, int ranks);
+// Whether the group of `kind` that holds `rank` spans more than one node of `ranks_per_node`
+// consecutive ranks (for pipeline transfers: whether a neighbouring stage is on another node).
+bool crosses_nodes(const GridShape& shape, GroupKind kind, int rank, int ranks_per_node);
+
+LayoutEstimate estimate_layout(const PlanInputs& inputs);
+
+}  // namespace mlptrain

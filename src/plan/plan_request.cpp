@@ -1,0 +1,98 @@
+// Parsing mlpplan's own options (see plan_request.hpp).
+#include "plan/plan_request.hpp"
+
+#include <fmt/format.h>
+
+#include "core/error.hpp"
+
+namespace mlptrain {
+
+const char* const plan_options_help =
+    "mlpplan's options (the rest are mlptrain's):\n"
+    "  --world N                ranks to plan for (required)\n"
+    "  --ranks-per-node G       consecutive ranks per node (default: the cluster's devices per node)\n"
+    "  --cluster PRESET|FILE    h100-sxm-8 (default), a100-80gb-8, or a JSON file in their terms\n"
+    "  --calibrate FILE...      this machine, from layerbench and commbench --json output\n"
+    "  --layouts given|all      the layout of the options given (default), or every valid layout\n"
+    "  --micro-batch-choices L  micro-batch counts --layouts all tries (default: --micro-batches)\n"
+    "  --top K                  rows --layouts all prints (default 10; 0: all)\n"
+    "  --json                   one JSON object per layout\n";
+
+namespace {
+
+int positive_number(const std::string& option, const std::string& value, int least) {
+  std::size_t used = 0;
+  int number = 0;
+  try {
+    number = std::stoi(value, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || used != value.size() || number < least)
+    throw UsageError(fmt::format("{} '{}' is not a whole number of at least {}", option, value, least));
+  return number;
+}
+
+std::vector<int> number_list(const std::string& option, const std::string& text) {
+  std::vector<int> numbers;
+  std::size_t start = 0;
+  while (start <= text.size()) {
+    const std::size_t end = std::min(text.find(',', start), text.size());
+    numbers.push_back(positive_number(option, text.substr(start, end - start), 1));
+    start = end + 1;
+  }
+  return numbers;
+}
+
+}  // namespace
+
+PlanRequest parse_plan_request(int argc, char** argv) {
+  PlanRequest request;
+  for (int index = 1; index < argc; ++index) {
+    std::string argument = argv[index], value;
+    const std::size_t equals = argument.find('=');
+    const bool inline_value = argument.rfind("--", 0) == 0 && equals != std::string::npos;
+    if (inline_value) {
+      value = argument.substr(equals + 1);
+      argument = argument.substr(0, equals);
+    }
+    const auto next = [&]() -> std::string {
+      if (inline_value) return value;
+      if (index + 1 >= argc) throw UsageError(fmt::format("{} needs a value", argument));
+      return argv[++index];
+    };
+    if (argument == "--json") {
+      request.json = true;
+    } else if (argument == "--world") {
+      request.world = positive_number(argument, next(), 1);
+    } else if (argument == "--ranks-per-node") {
+      request.ranks_per_node = positive_number(argument, next(), 1);
+    } else if (argument == "--cluster") {
+      request.cluster = next();
+      request.cluster_given = true;
+    } else if (argument == "--calibrate") {
+      if (inline_value) request.calibration_files.push_back(value);
+      while (index + 1 < argc && std::string(argv[index + 1]).rfind("--", 0) != 0)
+        request.calibration_files.push_back(argv[++index]);
+      if (request.calibration_files.empty()) throw UsageError("--calibrate needs layerbench and commbench output files");
+    } else if (argument == "--layouts") {
+      const std::string choice = next();
+      if (choice != "given" && choice != "all")
+        throw UsageError(fmt::format("--layouts '{}' is not one of: given | all", choice));
+      request.layouts = choice == "all" ? LayoutChoice::all : LayoutChoice::given;
+    } else if (argument == "--top") {
+      request.top = positive_number(argument, next(), 0);
+    } else if (argument == "--micro-batch-choices") {
+      request.micro_batch_choices = number_list(argument, next());
+    } else {
+      if (argument == "--help") request.help = true;
+      request.trainer_arguments.push_back(argv[index]);
+    }
+  }
+  if (request.cluster_given && !request.calibration_files.empty())
+    throw UsageError("--cluster and --calibrate both describe the cluster: give one");
+  if (request.world == 0 && !request.help) throw UsageError("--world N is required: the number of ranks to plan for");
+  return request;
+}
+
+}  // namespace mlptrain

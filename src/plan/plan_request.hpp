@@ -1,0 +1,33 @@
+// mlpplan's own options, split from the trainer's (which mlpplan parses and validates with the
+// trainer's own functions): the world, the cluster, which layouts to answer for and how.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace mlptrain {
+
+enum class LayoutChoice { given, all };
+
+struct PlanRequest {
+  std::vector<std::string> trainer_arguments;
+  int world = 0;
+  std::optional<int> ranks_per_node;      // default: the cluster's devices per node
+  std::string cluster = "h100-sxm-8";     // a preset or a JSON file
+  bool cluster_given = false;
+  std::vector<std::string> calibration_files;  // --calibrate: this machine, from bench output
+  LayoutChoice layouts = LayoutChoice::given;
+  int top = 10;                                // rows printed with --layouts all
+  std::vector<int> micro_batch_choices;        // --layouts all; default: the trainer's value
+  bool json = false;
+  bool help = false;
+};
+
+// Throws UsageError naming the option.
+PlanRequest parse_plan_request(int argc, char** argv);
+
+// mlpplan's options, for --help.
+extern const char* const plan_options_help;
+
+}  // namespace mlptrain
