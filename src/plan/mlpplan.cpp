@@ -46,7 +46,17 @@ void plan(int argc, char** argv) {
     return;
   }
   Config& config = options.config;
-  if (request.layouts == LayoutChoice::given) validate_options(config, request.world);
+  if (request.layouts == LayoutChoice::given) {
+    validate_options(config, request.world);
+  } else {
+    // What is wrong whatever the layout (a learning rate, a batch the micro-batches do not
+    // divide) is said with the trainer's line, as one process would hear it.
+    Config alone = config;
+    alone.dp = alone.tp = alone.pp = alone.ep = 1;
+    alone.zero = 0;
+    alone.offload = false;
+    validate_options(alone, 1);
+  }
   const Cluster cluster = request.calibration_files.empty() ? load_cluster(request.cluster)
                                                             : calibrated_cluster(request.calibration_files);
   // A calibrated machine is one node holding the whole world unless told otherwise.

@@ -46,6 +46,15 @@ class Mlpplan(TrainingTestCase):
                 self.assertEqual(row["modes"]["params"], "SG" if stage == 3 else "R")
                 self.assertEqual((row["param_dtype"], row["reduce_dtype"]), ("bf16", "bf16"))
 
+    def test_the_placement_articles_one_billion_parameters_in_fp32(self):
+        # 15 layers of 8192 x 8192: 1.007e9 parameters; fp32 P 4 GB, G 4 GB, O (two moments) 8 GB.
+        row = plan_json(["--layers", 15, "--hidden", 8192, "--input-dim", 8192, "--output-dim", 8192,
+                         "--global-batch", 8, "--world", 1])
+        parameters = 15 * (8192 * 8192 + 8192)
+        for state, bytes_per_parameter, article_gb in [("params", 4, 4), ("grads", 4, 4), ("optimizer", 8, 8)]:
+            self.assertEqual(row["memory_bytes"][state], bytes_per_parameter * parameters, state)
+            self.assertLess(abs(row["memory_bytes"][state] / (article_gb * 1e9) - 1), 0.01, state)
+
     def test_equals_mlptrain_predict(self):
         for ranks, layout in [(2, ["--dp", 2, "--zero", 2]), (4, ["--dp", 2, "--tp", 2, "--zero", 3]),
                               (4, ["--dp", 4, "--zero", 1, "--micro-batches", 2, "--recompute"]),
@@ -197,6 +206,7 @@ class Mlpplan(TrainingTestCase):
                                  (["--calibrate", empty], [empty, "layerbench"]),
                                  (["--calibrate"], ["--calibrate needs"]),
                                  (["--layouts", "some"], ["--layouts 'some'"]),
+                                 (["--layouts", "all", "--lr", "-1"], ["--lr"]),
                                  (["--top", "-1"], ["--top '-1'"]),
                                  (["--micro-batch-choices", "1,x"], ["--micro-batch-choices 'x'"])]:
             with self.subTest(arguments=arguments):
