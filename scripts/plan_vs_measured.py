@@ -45,11 +45,12 @@ def run(command, environment=None):
 
 
 def calibrate(scratch, worlds):
-    """layerbench at the model's shape (one GEMM thread: mlpplan scales it to the cores) and
+    """layerbench at the model's shape, its GEMMs also timed in a step's sequence (one GEMM
+    thread: mlpplan scales it to the cores), and
     commbench at each world size: the files mlpplan --calibrate reads, by world."""
     layer = os.path.join(scratch, "layerbench.jsonl")
     with open(layer, "w") as handle:
-        handle.write(run([LAYERBENCH, 256, 1024, 1024, 10, "--dtype", "fp32"], environment=dict(ENVIRONMENT, OMP_NUM_THREADS="1")))
+        handle.write(run([LAYERBENCH, 256, 1024, 1024, 10, "--dtype", "fp32", "--sequence", 6], environment=dict(ENVIRONMENT, OMP_NUM_THREADS="1")))
     files = {}
     for world in worlds:
         comm = os.path.join(scratch, f"commbench_{world}.jsonl")

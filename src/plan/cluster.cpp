@@ -161,7 +161,13 @@ Cluster calibrated_cluster(const std::vector<std::string>& files) {
       if (row.contains("gemm_gflops") && row.contains("dtype")) {
         // The machine's rate: the bench's, per GEMM thread it ran, times the cores (the trainer
         // gives each of a node's ranks its share of them).
-        const double rate = row.value("gemm_gflops", 0.0) * 1e9 * cores / gemm_threads(row.value("kernels", ""));
+        // With --sequence, the rate of a training step's GEMMs (each over operands of its own,
+        // not the same ones again) is the one to plan with.
+        const double sequence_ms = row.value("library_sequence_gemm_ms", 0.0);
+        const double bench_rate =
+            sequence_ms > 0 ? 2 * row.value("rows", 0.0) * row.value("in", 0.0) * row.value("out", 0.0) / (sequence_ms * 1e-3)
+                            : row.value("gemm_gflops", 0.0) * 1e9;
+        const double rate = bench_rate * cores / gemm_threads(row.value("kernels", ""));
         const std::string dtype = row.value("dtype", "");
         double& slot = dtype == "bf16" ? cluster.gemm_bf16_flops_per_s
                        : dtype == "fp16" ? cluster.gemm_fp16_flops_per_s

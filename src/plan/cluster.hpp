@@ -53,9 +53,10 @@ std::vector<std::string_view> cluster_preset_names();
 // UsageError naming the preset or the file and what is wrong with it.
 Cluster load_cluster(const std::string& preset_or_file);
 // This machine, one node whose cores its ranks share, from layerbench output (GEMM rates per
-// dtype, scaled from the bench's GEMM threads to the machine's cores; optimizer and elementwise
-// rates) and commbench --json output (latency and bus bandwidth per collective); every file may
-// hold either, one JSON object per line. Device memory: the machine's physical memory.
+// dtype, scaled from the bench's GEMM threads to the machine's cores; with --sequence, the rate
+// of a step's GEMMs over operands of their own; optimizer and elementwise rates) and commbench
+// --json output (latency and bus bandwidth per collective); every file may hold either, one JSON
+// object per line. Device memory: the machine's physical memory.
 Cluster calibrated_cluster(const std::vector<std::string>& files);
 
 }  // namespace mlptrain

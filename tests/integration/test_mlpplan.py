@@ -161,6 +161,15 @@ class Mlpplan(TrainingTestCase):
         self.assertAlmostEqual(step["compute"], 1e3 * (gemm + elementwise + update), delta=1e-9)
         self.assertEqual((step["exposed_comm"], step["bubble"]), (0, 0))
         self.assertAlmostEqual(row["samples_per_s"], 32 / (step["total"] * 1e-3), delta=1e-6)
+        # With --sequence, the GEMMs of a step's sequence set the rate.
+        sequence_ms = 4.0
+        rows[0].update({"sequence_layers": 6, "library_sequence_gemm_ms": sequence_ms})
+        with open(bench, "w") as handle:
+            handle.write("\n".join(json.dumps(row) for row in rows) + "\n")
+        sequenced = plan_json(SMALL + ["--world", 1, "--calibrate", bench])["step_ms"]
+        rate = 2 * 100 * 99 * 100 / (sequence_ms * 1e-3) * cores / threads
+        self.assertAlmostEqual(sequenced["compute"], 1e3 * (6 * parameters * 32 / rate + elementwise + update),
+                               delta=1e-9)
 
     def test_a_pipeline_bubble_shrinks_with_micro_batches(self):
         bubbles = []
