@@ -109,10 +109,10 @@ def plot(rows, path):
     for oversubscribed, color, label in ((False, "tab:blue", "ranks <= cores"), (True, "tab:red", "ranks > cores")):
         chosen = [r for r in rows if r["oversubscribed"] == oversubscribed]
         axis.scatter([r["measured_step_ms"] for r in chosen], [r["planned_step_ms"]["total"] for r in chosen],
-                     color=color, label=label)
+                     color=color, label=label, zorder=3)
     top = max(max(r["measured_step_ms"], r["planned_step_ms"]["total"]) for r in rows) * 1.1
     axis.plot([0, top], [0, top], "k-", linewidth=0.8, label="planned = measured")
-    axis.fill_between([0, top], [0, 0.75 * top], [0, 1.25 * top], color="0.85", label="within 25 %")
+    axis.fill_between([0, top], [0, 0.75 * top], [0, 1.25 * top], color="0.85", label="within 25 %", zorder=0)
     axis.set(xlim=(0, top), ylim=(0, top), xlabel="measured step (ms, median)", ylabel="mlpplan --calibrate step (ms)",
              title=f"mlpplan against mlptrain: {cpu_model()}")
     axis.legend(loc="upper left")
