@@ -55,6 +55,9 @@ struct Prediction {
   void add_comm(GroupKind group, CommOp op, std::int64_t bytes) {
     comm_by_group[static_cast<int>(group)][static_cast<int>(op)] += bytes;
   }
+  void set_comm(GroupKind group, CommOp op, std::int64_t bytes) {
+    comm_by_group[static_cast<int>(group)][static_cast<int>(op)] = bytes;
+  }
   std::int64_t comm(GroupKind group, CommOp op) const {
     return comm_by_group[static_cast<int>(group)][static_cast<int>(op)];
   }

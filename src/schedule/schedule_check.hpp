@@ -5,7 +5,8 @@
 //     matching send was posted by the stage of the chunk before; a backward (or its B) likewise
 //     from the chunk after, and first waits for its own activation send to complete (its memory
 //     is freed); a backward (or B) and a receive of gradients first wait for the chunk's earlier
-//     gradient sends (the executor allocates a transfer buffer once theirs are freed); a W waits for its B; evaluation waits for each send at once; a list ends waiting
+//     gradient sends (the executor allocates a transfer buffer once theirs are freed); a W waits
+//     for its B; evaluation waits for each send at once; a list ends waiting
 //     for every send. Every condition, once true, stays true, so if one interleaving of the
 //     stages finishes, every interleaving does: running each stage as far as it can in turn finds
 //     a deadlock if any order has one. It also checks that every transfer pairs up, that every

@@ -95,8 +95,8 @@ void complete_summary(Run& run, const MemoryByState& run_peak, RunSummary& summa
           static_cast<double>(totals.bytes[static_cast<std::size_t>(op)]) / static_cast<double>(std::max<std::int64_t>(summary.steps, 1));
   // Exchanged experts' rows follow the routing: the counts the routing gave set the prediction.
   if (!run.moe_layers.empty() && summary.steps > 0)
-    summary.prediction.comm_by_group[static_cast<int>(GroupKind::expert)][static_cast<int>(CommOp::all_to_all)] =
-        std::llround(summary.routed_all_to_all_bytes_sum / static_cast<double>(summary.steps));
+    summary.prediction.set_comm(GroupKind::expert, CommOp::all_to_all,
+                                std::llround(summary.routed_all_to_all_bytes_sum / static_cast<double>(summary.steps)));
   Communicator& world = run.world();
   std::vector<std::int64_t> all(static_cast<std::size_t>(memory_state_count * world.size()));
   world.all_gather(run_peak.data(), all.data(), memory_state_count);

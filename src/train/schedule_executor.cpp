@@ -125,7 +125,8 @@ LossTotals ScheduleExecutor::run(const std::vector<Action>& actions, const Sched
           require_posted(gradient_posted_[static_cast<std::size_t>(micro_batch)], action.kind, micro_batch);
         finish(ActionKind::receive_gradients, micro_batch);
         finish(ActionKind::send_activations, micro_batch);  // its data is about to be freed
-        finish_gradient_sends();        const double start_ms = now_ms();
+        finish_gradient_sends();
+        const double start_ms = now_ms();
         runner_.backward(activations, micro_batch, work.micro_batches, work.loss_scale);
         record_span(trace_, "backward", start_ms, now_ms(), micro_batch);
         break;

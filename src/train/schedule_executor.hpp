@@ -1,7 +1,8 @@
 // Executes one rank's actions for a step (or an evaluation pass): forwards and backwards through
 // the model runner, boundary transfers through the strategies. A transfer is waited for only when
 // its memory is needed (a receive before the computation that reads it, a send before its data
-// is freed, earlier gradient sends before another transfer buffer is allocated), and pending transfers are tested between computations, so they make progress
+// is freed, earlier gradient sends before another transfer buffer is allocated), and pending
+// transfers are tested between computations, so they make progress
 // (MPI moves large messages only inside its calls). A micro-batch's memory lives from its first
 // action to its last use.
 #pragma once
