@@ -186,11 +186,10 @@ std::size_t CollectiveCase::wrong_elements() {
 }
 
 double CollectiveCase::bus_factor() const {
-  const double n = ranks_;
-  if (collective_ == "all_reduce" || collective_ == "mpi_all_reduce") return 2 * (n - 1) / n;
-  if (collective_ == "broadcast" || collective_ == "reduce" || collective_ == "send_recv" || is_device_copy(collective_))
-    return 1;
-  return (n - 1) / n;
+  if (collective_ == "mpi_all_reduce") return mlptrain::bus_factor(CommOp::all_reduce, ranks_);
+  // A broadcast, a ring of sends and a device copy carry their whole size.
+  if (collective_ == "broadcast" || collective_ == "send_recv" || is_device_copy(collective_)) return 1;
+  return mlptrain::bus_factor(plain_op(collective_), ranks_);
 }
 
 }  // namespace mlptrain

@@ -28,6 +28,26 @@ inline constexpr std::array<CommOp, 7> training_comm_ops = {
     CommOp::all_reduce, CommOp::reduce_scatter, CommOp::all_gather, CommOp::all_to_all,
     CommOp::broadcast,  CommOp::send,           CommOp::recv};
 
+// nccl-tests' bus factor of an operation over `ranks` ranks: what each rank's link carries per
+// byte of the operation's size (an all-reduce moves 2 (n-1)/n, a rooted or point-to-point
+// operation its whole size, the others (n-1)/n).
+constexpr double bus_factor(CommOp op, int ranks) {
+  const double n = ranks;
+  switch (op) {
+    case CommOp::all_reduce: return 2 * (n - 1) / n;
+    case CommOp::reduce_scatter:
+    case CommOp::all_gather:
+    case CommOp::all_to_all:
+    case CommOp::gather:
+    case CommOp::scatter: return (n - 1) / n;
+    case CommOp::broadcast:
+    case CommOp::reduce:
+    case CommOp::send:
+    case CommOp::recv: return 1;
+  }
+  return 1;
+}
+
 constexpr std::string_view comm_op_name(CommOp op) {
   switch (op) {
     case CommOp::all_reduce: return "all_reduce";

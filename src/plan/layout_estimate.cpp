@@ -21,19 +21,6 @@
 
 namespace mlptrain {
 
-double bus_factor(CommOp op, int ranks) {
-  const double n = ranks;
-  switch (op) {
-    case CommOp::all_reduce: return 2 * (n - 1) / n;
-    case CommOp::reduce_scatter:
-    case CommOp::all_gather:
-    case CommOp::all_to_all:
-    case CommOp::gather:
-    case CommOp::scatter: return (n - 1) / n;
-    default: return 1;  // broadcast, reduce, send, recv
-  }
-}
-
 bool crosses_nodes(const GridShape& shape, GroupKind kind, int rank, int ranks_per_node) {
   const GridCoordinates place = coordinates_of(shape, rank);
   const auto node = [&](int tp, int dp, int pp) { return rank_of(shape, tp, dp, pp) / ranks_per_node; };

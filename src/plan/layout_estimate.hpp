@@ -51,8 +51,6 @@ struct LayoutEstimate {
   bool fits() const { return static_cast<double>(memory_total) <= memory_capacity; }
 };
 
-// nccl-tests' bus factor of an operation over n ranks.
-double bus_factor(CommOp op, int ranks);
 // Whether the group of `kind` that holds `rank` spans more than one node of `ranks_per_node`
 // consecutive ranks (for pipeline transfers: whether a neighbouring stage is on another node).
 bool crosses_nodes(const GridShape& shape, GroupKind kind, int rank, int ranks_per_node);
