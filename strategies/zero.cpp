@@ -16,6 +16,10 @@
 // data-parallel group like a dense layer, its experts over the ranks that hold the same experts
 // (the edp group; with one such rank that piece is the rank's own, and nothing is sent). Every
 // collective is one per piece, over the piece's group.
+// Hybrid sharding (--zero-shard-size K: PyTorch FSDP's HYBRID_SHARD, the idea of ZeRO++'s hpZ)
+// shards over groups of K consecutive data-parallel ranks instead, N = K above, and sums each
+// reduced shard across the dp / K replica groups once a step: gathers and per-micro-batch
+// reductions stay inside a node, only one all-reduce of the shards a step crosses nodes.
 #include <algorithm>
 #include <memory>
 
@@ -98,9 +102,11 @@ StatePlacement Zero::state_placement() const {
         const std::size_t last = std::min(end, tensor.offset + tensor.count);
         if (first >= last) continue;
         const std::size_t in_shard = piece.shard_offset + (first - begin);
-        // Every element of the shard is this rank's alone within the piece's group; a tensor
-        // replicated over the tensor-parallel group is counted by one of its ranks.
-        const bool owned = !tensor.replicated_over_tensor || place_.tp == tensor.global_index % shape_.tp;
+        // Every element of the shard is this rank's alone within the piece's group (and, under
+        // hybrid sharding, counted by one replica); a tensor replicated over the tensor-parallel
+        // group is counted by one of its ranks.
+        const bool owned = shards_.counts_shard(piece) &&
+                           (!tensor.replicated_over_tensor || place_.tp == tensor.global_index % shape_.tp);
         append_local_range(placement.updated, tensor, first - tensor.offset, last - first,
                            parameters_->shard_values(first, in_shard), gradients_->shard_grads(first, in_shard),
                            in_shard, owned, precision);

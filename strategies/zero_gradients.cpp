@@ -21,14 +21,33 @@ void GradientsReducedOnce::end_backward(std::size_t index, bool last_micro_batch
   reductions_[index] = shards_.per_piece(unit, [&](Communicator& group, const ZeroSegment& piece, std::size_t at) {
     return group.reduce_scatter_in_place_async(store.grad_at(unit.full.offset + at), piece.shard_size, type);
   });
+  reducing_.push_back(index);
+}
+
+void GradientsReducedOnce::start_sums_across(bool wait) {
+  while (!reducing_.empty()) {
+    std::vector<Request>& scatters = reductions_[reducing_.front()];
+    if (wait) wait_all(scatters);
+    test_all(scatters);
+    if (!std::all_of(scatters.begin(), scatters.end(), [](const Request& request) { return request.done(); })) return;
+    const ZeroUnit& unit = shards_.units()[reducing_.front()];
+    for (Request& request : shards_.sum_across_replicas(unit, [&](const ZeroSegment& piece) {
+           return shards_.store().grad_at(shards_.shard_start(piece));
+         }))
+      summing_across_.push_back(std::move(request));
+    reducing_.pop_front();
+  }
 }
 
 void GradientsReducedOnce::finish_step() {
-  for (std::vector<Request>& requests : reductions_) wait_all(requests);
+  start_sums_across(true);
+  wait_all(summing_across_);
+  summing_across_.clear();
 }
 
 void GradientsReducedOnce::progress() {
-  for (std::vector<Request>& requests : reductions_) test_all(requests);
+  start_sums_across(false);
+  test_all(summing_across_);
 }
 
 void* GradientsReducedOnce::shard_grads(std::size_t store_element, std::size_t) const {
@@ -63,9 +82,10 @@ void* GradientsReducedEveryMicroBatch::begin_backward(std::size_t unit, int micr
   return buffer;
 }
 
-void GradientsReducedEveryMicroBatch::end_backward(std::size_t index, bool) {
+void GradientsReducedEveryMicroBatch::end_backward(std::size_t index, bool last_micro_batch) {
   const ZeroUnit& unit = shards_.units()[index];
   Reducing& latest = reducing_.back();
+  latest.last_micro_batch = last_micro_batch;
   const DataType type = shards_.precision().reduce;
   latest.requests = shards_.per_piece(unit, [&](Communicator& group, const ZeroSegment& piece, std::size_t at) {
     return group.reduce_scatter_in_place_async(shards_.grad_at(latest.buffer, at), piece.shard_size, type);
@@ -86,15 +106,23 @@ void GradientsReducedEveryMicroBatch::finish_oldest() {
       shards_.kernels().add(accumulator, own_block, type, piece.shard_size);
     }
   }
+  if (oldest.last_micro_batch)
+    for (Request& request : shards_.sum_across_replicas(unit, [&](const ZeroSegment& piece) {
+           return shards_.grad_at(shard_grads_.as<void>(), piece.shard_offset);
+         }))
+      summing_across_.push_back(std::move(request));
   reducing_.pop_front();
 }
 
 void GradientsReducedEveryMicroBatch::finish_step() {
   while (!reducing_.empty()) finish_oldest();
+  wait_all(summing_across_);
+  summing_across_.clear();
 }
 
 void GradientsReducedEveryMicroBatch::progress() {
   for (Reducing& reducing : reducing_) test_all(reducing.requests);
+  test_all(summing_across_);
 }
 
 bool GradientsReducedEveryMicroBatch::reading(const void* buffer) const {

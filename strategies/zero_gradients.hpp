@@ -7,6 +7,10 @@
 //       into the shard accumulator, so full gradients never outlive a unit's backward. The
 //       buffers come from a pool of their own (two rotate, one reducing while the next unit
 //       computes) or are lent by the parameter path (stage 3: its gathered unit's slot).
+// Under hybrid sharding each reduced shard is then summed across its replicas once a step: in
+// stage 1 as soon as the unit's reduce-scatter is done, in stages 2-3 once the unit's last
+// micro-batch is added into the accumulator. Those all-reduces start in the units' order, which
+// is the same on every rank, so the replica group's collectives match.
 #pragma once
 
 #include <cstddef>
@@ -51,8 +55,14 @@ class GradientsReducedOnce final : public ZeroGradientPath {
   void* shard_grads(std::size_t store_element, std::size_t) const override;
 
  private:
+  // Starts the sums across replicas of the units whose reduce-scatter is done, in order (all of
+  // them, waiting, when `wait`).
+  void start_sums_across(bool wait);
+
   const ZeroShards& shards_;
   std::vector<std::vector<Request>> reductions_;  // per unit
+  std::deque<std::size_t> reducing_;              // units reduce-scattered, not yet summed across
+  std::vector<Request> summing_across_;
 };
 
 class GradientsReducedEveryMicroBatch final : public ZeroGradientPath {
@@ -72,6 +82,7 @@ class GradientsReducedEveryMicroBatch final : public ZeroGradientPath {
   struct Reducing {
     std::size_t unit = 0;
     int micro_batch = 0;
+    bool last_micro_batch = false;
     void* buffer = nullptr;
     std::vector<Request> requests;  // one per piece shared over more than one rank
   };
@@ -84,6 +95,7 @@ class GradientsReducedEveryMicroBatch final : public ZeroGradientPath {
   std::size_t own_buffers_ = 0;
   std::size_t next_own_buffer_ = 0;
   std::deque<Reducing> reducing_;  // oldest first
+  std::vector<Request> summing_across_;
 };
 
 std::unique_ptr<ZeroGradientPath> make_gradient_path(const ZeroShards& shards, int stage);

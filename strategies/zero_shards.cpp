@@ -31,21 +31,25 @@ std::size_t ZeroShards::unit_of(int layer) const {
   return index;
 }
 
+Communicator& ZeroShards::collective_group() const {
+  return groups_.group(sharding_group(groups_.shape(), GroupKind::data));
+}
+
 Buffer ZeroShards::collective_buffer(MemoryState state, std::size_t bytes) const {
-  Buffer buffer = groups_.group(GroupKind::data).allocate_collective_memory(allocator_, state, bytes);
+  Buffer buffer = collective_group().allocate_collective_memory(allocator_, state, bytes);
   buffer.fill_zero();
   return buffer;
 }
 
 void ZeroShards::move_store_values_to_collective_memory() const {
   store_.reallocate_values([&](std::size_t bytes) {
-    return groups_.group(GroupKind::data).allocate_collective_memory(allocator_, MemoryState::params, bytes);
+    return collective_group().allocate_collective_memory(allocator_, MemoryState::params, bytes);
   });
 }
 
 void ZeroShards::move_store_grads_to_collective_memory() const {
   store_.reallocate_grads([&](std::size_t bytes) {
-    return groups_.group(GroupKind::data).allocate_collective_memory(allocator_, MemoryState::grads, bytes);
+    return collective_group().allocate_collective_memory(allocator_, MemoryState::grads, bytes);
   });
 }
 

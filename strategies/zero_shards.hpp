@@ -1,6 +1,7 @@
 // What ZeRO's two paths (zero_gradients.hpp, zero_parameters.hpp) share: the unit layout of
-// zero_units.hpp over this rank's store, the group each piece is sharded over, and where this
-// rank's shard of a piece sits: in the store's layout, in a unit buffer, in the shard buffers.
+// zero_units.hpp over this rank's store, the group each piece is sharded over (and, hybrid, summed
+// across), and where this rank's shard of a piece sits: in the store's layout, in a unit buffer,
+// in the shard buffers.
 #pragma once
 
 #include <cstddef>
@@ -29,8 +30,12 @@ class ZeroShards {
   const Precision& precision() const { return precision_; }
 
   Communicator& group(const ZeroSegment& piece) const { return groups_.group(piece.group); }
-  // Zeroed memory from where the data-parallel group runs collectives fastest (an edp group's
-  // ranks are among its ranks): for the transient unit buffers.
+  Communicator& replicas(const ZeroSegment& piece) const { return groups_.group(piece.across); }
+  // Whether this rank counts its shard of a piece (in norms and checkpoints): under hybrid
+  // sharding one replica of each shard does.
+  bool counts_shard(const ZeroSegment& piece) const { return piece.replicas == 1 || replicas(piece).rank() == 0; }
+  // Zeroed memory from where the shard group of the data-parallel group runs collectives fastest
+  // (an edp shard group's ranks are among its ranks): for the transient unit buffers.
   Buffer collective_buffer(MemoryState state, std::size_t bytes) const;
   // Re-homes the store's values or gradients the same way, for in-place collectives on them.
   void move_store_values_to_collective_memory() const;
@@ -56,8 +61,20 @@ class ZeroShards {
       if (piece.ranks > 1) requests.push_back(start(group(piece), piece, piece.range.offset - unit.full.offset));
     return requests;
   }
+  // Starts one all-reduce per piece held by more than one replica (hybrid sharding), on this
+  // rank's reduced shard of it (`shard` gives where that is).
+  template <typename Shard>
+  std::vector<Request> sum_across_replicas(const ZeroUnit& unit, Shard shard) const {
+    std::vector<Request> requests;
+    for (const ZeroSegment& piece : unit.segments)
+      if (piece.replicas > 1)
+        requests.push_back(replicas(piece).all_reduce_async(shard(piece), piece.shard_size, precision_.reduce));
+    return requests;
+  }
 
  private:
+  Communicator& collective_group() const;
+
   const ProcessGroups& groups_;
   Kernels& kernels_;
   Allocator& allocator_;

@@ -16,11 +16,17 @@ ZeroLayout zero_layout(const std::vector<ParameterTensor>& tensors, int unit_mul
     // Recomputation drops (and so runs again) exactly the GELU layers' pre-activations.
     ZeroUnit unit{.layer = layer, .recomputed = recompute && spec.gelu, .full = unit_range(tensors, layer, unit_multiple)};
     for (const ReplicaSegment& piece : replica_segments(tensors, layer, unit_multiple, shape)) {
-      const int ranks = group_size(shape, piece.group);
+      const GroupKind group = sharding_group(shape, piece.group), across = shard_replica_group(shape, piece.group);
+      const int ranks = group_size(shape, group);
       if (piece.range.count % static_cast<std::size_t>(ranks) != 0)
         throw std::logic_error("ZeRO: a piece of a unit is not padded to its group");
       const std::size_t shard = piece.range.count / static_cast<std::size_t>(ranks);
-      unit.segments.push_back({.range = piece.range, .group = piece.group, .ranks = ranks, .shard_size = shard,
+      unit.segments.push_back({.range = piece.range,
+                               .group = group,
+                               .ranks = ranks,
+                               .across = across,
+                               .replicas = hybrid_sharding(shape) ? group_size(shape, across) : 1,
+                               .shard_size = shard,
                                .shard_offset = layout.shard_total});
       layout.shard_total += shard;
     }
@@ -74,14 +80,23 @@ void zero_predict(const RankLayout& layout, Prediction& prediction) {
       const std::int64_t uses = stage < 3 ? 1 : micro_batches * (unit.recomputed ? 3 : 2);
       prediction.add_comm(piece.group, CommOp::all_gather, uses * gathered);
     }
+  // Hybrid sharding sums each reduced shard across its replicas once a step.
+  for (const ZeroUnit& unit : zero.units)
+    for (const ZeroSegment& piece : unit.segments)
+      if (piece.replicas > 1) prediction.add_comm(piece.across, CommOp::all_reduce, bytes(piece.shard_size, reduce));
 }
 
 std::string zero_describe(const RankLayout& layout) {
-  const int stage = layout.config.zero, ranks = layout.shape.dp;
-  if (ranks == 1)
+  const int stage = layout.config.zero, ranks = shard_ranks(layout.shape);
+  if (ranks == 1 && !hybrid_sharding(layout.shape))
     return fmt::format("ZeRO stage {} on a data-parallel group of one rank: nothing is sharded", stage);
-  return fmt::format("ZeRO stage {}: optimizer state{}{} sharded over {} ranks", stage,
-                     stage >= 2 ? ", gradients" : "", stage == 3 ? ", parameters" : "", ranks);
+  std::string sentence = fmt::format("ZeRO stage {}: optimizer state{}{} sharded over {} ranks", stage,
+                                     stage >= 2 ? ", gradients" : "", stage == 3 ? ", parameters" : "", ranks);
+  if (hybrid_sharding(layout.shape))
+    sentence += fmt::format(" (hybrid: groups of {} consecutive data-parallel ranks, each shard replicated over {} "
+                            "groups and its gradients summed across them once a step)",
+                            ranks, layout.shape.dp / ranks);
+  return sentence;
 }
 
 }  // namespace mlptrain

@@ -21,10 +21,14 @@ namespace mlptrain {
 // A piece of a unit summed and sharded over one group: a dense layer's whole unit over the
 // data-parallel group; an MoE layer's router over that group and its experts over the ranks that
 // hold the same experts (the edp group). The store pads each piece to a multiple of the group.
+// Under hybrid sharding the piece is sharded over a shard group cut from that group, and each
+// shard, once reduced there, is summed across the replica group of the ranks that hold it.
 struct ZeroSegment {
   FlatRange range;  // in the store's layout
   GroupKind group = GroupKind::data;
   int ranks = 1;                 // the group's size (1: nothing to share, the shard is the piece)
+  GroupKind across = GroupKind::world;  // the replica group (hybrid sharding only)
+  int replicas = 1;                     // its size (1: the shard is held once)
   std::size_t shard_size = 0;    // range.count / ranks
   std::size_t shard_offset = 0;  // where this piece's shard sits in the shard buffers
 };

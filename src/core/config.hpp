@@ -121,6 +121,7 @@ struct Config {
   int pp = 1;
   int ep = 1;
   int zero = 0;
+  int zero_shard_size = 0;  // ZeRO's shards over groups of this many data-parallel ranks (0: all)
   PipelineKind schedule = PipelineKind::one_f_one_b;
   bool recompute = false;
   bool offload = false;

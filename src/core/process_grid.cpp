@@ -15,6 +15,10 @@ std::string_view group_name(GroupKind kind) {
     case GroupKind::pipeline: return "pp";
     case GroupKind::expert: return "ep";
     case GroupKind::expert_data: return "edp";
+    case GroupKind::data_shard: return "dp_shard";
+    case GroupKind::data_replica: return "dp_replica";
+    case GroupKind::expert_data_shard: return "edp_shard";
+    case GroupKind::expert_data_replica: return "edp_replica";
   }
   return "unknown";
 }
@@ -29,6 +33,13 @@ std::string shape_problem(const GridShape& shape) {
            std::to_string(shape.world);
   if (shape.dp % shape.ep != 0)
     return "ep " + std::to_string(shape.ep) + " does not divide dp " + std::to_string(shape.dp);
+  const int shard = shard_ranks(shape);
+  if (shard < 1 || shape.dp % shard != 0)
+    return "the ZeRO shard size " + std::to_string(shard) + " does not divide dp " + std::to_string(shape.dp);
+  // An expert's ranks must fall evenly into the shard groups.
+  if (shard % shape.ep != 0 && shape.ep % shard != 0)
+    return "the ZeRO shard size " + std::to_string(shard) + " is neither a multiple nor a divisor of ep " +
+           std::to_string(shape.ep);
   return {};
 }
 
@@ -40,8 +51,29 @@ int group_size(const GridShape& shape, GroupKind kind) {
     case GroupKind::pipeline: return shape.pp;
     case GroupKind::expert: return shape.ep;
     case GroupKind::expert_data: return shape.dp / shape.ep;
+    case GroupKind::data_shard: return shard_ranks(shape);
+    case GroupKind::data_replica: return shape.dp / shard_ranks(shape);
+    // A shard group of K ranks holds K / ep ranks of each expert when ep divides K, else (K
+    // divides ep) one rank of some experts, and each of those ranks is alone in its shard group.
+    case GroupKind::expert_data_shard: return std::max(1, shard_ranks(shape) / shape.ep);
+    case GroupKind::expert_data_replica:
+      return group_size(shape, GroupKind::expert_data) / group_size(shape, GroupKind::expert_data_shard);
   }
   return 1;
+}
+
+int shard_ranks(const GridShape& shape) { return shape.zero_shard > 0 ? shape.zero_shard : shape.dp; }
+
+bool hybrid_sharding(const GridShape& shape) { return shard_ranks(shape) < shape.dp; }
+
+GroupKind sharding_group(const GridShape& shape, GroupKind replicas) {
+  if (!hybrid_sharding(shape)) return replicas;
+  return replicas == GroupKind::expert_data ? GroupKind::expert_data_shard : GroupKind::data_shard;
+}
+
+GroupKind shard_replica_group(const GridShape& shape, GroupKind replicas) {
+  if (!hybrid_sharding(shape)) return GroupKind::world;  // unused: nothing is summed across
+  return replicas == GroupKind::expert_data ? GroupKind::expert_data_replica : GroupKind::data_replica;
 }
 
 GridCoordinates coordinates_of(const GridShape& shape, int rank) {
@@ -65,6 +97,8 @@ namespace {
 int group_key(const GridShape& shape, GroupKind kind, int rank) {
   const GridCoordinates place = coordinates_of(shape, rank);
   const int replicas = shape.dp / shape.ep;
+  // Hybrid sharding: which shard group of the data-parallel group, and the place within it.
+  const int block = place.dp / shard_ranks(shape), position = place.dp % shard_ranks(shape);
   switch (kind) {
     case GroupKind::world: return 0;
     case GroupKind::tensor: return place.dp + shape.dp * place.pp;
@@ -73,6 +107,12 @@ int group_key(const GridShape& shape, GroupKind kind, int rank) {
     case GroupKind::expert:
       return place.tp + shape.tp * (place.expert_replica + replicas * place.pp);
     case GroupKind::expert_data: return place.tp + shape.tp * (place.ep + shape.ep * place.pp);
+    case GroupKind::data_shard: return place.tp + shape.tp * (place.pp + shape.pp * block);
+    case GroupKind::data_replica: return place.tp + shape.tp * (place.pp + shape.pp * position);
+    case GroupKind::expert_data_shard:
+      return place.tp + shape.tp * (place.pp + shape.pp * (place.ep + shape.ep * block));
+    case GroupKind::expert_data_replica:
+      return place.tp + shape.tp * (place.pp + shape.pp * (place.ep + shape.ep * position));
   }
   return 0;
 }

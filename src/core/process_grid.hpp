@@ -1,7 +1,9 @@
-// The process grid as a pure function of (world, tp, dp, pp, ep): tensor-parallel rank varies
-// fastest and pipeline stage slowest (Megatron-LM's order), and the expert-parallel group is carved
-// out of the data-parallel group with the expert rank varying fastest inside it. No MPI here, so
-// the rank lists are unit-tested against golden lists.
+// The process grid as a pure function of (world, tp, dp, pp, ep, zero_shard): tensor-parallel rank
+// varies fastest and pipeline stage slowest (Megatron-LM's order), and the expert-parallel group is
+// carved out of the data-parallel group with the expert rank varying fastest inside it. Hybrid
+// sharding cuts the data-parallel group into shard groups of zero_shard consecutive ranks (one
+// node, when a node holds them) and replica groups across them. No MPI here, so the rank lists
+// are unit-tested against golden lists.
 #pragma once
 
 #include <string_view>
@@ -15,6 +17,8 @@ struct GridShape {
   int dp = 1;
   int pp = 1;
   int ep = 1;
+  // ZeRO's shard group: this many consecutive data-parallel ranks (0: the whole group).
+  int zero_shard = 0;
 };
 
 // A rank's place in every dimension. The data-parallel rank splits as
@@ -28,14 +32,42 @@ struct GridCoordinates {
 };
 
 // Kinds of process groups. `expert_data` joins the ranks that hold replicas of the same experts.
-enum class GroupKind { world, tensor, data, pipeline, expert, expert_data };
-inline constexpr GroupKind all_group_kinds[] = {GroupKind::world,    GroupKind::tensor,
-                                                GroupKind::data,     GroupKind::pipeline,
-                                                GroupKind::expert,   GroupKind::expert_data};
+// Under hybrid sharding, `data_shard` joins the zero_shard consecutive data-parallel ranks that
+// share one copy of the state, `data_replica` the ranks that hold the same shard in each of those
+// groups; `expert_data_shard` and `expert_data_replica` cut the expert_data group alike (the
+// ranks of one expert inside a shard group, and the same position across them).
+enum class GroupKind {
+  world,
+  tensor,
+  data,
+  pipeline,
+  expert,
+  expert_data,
+  data_shard,
+  data_replica,
+  expert_data_shard,
+  expert_data_replica
+};
+inline constexpr GroupKind all_group_kinds[] = {
+    GroupKind::world,       GroupKind::tensor,       GroupKind::data,
+    GroupKind::pipeline,    GroupKind::expert,       GroupKind::expert_data,
+    GroupKind::data_shard,  GroupKind::data_replica, GroupKind::expert_data_shard,
+    GroupKind::expert_data_replica};
 std::string_view group_name(GroupKind kind);
 
 // Ranks in each group of this kind.
 int group_size(const GridShape& shape, GroupKind kind);
+
+// The ranks of ZeRO's shard group (the whole data-parallel group unless sharding is hybrid), and
+// whether it is hybrid: shards span fewer ranks than the data-parallel group and are replicated
+// across the rest.
+int shard_ranks(const GridShape& shape);
+bool hybrid_sharding(const GridShape& shape);
+// The groups ZeRO shards a piece over and sums its shards across, for a piece replicated over
+// `replicas` (data or expert_data): under hybrid sharding the shard and replica groups cut from
+// it, else the group itself and none.
+GroupKind sharding_group(const GridShape& shape, GroupKind replicas);
+GroupKind shard_replica_group(const GridShape& shape, GroupKind replicas);
 
 // Empty when the shape is consistent, else a sentence saying what is wrong.
 std::string shape_problem(const GridShape& shape);

@@ -7,8 +7,9 @@
 //   the pipeline: the stage lists the trainer runs, simulated with those per-stage times
 //     (schedule_timeline), which gives the bubble;
 //   after the last backward: gradient reductions beyond what the last backward hides (data
-//     parallelism's buckets and ZeRO stage 1's reduce-scatter start as layers finish, so all but
-//     the last layer's share can hide behind it; ZeRO 2-3 reduce every micro-batch behind its
+//     parallelism's buckets, ZeRO stage 1's reduce-scatter and hybrid sharding's sums across
+//     replicas start as layers finish, so all but the last layer's share can hide behind it;
+//     ZeRO 2-3 reduce every micro-batch behind its
 //     backward, stage 3 gathers behind the layer before), ZeRO 1-2's gather after the update,
 //     the loop's world sums, and the optimizer at the memory-bound rate.
 // Every collective takes latency + bus bytes / bus bandwidth on the link class its group
@@ -25,6 +26,7 @@ bool crosses_nodes(const GridShape& shape, GroupKind kind, int rank, int ranks_p
   const GridCoordinates place = coordinates_of(shape, rank);
   const auto node = [&](int tp, int dp, int pp) { return rank_of(shape, tp, dp, pp) / ranks_per_node; };
   const int replica_first = place.expert_replica * shape.ep;
+  const int shard = shard_ranks(shape), block_first = place.dp / shard * shard, position = place.dp % shard;
   switch (kind) {
     case GroupKind::world: return 0 != (shape.world - 1) / ranks_per_node;
     case GroupKind::tensor: return node(0, place.dp, place.pp) != node(shape.tp - 1, place.dp, place.pp);
@@ -33,6 +35,20 @@ bool crosses_nodes(const GridShape& shape, GroupKind kind, int rank, int ranks_p
       return node(place.tp, replica_first, place.pp) != node(place.tp, replica_first + shape.ep - 1, place.pp);
     case GroupKind::expert_data:
       return node(place.tp, place.ep, place.pp) != node(place.tp, shape.dp - shape.ep + place.ep, place.pp);
+    case GroupKind::data_shard:
+      return node(place.tp, block_first, place.pp) != node(place.tp, block_first + shard - 1, place.pp);
+    case GroupKind::data_replica:
+      return node(place.tp, position, place.pp) != node(place.tp, position + shape.dp - shard, place.pp);
+    case GroupKind::expert_data_shard:
+      // ep ranks apart inside one shard group, or alone in it (shard sizes that divide ep).
+      return shard % shape.ep == 0 &&
+             node(place.tp, block_first + place.ep, place.pp) != node(place.tp, block_first + shard - shape.ep + place.ep, place.pp);
+    case GroupKind::expert_data_replica: {
+      // The same place in every shard group, or the whole edp group when shards are single ranks.
+      const int first = shard % shape.ep == 0 ? position : place.ep;
+      const int step = shard % shape.ep == 0 ? shard : shape.ep;
+      return node(place.tp, first, place.pp) != node(place.tp, first + shape.dp - step, place.pp);
+    }
     case GroupKind::pipeline: {
       const int here = rank / ranks_per_node;
       return (place.pp > 0 && node(place.tp, place.dp, place.pp - 1) != here) ||
@@ -127,7 +143,11 @@ class StageModel {
       return seconds > 0 ? std::max(seconds - window * (layers - 1) / layers, seconds / layers) : 0.0;
     };
     double reductions = 0, reduce_scatters = 0, gathers = 0;
-    for (GroupKind kind : {GroupKind::data, GroupKind::expert_data}) {
+    // ZeRO shards over the data-parallel groups or, hybrid, over their shard groups, whose
+    // shards are then summed across the replica groups once a step as each layer's last
+    // micro-batch is reduced, behind the backward like data parallelism's buckets.
+    for (GroupKind kind : {GroupKind::data, GroupKind::expert_data, GroupKind::data_shard,
+                           GroupKind::expert_data_shard, GroupKind::data_replica, GroupKind::expert_data_replica}) {
       reductions += collective(work, kind, CommOp::all_reduce, layers);
       reduce_scatters += collective(work, kind, CommOp::reduce_scatter, zero == 1 ? layers : per_pass);
       if (zero > 0) gathers += collective(work, kind, CommOp::all_gather, zero == 3 ? 2 * per_pass : layers);

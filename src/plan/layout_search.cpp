@@ -15,9 +15,28 @@ std::vector<int> divisors(int value) {
   return found;
 }
 
+// ZeRO's stages and shard sizes worth ranking: the whole data-parallel group (0), and under hybrid
+// sharding the data-parallel ranks one node holds (tensor ranks are consecutive, so a node of G
+// ranks holds G / tp consecutive data-parallel ranks), where that is a proper part of dp.
+struct Sharding {
+  int zero = 0;
+  int shard_size = 0;
+};
+std::vector<Sharding> sharding_choices(int dp, int tp, int ranks_per_node) {
+  const int node_data_ranks = ranks_per_node % tp == 0 ? ranks_per_node / tp : 0;
+  const bool hybrid = node_data_ranks > 1 && node_data_ranks < dp && dp % node_data_ranks == 0;
+  std::vector<Sharding> choices;
+  for (int zero = 0; zero <= 3; ++zero) {
+    choices.push_back({.zero = zero});
+    if (zero > 0 && hybrid) choices.push_back({.zero = zero, .shard_size = node_data_ranks});
+  }
+  return choices;
+}
+
 }  // namespace
 
-std::vector<Config> every_layout(const Config& base, int world, const std::vector<int>& micro_batch_choices) {
+std::vector<Config> every_layout(const Config& base, int world, int ranks_per_node,
+                                 const std::vector<int>& micro_batch_choices) {
   std::vector<Config> layouts;
   const std::vector<bool> offloads = base.device == Device::cpu ? std::vector<bool>{false} : std::vector<bool>{false, true};
   for (int tp : divisors(world)) {
@@ -27,7 +46,7 @@ std::vector<Config> every_layout(const Config& base, int world, const std::vecto
       const int dp = world / tp / pp;
       for (int ep : base.moe_every > 0 ? divisors(dp) : std::vector<int>{1})
         for (int micro_batches : micro_batch_choices)
-          for (int zero = 0; zero <= 3; ++zero)
+          for (const auto& [zero, shard_size] : sharding_choices(dp, tp, ranks_per_node))
             for (PipelineKind schedule : {PipelineKind::one_f_one_b, PipelineKind::gpipe}) {
               if (pp == 1 && schedule != PipelineKind::one_f_one_b) continue;  // no pipeline, no schedule
               for (bool recompute : {false, true})
@@ -38,6 +57,7 @@ std::vector<Config> every_layout(const Config& base, int world, const std::vecto
                   config.pp = pp;
                   config.ep = ep;
                   config.zero = zero;
+                  config.zero_shard_size = shard_size;
                   config.schedule = schedule;
                   config.micro_batches = micro_batches;
                   config.recompute = recompute;

@@ -25,7 +25,7 @@ using namespace mlptrain;
 
 PlannedLayout plan_layout(const Config& config, const std::vector<LayerSpec>& model, LossKind loss_kind, int world,
                           int ranks_per_node, const Cluster& cluster) {
-  const GridShape shape{.world = world, .tp = config.tp, .dp = config.dp, .pp = config.pp, .ep = config.ep};
+  const GridShape shape = grid_shape(config, world);
   const Strategies strategies = wanted_strategies(config, shape);
   return {.config = config,
           .estimate = estimate_layout({.strategies = strategies,
@@ -53,7 +53,7 @@ void plan(int argc, char** argv) {
     // divide) is said with the trainer's line, as one process would hear it.
     Config alone = config;
     alone.dp = alone.tp = alone.pp = alone.ep = 1;
-    alone.zero = 0;
+    alone.zero = alone.zero_shard_size = 0;
     alone.offload = false;
     validate_options(alone, 1);
   }
@@ -76,7 +76,7 @@ void plan(int argc, char** argv) {
   if (request.layouts == LayoutChoice::all) {
     const std::vector<int> choices =
         request.micro_batch_choices.empty() ? std::vector<int>{config.micro_batches} : request.micro_batch_choices;
-    layouts = every_layout(config, request.world, choices);
+    layouts = every_layout(config, request.world, ranks_per_node, choices);
     if (layouts.empty())
       throw UsageError(fmt::format("no layout of {} ranks is valid for this model and batch", request.world));
   } else {

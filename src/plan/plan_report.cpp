@@ -11,7 +11,9 @@ std::string layout_name(const Config& config) {
   std::string name = fmt::format("dp{} tp{} pp{}", config.dp, config.tp, config.pp);
   if (config.ep > 1) name += fmt::format(" ep{}", config.ep);
   if (config.pp > 1) name += fmt::format(" {}", choice_name(config.schedule));
-  name += fmt::format(" zero{} mb{}", config.zero, config.micro_batches);
+  name += fmt::format(" zero{}", config.zero);
+  if (config.zero_shard_size > 0) name += fmt::format("/{}", config.zero_shard_size);
+  name += fmt::format(" mb{}", config.micro_batches);
   if (config.recompute) name += " recompute";
   if (config.offload) name += " offload";
   return name;
@@ -40,6 +42,7 @@ nlohmann::json plan_json(const PlannedLayout& planned, int world, int ranks_per_
                                  {"pp", config.pp},
                                  {"ep", config.ep},
                                  {"zero", config.zero},
+                                 {"zero_shard_size", config.zero_shard_size},
                                  {"schedule", config.pp > 1 ? std::string(choice_name(config.schedule)) : "none"},
                                  {"micro_batches", config.micro_batches},
                                  {"recompute", config.recompute},

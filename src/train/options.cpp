@@ -53,6 +53,9 @@ void visit_options(Config_& c, Visit&& visit) {
   visit(S::parallelism, "pp", c.pp, "pipeline stages");
   visit(S::parallelism, "ep", c.ep, "expert-parallel ranks (divides dp)");
   visit(S::parallelism, "zero", c.zero, "ZeRO stage 0..3 on the data-parallel group");
+  visit(S::parallelism, "zero-shard-size", c.zero_shard_size,
+        "hybrid sharding: ZeRO's shards span groups of this many consecutive data-parallel ranks "
+        "(a node), replicated across the groups (0: the whole data-parallel group)");
   visit(S::parallelism, "schedule", c.schedule, "pipeline schedule: 1f1b | gpipe");
   visit(S::parallelism, "recompute", c.recompute, "recompute activations in backward");
   visit(S::parallelism, "offload", c.offload, "optimizer state and its update in host memory (cuda, loopback)");
@@ -269,6 +272,7 @@ void validate_options(Config& c, int world_size) {
   at_least("tp", c.tp, 1);
   at_least("pp", c.pp, 1);
   at_least("ep", c.ep, 1);
+  at_least("zero-shard-size", c.zero_shard_size, 0);
   require(c.zero >= 0 && c.zero <= 3, fmt::format("--zero must be 0, 1, 2 or 3 (got {})", c.zero));
   at_least("log-every", c.log_every, 0);
   at_least("save-every", c.save_every, 0);
@@ -285,6 +289,14 @@ void validate_options(Config& c, int world_size) {
           fmt::format("dp x tp x pp = {} x {} x {} = {} does not match the world size {} "
                       "(mpiexec -n)", c.dp, c.tp, c.pp, c.dp * model_parallel, world_size));
   require(c.dp % c.ep == 0, fmt::format("--ep {} does not divide dp {}", c.ep, c.dp));
+  if (c.zero_shard_size > 0) {
+    require(c.zero > 0, "--zero-shard-size shards ZeRO's state: it needs --zero 1, 2 or 3");
+    require(c.dp % c.zero_shard_size == 0,
+            fmt::format("--zero-shard-size {} does not divide dp {}", c.zero_shard_size, c.dp));
+    require(c.zero_shard_size % c.ep == 0 || c.ep % c.zero_shard_size == 0,
+            fmt::format("--zero-shard-size {} is neither a multiple nor a divisor of --ep {}: each expert's "
+                        "ranks must fall evenly into the shard groups", c.zero_shard_size, c.ep));
+  }
   require(c.global_batch % c.micro_batches == 0,
           fmt::format("--global-batch {} is not divisible by --micro-batches {}", c.global_batch,
                       c.micro_batches));
@@ -316,6 +328,15 @@ void validate_options(Config& c, int world_size) {
   validate_precision(c);
   require(c.comm != CommBackend::nccl || c.device == Device::cuda,
           "--comm nccl moves GPU memory between GPUs directly: it needs --device cuda");
+}
+
+GridShape grid_shape(const Config& config, int world_size) {
+  return {.world = world_size,
+          .tp = config.tp,
+          .dp = config.dp,
+          .pp = config.pp,
+          .ep = config.ep,
+          .zero_shard = config.zero_shard_size};
 }
 
 std::string to_ini(const Config& config) {

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/config.hpp"
+#include "core/process_grid.hpp"
 
 namespace mlptrain {
 
@@ -22,6 +23,9 @@ ParsedOptions parse_options(const std::vector<std::string>& arguments);
 // Checks every value and combination for a world of `world_size` ranks and fills derived values
 // (dp). Throws UsageError naming the offending option. Pure: every rank decides alike.
 void validate_options(Config& config, int world_size);
+
+// The process grid of a validated configuration on `world_size` ranks.
+GridShape grid_shape(const Config& config, int world_size);
 
 // The configuration as INI text that --config reads back.
 std::string to_ini(const Config& config);

@@ -150,6 +150,12 @@ nlohmann::json summary_json(const RunSummary& summary) {
     for (CommOp op : training_comm_ops)
       if (bytes[static_cast<int>(op)] > 0) by_group[group][std::string(comm_op_name(op))] = bytes[static_cast<int>(op)];
   object["comm_bytes_by_group"] = by_group;
+  nlohmann::json predicted_by_group = nlohmann::json::object();
+  for (GroupKind group : all_group_kinds)
+    for (CommOp op : training_comm_ops)
+      if (const std::int64_t bytes = summary.prediction.comm(group, op); bytes > 0)
+        predicted_by_group[std::string(group_name(group))][std::string(comm_op_name(op))] = bytes;
+  object["predicted_comm_bytes_by_group"] = predicted_by_group;
   if (summary.steps > 0) object["final_loss"] = summary.final_loss;
   if (!summary.mfu.empty()) object["mfu"] = median(summary.mfu);
   if (std::any_of(summary.peak_host_memory.begin(), summary.peak_host_memory.end(),

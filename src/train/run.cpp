@@ -8,6 +8,7 @@
 #include "comm/consensus.hpp"
 #include "core/timer.hpp"
 #include "io/checkpoint.hpp"
+#include "train/options.hpp"
 #include "train/rank_plan.hpp"
 #include "train/trace_file.hpp"
 
@@ -38,7 +39,7 @@ Run::Run(const Config& run_config, MPI_Comm world_comm, const CommSettings& comm
     : config(run_config), mpi_world(world_comm) {
   int world_size = 1;
   MPI_Comm_size(mpi_world, &world_size);
-  const GridShape shape{.world = world_size, .tp = config.tp, .dp = config.dp, .pp = config.pp, .ep = config.ep};
+  const GridShape shape = grid_shape(config, world_size);
   // The device first (its staging carries the groups' messages); a problem opening it is agreed
   // on once the groups exist.
   std::exception_ptr device_problem;

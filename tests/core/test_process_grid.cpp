@@ -42,6 +42,42 @@ TEST(ProcessGrid, ExpertGroupsAreCarvedFromTheDataGroup) {
   EXPECT_EQ(place.expert_replica, 1);
 }
 
+TEST(ProcessGrid, HybridShardingCutsTheDataGroupIntoShardAndReplicaGroups) {
+  // dp = 8 (tp = 2, so data ranks are two apart) in shard groups of 4: two groups of four
+  // consecutive data ranks, and four replica groups of the same place in each.
+  const GridShape shape{.world = 16, .tp = 2, .dp = 8, .pp = 1, .ep = 1, .zero_shard = 4};
+  EXPECT_TRUE(hybrid_sharding(shape));
+  EXPECT_EQ(groups_of(shape, GroupKind::data_shard), (Groups{{0, 2, 4, 6}, {1, 3, 5, 7}, {8, 10, 12, 14}, {9, 11, 13, 15}}));
+  EXPECT_EQ(groups_of(shape, GroupKind::data_replica),
+            (Groups{{0, 8}, {1, 9}, {2, 10}, {3, 11}, {4, 12}, {5, 13}, {6, 14}, {7, 15}}));
+  EXPECT_EQ(sharding_group(shape, GroupKind::data), GroupKind::data_shard);
+  EXPECT_EQ(shard_replica_group(shape, GroupKind::expert_data), GroupKind::expert_data_replica);
+  // Without a shard size, or with the whole group, nothing is hybrid.
+  EXPECT_FALSE(hybrid_sharding({.world = 4, .tp = 1, .dp = 4, .pp = 1, .ep = 1}));
+  EXPECT_FALSE(hybrid_sharding({.world = 4, .tp = 1, .dp = 4, .pp = 1, .ep = 1, .zero_shard = 4}));
+  EXPECT_EQ(sharding_group({.world = 4, .tp = 1, .dp = 4, .pp = 1, .ep = 1}, GroupKind::data), GroupKind::data);
+}
+
+TEST(ProcessGrid, HybridShardingOfExpertReplicas) {
+  // dp = 8, ep = 2: expert 0 on even data ranks. Shard groups of 4 hold two ranks of each expert.
+  const GridShape wide{.world = 8, .tp = 1, .dp = 8, .pp = 1, .ep = 2, .zero_shard = 4};
+  EXPECT_EQ(groups_of(wide, GroupKind::expert_data_shard), (Groups{{0, 2}, {1, 3}, {4, 6}, {5, 7}}));
+  EXPECT_EQ(groups_of(wide, GroupKind::expert_data_replica), (Groups{{0, 4}, {1, 5}, {2, 6}, {3, 7}}));
+  EXPECT_EQ(group_size(wide, GroupKind::expert_data_shard), 2);
+  EXPECT_EQ(group_size(wide, GroupKind::expert_data_replica), 2);
+  // ep = 4, shard groups of 2: each expert rank is alone in its shard group, and its replicas
+  // are the whole edp group.
+  const GridShape narrow{.world = 8, .tp = 1, .dp = 8, .pp = 1, .ep = 4, .zero_shard = 2};
+  EXPECT_EQ(groups_of(narrow, GroupKind::expert_data_shard), (Groups{{0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}}));
+  EXPECT_EQ(groups_of(narrow, GroupKind::expert_data_replica), groups_of(narrow, GroupKind::expert_data));
+  EXPECT_EQ(group_size(narrow, GroupKind::expert_data_replica), 2);
+  // Shard sizes that do not divide dp, or cut an expert's ranks unevenly, are refused.
+  EXPECT_NE(shape_problem({.world = 8, .tp = 1, .dp = 8, .pp = 1, .ep = 1, .zero_shard = 3}).find("shard size 3"),
+            std::string::npos);
+  EXPECT_NE(shape_problem({.world = 12, .tp = 1, .dp = 12, .pp = 1, .ep = 4, .zero_shard = 6}).find("ep 4"),
+            std::string::npos);
+}
+
 TEST(ProcessGrid, PureDataParallelAndOneProcess) {
   const GridShape four{.world = 4, .tp = 1, .dp = 4, .pp = 1, .ep = 1};
   EXPECT_EQ(groups_of(four, GroupKind::data), (Groups{{0, 1, 2, 3}}));

@@ -4,10 +4,11 @@ skipping exactly the steps that overflow, resuming across dtypes, and the checkp
 
 The tolerances come from bf16's format: its 8 significant bits give a relative spacing of
 EPSILON = 2^-8 between neighbouring values.
-- Layouts that round in the same places as one process (data parallelism, ZeRO 1-3, pipelines,
-  micro-batches, experts, recomputation, offload, with fp32 gradient reductions): a row's GEMM and
-  every rounding of it are the same in every layout, so runs differ only by the order of fp32
-  sums (gradients over ranks and micro-batches, about 1e-7 relative). That reaches bf16 only where
+- Layouts that round in the same places as one process (data parallelism, ZeRO 1-3 and its
+  hybrid sharding, pipelines, micro-batches, experts, recomputation, offload, with fp32 gradient
+  reductions): a row's GEMM and every rounding of it are the same in every layout, so runs
+  differ only by the order of fp32 sums (gradients over ranks and micro-batches, about 1e-7
+  relative). That reaches bf16 only where
   a master weight lies that close to a rounding midpoint of its compute copy and rounds the other
   way: one element moved by one bf16 step. SAME_ROUNDING = EPSILON / 16 admits such flips in one
   element of every 256 (relative L2: sqrt(1/256) = 1/16 of a step), while a rounding left out or
@@ -66,14 +67,15 @@ class MixedPrecisionLayouts(TrainingTestCase):
             (1, ["--micro-batches", "4"]), (1, ["--micro-batches", "2", "--recompute"]),
             (2, ["--dp", "2"]), (4, ["--dp", "4", "--micro-batches", "2"]),
             (2, ["--zero", "1"]), (2, ["--zero", "2", "--micro-batches", "2"]), (4, ["--zero", "3"]),
-            (2, ["--zero", "3", "--recompute"]),
+            (2, ["--zero", "3", "--recompute"]), (4, ["--zero", "3", "--zero-shard-size", "2"]),
             (2, ["--pp", "2", "--micro-batches", "4"]),
             (2, ["--pp", "2", "--micro-batches", "4", "--schedule", "gpipe", "--recompute"]),
             (4, ["--dp", "2", "--pp", "2", "--micro-batches", "2", "--zero", "1"]),
             (2, ["--device", "loopback", "--offload"]),
         ], SAME_ROUNDING)
         self.compare((MOE, BF16, 1), [(2, ["--dp", "2"]), (2, ["--ep", "2"]), (4, ["--ep", "4"]),
-                                   (4, ["--ep", "2", "--zero", "1"]), (2, ["--ep", "2", "--recompute"])],
+                                   (4, ["--ep", "2", "--zero", "1"]), (2, ["--ep", "2", "--recompute"]),
+                                   (4, ["--ep", "2", "--zero", "2", "--zero-shard-size", "2"])],
                      SAME_ROUNDING)
 
     def test_tensor_parallel_rounds_alike_in_every_layout_around_it(self):

@@ -137,6 +137,25 @@ class Mlpplan(TrainingTestCase):
                 self.assertEqual(links["intra_node"] > 0, expect_intra, links)
                 self.assertEqual(links["inter_node"] > 0, expect_inter, links)
 
+    def test_hybrid_sharding_keeps_all_but_one_all_reduce_inside_a_node(self):
+        """ZeRO-3 over 16 ranks in two nodes of 8: plain, every collective of the data-parallel
+        group crosses nodes; hybrid over the 8 ranks of a node, the reduce-scatter and the two
+        gathers stay inside it (bus factor 7/8) and only the all-reduce of the shards (Psi / 8,
+        bus factor 2 x 1/2) and the loop's world sums (8 values, bus factor 2 x 15/16) cross."""
+        model = ["--layers", 4, "--hidden", 32, "--input-dim", 16, "--output-dim", 16, "--global-batch", 64,
+                 "--world", 16, "--ranks-per-node", 8, "--zero", 3]
+        psi = 16 * 32 + 32 + 2 * (32 * 32 + 32) + 32 * 16 + 16  # every layer a multiple of 16: no padding
+        world_sums = 8 * 4 * 2 * 15 / 16
+        plain = plan_json(model)
+        hybrid = plan_json(model + ["--zero-shard-size", 8])
+        self.assertEqual(plain["bus_bytes_per_step"], {"intra_node": 0, "inter_node": 3 * psi * 4 * 15 / 16 + world_sums})
+        self.assertEqual(hybrid["bus_bytes_per_step"], {"intra_node": 3 * psi * 4 * 7 / 8,
+                                                        "inter_node": psi // 8 * 4 + world_sums})
+        # The state is the ZeRO-3 figure of 8 ranks, twice plain's over 16.
+        for state in ("params", "grads", "optimizer"):
+            self.assertEqual(hybrid["memory_bytes"][state], 2 * plain["memory_bytes"][state], state)
+        self.assertEqual(hybrid["layout"]["zero_shard_size"], 8)
+
     def test_step_time_from_a_calibration(self):
         """The step's arithmetic on one rank from rates written here: GEMMs at 6 multiply-adds'
         FLOPs per parameter-sample, the bias/GELU passes three times per output element, the
@@ -191,6 +210,15 @@ class Mlpplan(TrainingTestCase):
         self.assertEqual(splits, {(8, 1, 1), (4, 2, 1), (4, 1, 2), (2, 4, 1), (2, 2, 2), (2, 1, 4), (1, 8, 1),
                                   (1, 4, 2), (1, 2, 4)})  # pp 8 > 4 layers: refused
         self.assertEqual({r["layout"]["zero"] for r in rows}, {0, 1, 2, 3})
+        # One node of 8 holds the world: no shard group smaller than the data-parallel group.
+        self.assertEqual({r["layout"]["zero_shard_size"] for r in rows}, {0})
+        # In nodes of 2, ZeRO also shards over a node's data-parallel ranks where dp spans nodes.
+        result = plan(SMALL[:-2] + ["--global-batch", 64, "--world", 8, "--ranks-per-node", 2, "--layouts", "all",
+                                    "--json"])
+        hybrid = [json.loads(line)["layout"] for line in result.stdout.splitlines()]
+        hybrid = [layout for layout in hybrid if layout["zero_shard_size"] > 0]
+        self.assertEqual({(l["dp"], l["tp"], l["zero_shard_size"]) for l in hybrid}, {(8, 1, 2), (4, 1, 2)})  # dp 2 fills a node
+        self.assertEqual({l["zero"] for l in hybrid}, {1, 2, 3})
         fitting = [r["step_ms"]["total"] for r in rows if r["fits"]]
         self.assertEqual(fitting, sorted(fitting))
         self.assertTrue(all(r["fits"] for r in rows[:len(fitting)]))
@@ -198,6 +226,7 @@ class Mlpplan(TrainingTestCase):
         chosen = rows[len(rows) // 2]["layout"]
         alone = plan_json(SMALL[:-2] + ["--global-batch", 64, "--world", 8, "--dp", chosen["dp"], "--tp", chosen["tp"],
                                         "--pp", chosen["pp"], "--zero", chosen["zero"],
+                                        "--zero-shard-size", chosen["zero_shard_size"],
                                         "--micro-batches", chosen["micro_batches"]] +
                           (["--recompute"] if chosen["recompute"] else []) +
                           (["--schedule", chosen["schedule"]] if chosen["pp"] > 1 else []))
