@@ -38,18 +38,37 @@ def read_records(name):
         return [json.loads(line) for line in handle]
 
 
-def train(ranks, arguments, name, warm_up_steps=2, bind_to_cores=False):
-    """Runs mlptrain at `ranks` ranks (each pinned to a core if asked); returns (median step_ms
-    after the warm-up steps, or None when there are none, and the final summary record). A
-    failing run ends the script with mlptrain's own output."""
+def train(ranks, arguments, name, warm_up_steps=2, bind_to_cores=False, launch=(), environment=None,
+          teardown_limit_s=None):
+    """Runs mlptrain at `ranks` ranks (each pinned to a core if asked; `launch`: more mpiexec
+    options, `environment`: variables added to the benchmarks'); returns (median step_ms after
+    the warm-up steps, or None when there are none, and the final summary record). A failing run
+    ends the script with mlptrain's own output. With `teardown_limit_s`, a run still going that
+    long after it started is ended, and counts as done if its summary was written: UCX's TCP
+    transport can hang in MPI_Finalize after the work (openucx/ucx#8738, see test_network.py)."""
     metrics = metrics_path(name)
+    if os.path.exists(metrics):
+        os.remove(metrics)
     binding = ["-bind-to", "core"] if bind_to_cores else []
-    result = subprocess.run(["mpiexec.mpich"] + binding + ["-n", str(ranks), PROGRAM] +
-                            [str(a) for a in arguments] + ["--log-every", "0", "--metrics", metrics],
-                            capture_output=True, text=True, env=ENVIRONMENT)
-    if result.returncode != 0:
+    launcher = subprocess.Popen(["mpiexec.mpich"] + binding + list(launch) + ["-n", str(ranks), PROGRAM] +
+                                [str(a) for a in arguments] + ["--log-every", "0", "--metrics", metrics],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env=dict(ENVIRONMENT, **(environment or {})))
+    try:
+        output, errors = launcher.communicate(timeout=teardown_limit_s)
+        failed = launcher.returncode != 0
+    except subprocess.TimeoutExpired:
+        launcher.kill()
+        output, errors = launcher.communicate()
+        for pid in rank_processes(metrics):
+            try:
+                os.kill(pid, 9)
+            except ProcessLookupError:
+                pass
+        failed = not os.path.exists(metrics) or not read_records(name)[-1].get("summary")
+    if failed:
         sys.exit(f"{os.path.basename(sys.argv[0])}: mlptrain {' '.join(map(str, arguments))} at {ranks} "
-                 f"rank(s) failed:\n{result.stdout}{result.stderr}")
+                 f"rank(s) failed:\n{output}{errors}")
     records = read_records(name)
     step_ms = [r["step_ms"] for r in records if not r.get("summary")][warm_up_steps:]
     return (statistics.median(step_ms) if step_ms else None), records[-1]

@@ -46,6 +46,9 @@ void GradientsReducedOnce::finish_step() {
 }
 
 void GradientsReducedOnce::progress() {
+  // Every unit's reduce-scatter is helped along (shared-memory collectives move when tested),
+  // the sums across replicas start in order.
+  for (std::vector<Request>& requests : reductions_) test_all(requests);
   start_sums_across(false);
   test_all(summing_across_);
 }
