@@ -192,6 +192,27 @@ std::string placement_table(const Prediction& prediction, const RunSummary* meas
     if (measured) text += fmt::format("{:>16}", human_bytes(means[index]));
     text += "\n";
   }
+  // By group, where more than one group shares the operations: which link each byte takes.
+  int groups = 0;
+  for (GroupKind group : all_group_kinds)
+    groups += group != GroupKind::world && std::ranges::any_of(training_comm_ops, [&](CommOp op) {
+                return prediction.comm(group, op) > 0;
+              });
+  if (groups < 2) return text;
+  for (GroupKind group : all_group_kinds)
+    for (CommOp op : training_comm_ops) {
+      const std::int64_t bytes = prediction.comm(group, op);
+      if (bytes == 0 || group == GroupKind::world) continue;
+      text += fmt::format("  {:<24}{:>16}", fmt::format("{} {}", group_name(group), comm_op_name(op)),
+                          human_bytes(static_cast<double>(bytes)));
+      if (measured) {
+        const auto found = measured->comm_bytes_by_group.find(std::string(group_name(group)));
+        text += fmt::format("{:>16}", human_bytes(found == measured->comm_bytes_by_group.end()
+                                                      ? 0.0
+                                                      : found->second[static_cast<std::size_t>(op)]));
+      }
+      text += "\n";
+    }
   return text;
 }
 
