@@ -9,9 +9,9 @@
 //   after the last backward: gradient reductions beyond what the last backward hides (data
 //     parallelism's buckets, ZeRO stage 1's reduce-scatter and hybrid sharding's sums across
 //     replicas start as layers finish, so all but the last layer's share can hide behind it;
-//     ZeRO 2-3 reduce every micro-batch behind its
-//     backward, stage 3 gathers behind the layer before), ZeRO 1-2's gather after the update,
-//     the loop's world sums, and the optimizer at the memory-bound rate.
+//     ZeRO 2-3 reduce every micro-batch behind its backward, stage 3 gathers behind the layer
+//     before), ZeRO 1-2's gather after the update, the loop's world sums, and the optimizer at
+//     the memory-bound rate.
 // Every collective takes latency + bus bytes / bus bandwidth on the link class its group
 // crosses, with one latency per layer and micro-batch (per layer for once-a-step reductions).
 #include "plan/layout_estimate.hpp"
@@ -41,8 +41,8 @@ bool crosses_nodes(const GridShape& shape, GroupKind kind, int rank, int ranks_p
       return node(place.tp, position, place.pp) != node(place.tp, position + shape.dp - shard, place.pp);
     case GroupKind::expert_data_shard:
       // ep ranks apart inside one shard group, or alone in it (shard sizes that divide ep).
-      return shard % shape.ep == 0 &&
-             node(place.tp, block_first + place.ep, place.pp) != node(place.tp, block_first + shard - shape.ep + place.ep, place.pp);
+      return shard % shape.ep == 0 && node(place.tp, block_first + place.ep, place.pp) !=
+                                          node(place.tp, block_first + shard - shape.ep + place.ep, place.pp);
     case GroupKind::expert_data_replica: {
       // The same place in every shard group, or the whole edp group when shards are single ranks.
       const int first = shard % shape.ep == 0 ? position : place.ep;

@@ -8,9 +8,8 @@ EPSILON = 2^-8 between neighbouring values.
   hybrid sharding, pipelines, micro-batches, experts, recomputation, offload, with fp32 gradient
   reductions): a row's GEMM and every rounding of it are the same in every layout, so runs
   differ only by the order of fp32 sums (gradients over ranks and micro-batches, about 1e-7
-  relative). That reaches bf16 only where
-  a master weight lies that close to a rounding midpoint of its compute copy and rounds the other
-  way: one element moved by one bf16 step. SAME_ROUNDING = EPSILON / 16 admits such flips in one
+  relative). That reaches bf16 only where a master weight lies that close to a rounding midpoint
+  of its compute copy and rounds the other way: one element moved by one bf16 step. SAME_ROUNDING = EPSILON / 16 admits such flips in one
   element of every 256 (relative L2: sqrt(1/256) = 1/16 of a step), while a rounding left out or
   a reduction in a 16-bit type changes the rounding of every element of a tensor (an RMS change
   of about a third of a step), which the broken-variant test shows falls outside.
