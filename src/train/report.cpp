@@ -102,6 +102,21 @@ nlohmann::json step_json(const StepRecord& record) {
 
 namespace {
 
+// The predicted bytes per step of each (group, operation) that moves any.
+struct GroupBytes {
+  GroupKind group = GroupKind::world;
+  CommOp op = CommOp::all_reduce;
+  std::int64_t bytes = 0;
+};
+std::vector<GroupBytes> predicted_bytes_by_group(const Prediction& prediction) {
+  std::vector<GroupBytes> rows;
+  for (GroupKind group : all_group_kinds)
+    for (CommOp op : training_comm_ops)
+      if (const std::int64_t bytes = prediction.comm(group, op); bytes > 0)
+        rows.push_back({.group = group, .op = op, .bytes = bytes});
+  return rows;
+}
+
 // The placement and communication tables as JSON: predicted bytes, and measured ones when given.
 std::pair<nlohmann::json, nlohmann::json> prediction_json(const Prediction& prediction, const RunSummary* measured) {
   nlohmann::json placement = nlohmann::json::object();
@@ -151,10 +166,8 @@ nlohmann::json summary_json(const RunSummary& summary) {
       if (bytes[static_cast<int>(op)] > 0) by_group[group][std::string(comm_op_name(op))] = bytes[static_cast<int>(op)];
   object["comm_bytes_by_group"] = by_group;
   nlohmann::json predicted_by_group = nlohmann::json::object();
-  for (GroupKind group : all_group_kinds)
-    for (CommOp op : training_comm_ops)
-      if (const std::int64_t bytes = summary.prediction.comm(group, op); bytes > 0)
-        predicted_by_group[std::string(group_name(group))][std::string(comm_op_name(op))] = bytes;
+  for (const GroupBytes& entry : predicted_bytes_by_group(summary.prediction))
+    predicted_by_group[std::string(group_name(entry.group))][std::string(comm_op_name(entry.op))] = entry.bytes;
   object["predicted_comm_bytes_by_group"] = predicted_by_group;
   if (summary.steps > 0) object["final_loss"] = summary.final_loss;
   if (!summary.mfu.empty()) object["mfu"] = median(summary.mfu);
@@ -192,27 +205,23 @@ std::string placement_table(const Prediction& prediction, const RunSummary* meas
     if (measured) text += fmt::format("{:>16}", human_bytes(means[index]));
     text += "\n";
   }
-  // By group, where more than one group shares the operations: which link each byte takes.
-  int groups = 0;
-  for (GroupKind group : all_group_kinds)
-    groups += group != GroupKind::world && std::ranges::any_of(training_comm_ops, [&](CommOp op) {
-                return prediction.comm(group, op) > 0;
-              });
-  if (groups < 2) return text;
-  for (GroupKind group : all_group_kinds)
-    for (CommOp op : training_comm_ops) {
-      const std::int64_t bytes = prediction.comm(group, op);
-      if (bytes == 0 || group == GroupKind::world) continue;
-      text += fmt::format("  {:<24}{:>16}", fmt::format("{} {}", group_name(group), comm_op_name(op)),
-                          human_bytes(static_cast<double>(bytes)));
-      if (measured) {
-        const auto found = measured->comm_bytes_by_group.find(std::string(group_name(group)));
-        text += fmt::format("{:>16}", human_bytes(found == measured->comm_bytes_by_group.end()
-                                                      ? 0.0
-                                                      : found->second[static_cast<std::size_t>(op)]));
-      }
-      text += "\n";
+  // By group (the loop's world sums aside), where more than one group shares the operations:
+  // which link each byte takes.
+  std::vector<GroupBytes> rows = predicted_bytes_by_group(prediction);
+  std::erase_if(rows, [](const GroupBytes& row) { return row.group == GroupKind::world; });
+  if (rows.empty() || std::ranges::all_of(rows, [&](const GroupBytes& row) { return row.group == rows.front().group; }))
+    return text;
+  for (const GroupBytes& row : rows) {
+    const std::string group(group_name(row.group));
+    text += fmt::format("  {:<24}{:>16}", fmt::format("{} {}", group, comm_op_name(row.op)),
+                        human_bytes(static_cast<double>(row.bytes)));
+    if (measured) {
+      const auto found = measured->comm_bytes_by_group.find(group);
+      const bool seen = found != measured->comm_bytes_by_group.end();
+      text += fmt::format("{:>16}", human_bytes(seen ? found->second[static_cast<std::size_t>(row.op)] : 0.0));
     }
+    text += "\n";
+  }
   return text;
 }
 

@@ -48,7 +48,8 @@ std::string describe_run(const Run& run) {
       "model: {} layers {} ({} parameters), {} data ({} train samples), global batch {} in {} "
       "micro-batch(es), {} steps\ndevice: {}, communication: {}\nkernels: {}",
       shape.world, shape.dp, shape.tp, shape.pp, shape.ep, config.zero,
-      hybrid_sharding(shape) ? fmt::format(" (shards over {})", shard_ranks(shape)) : "", strategies.empty() ? " none" : strategies,
+      hybrid_sharding(shape) ? fmt::format(" (shards over {})", shard_ranks(shape)) : "",
+      strategies.empty() ? " none" : strategies,
       specs.size(), widths, parameter_count(specs), run.dataset->info().name, run.dataset->info().train_size,
       config.global_batch, config.micro_batches, config.steps, run.device.description,
       config.comm == CommBackend::nccl ? "NCCL, device to device"
@@ -114,7 +115,8 @@ void write_trace_file(Run& run) {
   const GridShape& shape = run.groups->shape();
   const nlohmann::json layout = {
       {"world", shape.world}, {"dp", shape.dp}, {"tp", shape.tp}, {"pp", shape.pp}, {"ep", shape.ep},
-      {"zero", config.zero}, {"zero_shard_size", config.zero_shard_size}, {"strategies", run.model->strategies->names()},
+      {"zero", config.zero}, {"zero_shard_size", config.zero_shard_size},
+      {"strategies", run.model->strategies->names()},
       {"schedule", choice_name(config.schedule)}, {"micro_batches", config.micro_batches},
       {"global_batch", config.global_batch}, {"layers", config.layers}};
   agree_or_throw(run.world(), [&] {
