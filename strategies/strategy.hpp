@@ -50,7 +50,14 @@ struct StrategyContext {
 // count (rows gathered from a group, say): the runner then allocates the layer's outputs for
 // layer_rows rows, the next layer receives that many, and in backward the layer writes d loss /
 // d layer_input into `layer_grad_input`, which the substituting strategy maps back into
-// grad_input in its after-hook. Pointers not yet computed at the hook's point are null.
+// grad_input in its after-hook. Likewise a before-hook may give the layer's outputs other rows
+// than it computes on (`output_rows`: a sum over a group split into row blocks, say): the product
+// x W^T then goes to `product` ([layer_rows, out], transient) and the substituting strategy fills
+// `pre` ([output_rows, out]) from it in after_layer_matmul; bias and activation apply to the
+// output rows, the next layer receives them, and in backward the strategy fills `grad_product`
+// ([layer_rows, out]) from `grad_pre` ([output_rows, out]) in before_layer_matmul_backward.
+// Without such a substitution product is pre and grad_product is null (grad_pre serves).
+// Pointers not yet computed at the hook's point are null.
 // `unit_values` and `unit_grads` are where this use reads the layer's parameters and writes their
 // gradients: the layer's unit (its tensors in the store's layout, from the unit's first element),
 // the store's own unless a before-hook points either elsewhere (a gathered copy of sharded
@@ -78,10 +85,15 @@ struct LayerEvent {
   void* unit_grads = nullptr;
   const LinearLayer* parameters = nullptr;
   bool accumulate_grads = false;  // add into the gradients (later micro-batches) or overwrite
-  void* pre = nullptr;            // x W^T, then + b ([layer_rows, out])
+  std::int64_t output_rows = 0;   // the rows of the layer's outputs (0: layer_rows)
+  void* product = nullptr;        // x W^T ([layer_rows, out])
+  void* pre = nullptr;            // x W^T, then + b ([output_rows, out])
   void* output = nullptr;         // the layer's output (GELU(pre) or pre); forward only
-  const void* grad_output = nullptr;  // backward: d loss / d output ([layer_rows, out])
+  const void* grad_output = nullptr;  // backward: d loss / d output ([output_rows, out])
+  const void* grad_pre = nullptr;     // backward: d loss / d pre ([output_rows, out])
+  void* grad_product = nullptr;       // backward: d loss / d product ([layer_rows, out]) if split
   bool last_micro_batch() const { return micro_batch == micro_batches - 1; }
+  std::int64_t output_row_count() const { return output_rows > 0 ? output_rows : layer_rows; }
   // A before-hook's substitution of what the layer computes on.
   void substitute_input(const void* input_rows, std::int64_t row_count, void* grad_rows = nullptr) {
     layer_input = input_rows;
@@ -117,10 +129,16 @@ class LayerHooks {
   virtual ~LayerHooks() = default;
   virtual void before_step(const StepEvent&) {}
   virtual void before_layer_forward(LayerEvent&) {}
-  // Between the matrix product and bias/activation: pre holds x W^T.
+  // Between the matrix product and bias/activation: product holds x W^T (an MoE layer's: its
+  // experts' combined output), and pre must hold what the bias and activation apply to when the
+  // hooks return (they are the same memory unless a before-hook changed the output rows).
   virtual void after_layer_matmul(LayerEvent&) {}
   virtual void after_layer_forward(LayerEvent&) {}
   virtual void before_layer_backward(LayerEvent&) {}
+  // Between the activation's backward and the products': grad_pre holds d loss / d pre, and
+  // grad_product must hold d loss / d product when the hooks return (the same memory unless the
+  // output rows differ from the rows the layer computes on).
+  virtual void before_layer_matmul_backward(LayerEvent&) {}
   // The layer's parameter gradients for this micro-batch are complete.
   virtual void after_layer_backward(LayerEvent&) {}
   // After the last backward: every gradient must be final when this returns.
@@ -174,6 +192,10 @@ struct StrategyRegistration {
                        const GridCoordinates& place) = nullptr;
   std::vector<Action> (*schedule)(const Config& config, const GridShape& shape,
                                   const GridCoordinates& place, int micro_batches, bool training) = nullptr;
+  // The rows of each of the rank's layers' outputs in a training micro-batch (one entry per
+  // local layer, the micro-batch's rows unless a strategy splits them): what its hooks will make
+  // of them, for the cost model.
+  void (*split_rows)(const RankLayout& layout, std::vector<std::int64_t>& output_rows) = nullptr;
   // Adds the strategy's closed-form terms to a rank's prediction.
   void (*predict)(const RankLayout& layout, Prediction& prediction) = nullptr;
   // A sentence for the start of the run.

@@ -17,6 +17,17 @@
 // input gradient a partial sum, all-reduced as a column-parallel layer's is (the router, held
 // whole, contributes its part on one rank; expert parallelism sums the router's probability
 // gradients). The sums carry the activations' type (the param type).
+//
+// Sequence parallelism (--sequence-parallel; Korthikanti et al., "Reducing activation
+// recomputation in large transformer models", 2022), on rows since an MLP has no sequence:
+// between a layer whose output is summed over the group (row-parallel, MoE) and the next layer
+// that starts from the whole input (column-parallel, MoE), every rank would hold the same rows.
+// There the sum becomes a reduce-scatter into this rank's block of rows (bias and GELU apply to
+// it and it is kept for backward), and the next layer all-gathers the blocks into a transient
+// input, again in backward for its weight gradient (as Megatron-LM does, rather than keep it);
+// its input gradient is reduce-scattered instead of all-reduced, and the split layer's pre-
+// activation gradient is all-gathered before its products' backward. A boundary the pipeline
+// cuts, the model's end and evaluation (whose last micro-batch may not split evenly) stay whole.
 #include <fmt/format.h>
 
 #include "strategies/strategy.hpp"
@@ -36,6 +47,19 @@ PairPart part_of(int layer, const std::vector<LayerSpec>& model) {
   return layer + 1 < static_cast<int>(model.size()) && !is_moe(layer + 1) ? PairPart::column : PairPart::replicated;
 }
 
+bool sums_output(PairPart part) { return part == PairPart::row || part == PairPart::experts; }
+bool starts_whole(PairPart part) { return part == PairPart::column || part == PairPart::experts; }
+
+// Whether sequence parallelism splits the layer's output rows: a sum whose next layer runs here
+// and starts from the whole input (which it then gathers).
+bool splits_output(int layer, const std::vector<LayerSpec>& model, LayerRange local, bool sequence_parallel) {
+  return sequence_parallel && sums_output(part_of(layer, model)) && layer + 1 < local.last &&
+         starts_whole(part_of(layer + 1, model));
+}
+bool gathers_input(int layer, const std::vector<LayerSpec>& model, LayerRange local, bool sequence_parallel) {
+  return layer > local.first && splits_output(layer - 1, model, local, sequence_parallel);
+}
+
 // This rank's slice [begin, end) of an extent split over the group.
 std::pair<std::int64_t, std::int64_t> slice(std::int64_t extent, int rank, int size) {
   return {extent * rank / size, extent * (rank + 1) / size};
@@ -44,35 +68,92 @@ std::pair<std::int64_t, std::int64_t> slice(std::int64_t extent, int rank, int s
 class TensorParallel final : public Strategy, public LayerHooks {
  public:
   explicit TensorParallel(const StrategyContext& context)
-      : model_(context.layers), group_(context.groups.group(GroupKind::tensor)) {}
+      : model_(context.layers), local_(context.local), sequence_parallel_(context.config.sequence_parallel),
+        allocator_(context.allocator), group_(context.groups.group(GroupKind::tensor)) {}
 
-  // g: the row-parallel layer's partial products are summed before the bias.
-  void after_layer_matmul(LayerEvent& event) override {
-    if (part_of(event.layer, model_) != PairPart::row) return;
-    group_.all_reduce(event.pre, static_cast<std::size_t>(event.layer_rows * event.parameters->spec.out_features),
-                      event.activation_type);
+  // A split output has a block of the rows; a gathered input (in forward, for the layer's
+  // products) has every block.
+  void before_layer_forward(LayerEvent& event) override {
+    if (gathers(event)) gather_input(event, nullptr);
+    if (splits(event)) event.output_rows = event.layer_rows / group_.size();
   }
 
-  // An MoE layer's output: the sum of its experts' slices.
-  void after_layer_forward(LayerEvent& event) override {
-    if (part_of(event.layer, model_) != PairPart::experts) return;
-    group_.all_reduce(event.output, static_cast<std::size_t>(event.layer_rows * event.parameters->spec.out_features),
-                      event.activation_type);
+  // g: the partial products of a row-parallel (or MoE) layer are summed before the bias, into
+  // this rank's block of rows when split.
+  void after_layer_matmul(LayerEvent& event) override {
+    if (!sums_output(part_of(event.layer, model_))) return;
+    const std::int64_t out = event.parameters->spec.out_features;
+    if (splits(event)) {
+      group_.reduce_scatter(event.product, event.pre, elements(event.output_row_count(), out), event.activation_type);
+    } else {
+      group_.all_reduce(event.pre, elements(event.layer_rows, out), event.activation_type);
+    }
+  }
+
+  void after_layer_forward(LayerEvent&) override { gathered_input_ = Buffer{}; }
+
+  void before_layer_backward(LayerEvent& event) override {
+    if (!gathers(event)) return;
+    Buffer grad = event.grad_input == nullptr
+                      ? Buffer{}
+                      : allocate(event.rows * group_.size(), event.parameters->spec.in_features, event);
+    gather_input(event, event.grad_input == nullptr ? nullptr : grad.as<void>());
+    gathered_grad_ = std::move(grad);
+  }
+
+  // g's backward when split: the blocks of d loss / d pre, gathered for the products' backward.
+  void before_layer_matmul_backward(LayerEvent& event) override {
+    if (!splits(event)) return;
+    group_.all_gather(event.grad_pre, event.grad_product,
+                      elements(event.output_row_count(), event.parameters->spec.out_features), event.activation_type);
   }
 
   // f's backward: the column-parallel layer's input gradient is summed over the output slices
-  // (an MoE layer's over its experts' slices).
+  // (an MoE layer's over its experts' slices), into this rank's block of rows when the input was
+  // gathered.
   void after_layer_backward(LayerEvent& event) override {
+    const std::int64_t in = event.parameters->spec.in_features;
+    if (gathers(event)) {
+      if (event.grad_input != nullptr)
+        group_.reduce_scatter(event.layer_grad_input, event.grad_input, elements(event.rows, in), event.activation_type);
+      gathered_input_ = Buffer{};
+      gathered_grad_ = Buffer{};
+      return;
+    }
     const PairPart part = part_of(event.layer, model_);
-    if ((part != PairPart::column && part != PairPart::experts) || event.layer_grad_input == nullptr) return;
-    group_.all_reduce(event.layer_grad_input,
-                      static_cast<std::size_t>(event.layer_rows * event.parameters->spec.in_features),
-                      event.activation_type);
+    if (!starts_whole(part) || event.layer_grad_input == nullptr) return;
+    group_.all_reduce(event.layer_grad_input, elements(event.layer_rows, in), event.activation_type);
   }
 
  private:
+  static std::size_t elements(std::int64_t rows, std::int64_t columns) {
+    return static_cast<std::size_t>(rows * columns);
+  }
+  // Evaluation stays whole: its micro-batches need not split evenly and keep nothing.
+  bool splits(const LayerEvent& event) const {
+    return event.training && splits_output(event.layer, model_, local_, sequence_parallel_);
+  }
+  bool gathers(const LayerEvent& event) const {
+    return event.training && gathers_input(event.layer, model_, local_, sequence_parallel_);
+  }
+  Buffer allocate(std::int64_t rows, std::int64_t columns, const LayerEvent& event) {
+    return allocator_.allocate_elements(MemoryState::workspace, elements(rows, columns), event.activation_type);
+  }
+  // Every rank's block of the layer's input rows, which the layer then computes on.
+  void gather_input(LayerEvent& event, void* grad_rows) {
+    const std::int64_t in = event.parameters->spec.in_features, rows = event.rows * group_.size();
+    gathered_input_ = allocate(rows, in, event);
+    group_.all_gather(event.input, gathered_input_.as<void>(), elements(event.rows, in), event.activation_type);
+    event.substitute_input(gathered_input_.as<void>(), rows, grad_rows);
+  }
+
   const std::vector<LayerSpec>& model_;
+  const LayerRange local_;
+  const bool sequence_parallel_;
+  Allocator& allocator_;
   Communicator& group_;
+  Buffer gathered_input_;  // the current layer's gathered input
+  Buffer gathered_grad_;   // and the gradient of it, before its reduce-scatter
 };
 
 bool wanted(const Config&, const GridShape& shape) { return shape.tp > 1; }
@@ -107,30 +188,53 @@ std::unique_ptr<Strategy> create(const StrategyContext& context) {
   return std::make_unique<TensorParallel>(context);
 }
 
+// The rows of each local layer's outputs in a training micro-batch: a block of them where the
+// hooks split them.
+void split_rows(const RankLayout& layout, std::vector<std::int64_t>& output_rows) {
+  for (int layer = layout.layers.first; layer < layout.layers.last; ++layer)
+    if (splits_output(layer, layout.model, layout.layers, layout.config.sequence_parallel))
+      output_rows[static_cast<std::size_t>(layer - layout.layers.first)] /= layout.shape.tp;
+}
+
 void predict(const RankLayout& layout, Prediction& prediction) {
   const Config& config = layout.config;
   Prediction::shard(prediction.params);
   Prediction::shard(prediction.grads);
   Prediction::shard(prediction.optimizer);
-  // Per micro-batch: each pair's forward sum of [rows, out] and, unless the pair starts the
-  // model, the backward sum of the column layer's input gradient [rows, in]. Recomputation runs
-  // the forward sum again for each row layer whose pre-activation it drops (GELU's).
-  // An MoE layer sums its output and its input gradient, and (in fp32) the router's probability
-  // gradients [rows, E].
-  std::int64_t elements = 0, float_elements = 0;
+  // Per micro-batch, in elements of whole [rows, width] tensors (the ledger's size of each
+  // operation): a summed output's forward sum of [rows, out] (all-reduce, or reduce-scatter and
+  // the all-gather of its gradient in backward when split), and a whole-input layer's backward
+  // sum of its input gradient [rows, in] unless it starts the model (all-reduce, or when it
+  // gathers its input: the gathers in forward and backward and the reduce-scatter of the
+  // gradient). Recomputation runs a GELU layer's forward again, with its forward operations.
+  // An MoE layer also sums (in fp32) the router's probability gradients [rows, E].
+  std::int64_t all_reduce = 0, reduce_scatter = 0, all_gather = 0, float_elements = 0;
+  const bool sequence_parallel = config.sequence_parallel;
   for (int index = layout.layers.first; index < layout.layers.last; ++index) {  // this rank's layers
     const LayerSpec& layer = layout.model[static_cast<std::size_t>(index)];
     const PairPart part = part_of(layer.index, layout.model);
-    if (part == PairPart::row) elements += layout.rows * layer.out_features * (config.recompute && layer.gelu ? 2 : 1);
-    if (part == PairPart::column && layer.index > 0) elements += layout.rows * layer.in_features;
-    if (part == PairPart::experts) {
-      elements += layout.rows * (layer.out_features + layer.in_features);
-      float_elements += layout.rows * layer.experts;
+    const std::int64_t forwards = config.recompute && layer.gelu ? 2 : 1;
+    const std::int64_t output = layout.rows * layer.out_features, input = layout.rows * layer.in_features;
+    if (splits_output(index, layout.model, layout.layers, sequence_parallel)) {
+      reduce_scatter += forwards * output;
+      all_gather += output;
+    } else if (sums_output(part)) {
+      all_reduce += forwards * output;
     }
+    if (gathers_input(index, layout.model, layout.layers, sequence_parallel)) {
+      all_gather += (forwards + 1) * input;
+      reduce_scatter += input;
+    } else if (starts_whole(part) && layer.index > 0) {
+      all_reduce += input;
+    }
+    if (part == PairPart::experts) float_elements += layout.rows * layer.experts;
   }
-  prediction.add_comm(GroupKind::tensor, CommOp::all_reduce,
-                      config.micro_batches *
-                          (elements * static_cast<std::int64_t>(size_of(config.param_dtype)) + 4 * float_elements));
+  const auto bytes = [&](std::int64_t elements) {
+    return config.micro_batches * elements * static_cast<std::int64_t>(size_of(config.param_dtype));
+  };
+  prediction.add_comm(GroupKind::tensor, CommOp::all_reduce, bytes(all_reduce) + config.micro_batches * 4 * float_elements);
+  if (reduce_scatter > 0) prediction.add_comm(GroupKind::tensor, CommOp::reduce_scatter, bytes(reduce_scatter));
+  if (all_gather > 0) prediction.add_comm(GroupKind::tensor, CommOp::all_gather, bytes(all_gather));
 }
 
 std::string describe(const RankLayout& layout) {
@@ -140,9 +244,16 @@ std::string describe(const RankLayout& layout) {
     replicated += part_of(layer, layout.model) == PairPart::replicated ? 1 : 0;
     moe += part_of(layer, layout.model) == PairPart::experts ? 1 : 0;
   }
-  return fmt::format("tensor parallel over {} ranks: {} column/row layer pair(s), {} replicated layer(s){}",
+  int splits = 0;
+  for (int layer = layout.layers.first; layer < layout.layers.last; ++layer)
+    splits += splits_output(layer, layout.model, layout.layers, layout.config.sequence_parallel) ? 1 : 0;
+  return fmt::format("tensor parallel over {} ranks: {} column/row layer pair(s), {} replicated layer(s){}{}",
                      layout.shape.tp, pairs, replicated,
-                     moe > 0 ? fmt::format(", {} MoE layer(s) with their experts split", moe) : "");
+                     moe > 0 ? fmt::format(", {} MoE layer(s) with their experts split", moe) : "",
+                     layout.config.sequence_parallel
+                         ? fmt::format("; sequence parallel: the rows after {} of this rank's layer(s) split "
+                                       "{} ways", splits, layout.shape.tp)
+                         : "");
 }
 
 constexpr Role roles[] = {Role::splits_tensors};
@@ -159,6 +270,7 @@ extern const StrategyRegistration tensor_parallel_registration{.name = "tensor_p
                                                                .wanted = wanted,
                                                                .create = create,
                                                                .plan = plan,
+                                                               .split_rows = split_rows,
                                                                .predict = predict,
                                                                .describe = describe};
 

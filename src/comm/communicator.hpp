@@ -111,6 +111,14 @@ class Communicator {
   Request all_reduce_async(void* data, std::size_t count, DataType type) {
     return start(all_reduce_operation(data, count, type, ReduceOp::sum));
   }
+  // Row blocks: rank r's block of `send` (at r x count) summed into `receive` (count elements),
+  // and each rank's `send` (count elements) gathered into `receive` in rank order.
+  void reduce_scatter(const void* send, void* receive, std::size_t receive_count, DataType type) {
+    run({.op = CommOp::reduce_scatter, .send = send, .receive = receive, .count = receive_count, .type = type});
+  }
+  void all_gather(const void* send, void* receive, std::size_t send_count, DataType type) {
+    run({.op = CommOp::all_gather, .send = send, .receive = receive, .count = send_count, .type = type});
+  }
   Request reduce_scatter_in_place_async(void* data, std::size_t count_per_rank, DataType type) {
     return start({.op = CommOp::reduce_scatter, .send = data, .receive = data, .count = count_per_rank, .type = type});
   }

@@ -122,6 +122,7 @@ struct Config {
   int ep = 1;
   int zero = 0;
   int zero_shard_size = 0;  // ZeRO's shards over groups of this many data-parallel ranks (0: all)
+  bool sequence_parallel = false;  // split the rows tensor parallelism replicates over its group
   PipelineKind schedule = PipelineKind::one_f_one_b;
   bool recompute = false;
   bool offload = false;

@@ -51,7 +51,9 @@ ActivationProfile activation_profile(const RankLayout& layout, const RoutingSeen
   const auto free = [&](std::int64_t& bytes) { alive -= std::exchange(bytes, 0); };
   const std::size_t count = specs.size();
   std::vector<std::int64_t> pre(count, 0), output(count, 0);
-  const auto layer_bytes = [&](std::size_t local) { return rows * specs[local].out_features * row_bytes; };
+  const auto layer_bytes = [&](std::size_t local) {
+    return layout.layer_output_rows(local) * specs[local].out_features * row_bytes;
+  };
   for (std::size_t local = 0; local < count; ++local) {
     allocate(pre[local] = layer_bytes(local));
     if (specs[local].gelu) allocate(output[local] = layer_bytes(local));

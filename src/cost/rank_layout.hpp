@@ -28,8 +28,12 @@ struct RankLayout {
   std::int64_t rows = 0;                 // samples of a micro-batch on this rank
   LossKind loss_kind = LossKind::mse;
   std::vector<Action> schedule;          // one training step's actions on this rank
+  std::vector<std::int64_t> output_rows; // per local layer: the rows of its outputs (empty: rows)
 
   int local_layer_count() const { return layers.last - layers.first; }
+  std::int64_t layer_output_rows(std::size_t local) const {
+    return local < output_rows.size() ? output_rows[local] : rows;
+  }
   // The local shape of a layer of this rank (its tensors' slices): in/out as this rank computes.
   LayerSpec local_spec(int layer) const;
   // Elements of the store's padded layout (what it holds of values and of gradients).

@@ -39,23 +39,36 @@ void linear_forward_finish(Kernels& kernels, const LinearLayer& layer, std::int6
 void linear_backward(Kernels& kernels, const LinearLayer& layer, const void* input,
                      const void* pre, const void* grad_output, std::int64_t rows,
                      void* grad_pre, void* grad_input, bool accumulate) {
+  const void* grad_linear =
+      linear_backward_activation(kernels, layer, pre, grad_output, rows, grad_pre, layer.bias_grad, accumulate);
+  linear_backward_matmul(kernels, layer, input, grad_linear, rows, grad_input, accumulate);
+}
+
+const void* linear_backward_activation(Kernels& kernels, const LinearLayer& layer, const void* pre,
+                                       const void* grad_output, std::int64_t rows, void* grad_pre,
+                                       void* bias_grad, bool accumulate) {
+  const std::int64_t out = layer.spec.out_features;
+  const DataType type = layer.precision.param, grad_type = layer.precision.reduce;
+  if (!layer.spec.gelu) {
+    kernels.column_sums(grad_output, type, bias_grad, grad_type, accumulate, rows, out);
+    return grad_output;
+  }
+  kernels.gelu_backward(grad_output, pre, grad_pre, type, bias_grad, grad_type, accumulate, rows, out);
+  return grad_pre;
+}
+
+void linear_backward_matmul(Kernels& kernels, const LinearLayer& layer, const void* input, const void* grad_pre,
+                            std::int64_t rows, void* grad_input, bool accumulate) {
   const std::int64_t in = layer.spec.in_features, out = layer.spec.out_features;
   const DataType type = layer.precision.param, grad_type = layer.precision.reduce;
-  const void* grad_linear = grad_output;
-  if (layer.spec.gelu) {
-    kernels.gelu_backward(grad_output, pre, grad_pre, type, layer.bias_grad, grad_type, accumulate, rows, out);
-    grad_linear = grad_pre;
-  } else {
-    kernels.column_sums(grad_output, type, layer.bias_grad, grad_type, accumulate, rows, out);
-  }
   // dX before dW: the last use of W comes first, so a caller may let dW overwrite W.
   if (grad_input != nullptr) {
-    // dX [rows, in] = grad_linear [rows, out] x W [out, in]
-    kernels.gemm({.m = rows, .n = in, .k = out, .a = grad_linear, .lda = out, .b = layer.weight, .ldb = in,
+    // dX [rows, in] = grad_pre [rows, out] x W [out, in]
+    kernels.gemm({.m = rows, .n = in, .k = out, .a = grad_pre, .lda = out, .b = layer.weight, .ldb = in,
                   .c = grad_input, .ldc = in, .input = type, .output = type});
   }
-  // dW [out, in] (+)= grad_linear^T [out, rows] x input [rows, in], into the gradients' type.
-  kernels.gemm({.transpose_a = Transpose::yes, .m = out, .n = in, .k = rows, .a = grad_linear, .lda = out,
+  // dW [out, in] (+)= grad_pre^T [out, rows] x input [rows, in], into the gradients' type.
+  kernels.gemm({.transpose_a = Transpose::yes, .m = out, .n = in, .k = rows, .a = grad_pre, .lda = out,
                 .b = input, .ldb = in, .beta = accumulate ? 1.0f : 0.0f, .c = layer.weight_grad, .ldc = in,
                 .input = type, .output = grad_type});
 }

@@ -42,5 +42,14 @@ void linear_forward_finish(Kernels& kernels, const LinearLayer& layer, std::int6
 void linear_backward(Kernels& kernels, const LinearLayer& layer, const void* input, const void* pre,
                      const void* grad_output, std::int64_t rows, void* grad_pre, void* grad_input,
                      bool accumulate);
+// linear_backward's two halves, for a caller that runs something between them. The activation's:
+// grad_pre = d loss / d pre (GELU's backward, or grad_output itself: then grad_pre is returned
+// as grad_output), and the column sums of it into `bias_grad`. The products': grad_input (if
+// not null) and the weight gradient, from d loss / d pre of `rows` rows.
+const void* linear_backward_activation(Kernels& kernels, const LinearLayer& layer, const void* pre,
+                                       const void* grad_output, std::int64_t rows, void* grad_pre,
+                                       void* bias_grad, bool accumulate);
+void linear_backward_matmul(Kernels& kernels, const LinearLayer& layer, const void* input, const void* grad_pre,
+                            std::int64_t rows, void* grad_input, bool accumulate);
 
 }  // namespace mlptrain

@@ -2,7 +2,8 @@
 // stage (one rank stands for its stage):
 //   forward and backward of a micro-batch: GEMM FLOPs at the cluster's rate for the param type
 //     (backward twice forward, plus recomputation's second forward), bias/GELU passes at the
-//     memory-bound rate, and the communication they wait for: tensor-parallel all-reduces and
+//     memory-bound rate, and the communication they wait for: tensor-parallel sums (and
+//     sequence parallelism's gathers) and
 //     expert exchanges (half in each pass) and the pipeline transfers they send;
 //   the pipeline: the stage lists the trainer runs, simulated with those per-stage times
 //     (schedule_timeline), which gives the bubble;
@@ -132,6 +133,8 @@ class StageModel {
     const double per_pass = micro_batches * layers;
     // Waited for inside forward and backward, per micro-batch.
     const double blocking = collective(work, GroupKind::tensor, CommOp::all_reduce, 2 * per_pass) +
+                            collective(work, GroupKind::tensor, CommOp::reduce_scatter, 2 * per_pass) +
+                            collective(work, GroupKind::tensor, CommOp::all_gather, 3 * per_pass) +
                             collective(work, GroupKind::expert, CommOp::all_to_all, 4 * per_pass) +
                             collective(work, GroupKind::pipeline, CommOp::send, 2 * micro_batches);
     collective(work, GroupKind::pipeline, CommOp::recv, 0);  // counted on the link, timed as the send

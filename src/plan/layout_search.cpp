@@ -50,25 +50,28 @@ std::vector<Config> every_layout(const Config& base, int world, int ranks_per_no
             for (PipelineKind schedule : {PipelineKind::one_f_one_b, PipelineKind::gpipe}) {
               if (pp == 1 && schedule != PipelineKind::one_f_one_b) continue;  // no pipeline, no schedule
               for (bool recompute : {false, true})
-                for (bool offload : offloads) {
-                  Config config = base;
-                  config.dp = dp;
-                  config.tp = tp;
-                  config.pp = pp;
-                  config.ep = ep;
-                  config.zero = zero;
-                  config.zero_shard_size = shard_size;
-                  config.schedule = schedule;
-                  config.micro_batches = micro_batches;
-                  config.recompute = recompute;
-                  config.offload = offload;
-                  try {
-                    validate_options(config, world);
-                  } catch (const UsageError&) {
-                    continue;
+                for (bool sequence_parallel : {false, true})
+                  for (bool offload : offloads) {
+                    if (sequence_parallel && tp == 1) continue;  // it splits over the tensor group
+                    Config config = base;
+                    config.dp = dp;
+                    config.tp = tp;
+                    config.pp = pp;
+                    config.ep = ep;
+                    config.zero = zero;
+                    config.zero_shard_size = shard_size;
+                    config.schedule = schedule;
+                    config.micro_batches = micro_batches;
+                    config.recompute = recompute;
+                    config.sequence_parallel = sequence_parallel;
+                    config.offload = offload;
+                    try {
+                      validate_options(config, world);
+                    } catch (const UsageError&) {
+                      continue;
+                    }
+                    layouts.push_back(std::move(config));
                   }
-                  layouts.push_back(std::move(config));
-                }
             }
     }
   }

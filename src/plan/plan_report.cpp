@@ -8,7 +8,7 @@ namespace mlptrain {
 namespace {
 
 std::string layout_name(const Config& config) {
-  std::string name = fmt::format("dp{} tp{} pp{}", config.dp, config.tp, config.pp);
+  std::string name = fmt::format("dp{} tp{}{} pp{}", config.dp, config.tp, config.sequence_parallel ? "sp" : "", config.pp);
   if (config.ep > 1) name += fmt::format(" ep{}", config.ep);
   if (config.pp > 1) name += fmt::format(" {}", choice_name(config.schedule));
   name += fmt::format(" zero{}", config.zero);
@@ -43,6 +43,7 @@ nlohmann::json plan_json(const PlannedLayout& planned, int world, int ranks_per_
                                  {"ep", config.ep},
                                  {"zero", config.zero},
                                  {"zero_shard_size", config.zero_shard_size},
+                                 {"sequence_parallel", config.sequence_parallel},
                                  {"schedule", config.pp > 1 ? std::string(choice_name(config.schedule)) : "none"},
                                  {"micro_batches", config.micro_batches},
                                  {"recompute", config.recompute},

@@ -119,25 +119,32 @@ void ModelRunner::layer_forward(MicroBatchActivations& activations, std::size_t 
   LinearLayer view = layer;
   MoeParameters moe_parameters;
   place_parameters(local, event, view, moe_parameters);
-  // The layer's outputs, for the rows it computes on (a recomputed layer's kept ones stay).
+  // The layer's outputs, for the rows they have (a recomputed layer's kept ones stay).
+  const std::int64_t output_rows = event.output_row_count();
   activations.layer_rows[local] = event.layer_rows;
+  activations.output_rows[local] = output_rows;
   const std::int64_t out = layer.spec.out_features;
   if (activations.pre[local].empty())
-    activations.pre[local] = allocate_rows(MemoryState::activations, event.layer_rows, out);
+    activations.pre[local] = allocate_rows(MemoryState::activations, output_rows, out);
   if (layer.spec.gelu && scratch == nullptr && activations.output[local].empty())
-    activations.output[local] = allocate_rows(MemoryState::activations, event.layer_rows, out);
+    activations.output[local] = allocate_rows(MemoryState::activations, output_rows, out);
   void* output = scratch != nullptr ? scratch : activations.output[local].as<void>();
   event.pre = activations.pre[local].as<void>();
+  // The product has the rows the layer computes on; with other output rows it is transient.
+  Buffer product;
+  if (output_rows != event.layer_rows) product = allocate_rows(MemoryState::workspace, event.layer_rows, out);
+  event.product = product.empty() ? event.pre : product.as<void>();
   if (moe_layers_[local]) {
     const MoeLayer::Pass moe_pass{kernels_, allocator_, strategies_.expert_exchange(), &moe_parameters};
-    moe_layers_[local]->forward(moe_pass, event.layer_input, event.layer_rows, event.pre, activations.moe[local],
+    moe_layers_[local]->forward(moe_pass, event.layer_input, event.layer_rows, event.product, activations.moe[local],
                                 training ? &moe_statistics_ : nullptr);
+    strategies_.after_layer_matmul(event);
     event.output = event.pre;
   } else {
-    linear_forward_matmul(kernels_, view, event.layer_input, event.layer_rows, event.pre);
+    linear_forward_matmul(kernels_, view, event.layer_input, event.layer_rows, event.product);
     strategies_.after_layer_matmul(event);
     event.output = layer.spec.gelu ? output : event.pre;
-    linear_forward_finish(kernels_, view, event.layer_rows, event.pre, event.output);
+    linear_forward_finish(kernels_, view, output_rows, event.pre, event.output);
   }
   strategies_.after_layer_forward(event);
 }
@@ -149,6 +156,7 @@ LossSums ModelRunner::forward(MicroBatchActivations& activations, int micro_batc
   activations.output.resize(layers_.size());
   activations.moe.resize(layers_.size());
   activations.layer_rows.resize(layers_.size());
+  activations.output_rows.resize(layers_.size());
   for (std::size_t local = 0; local < layers_.size(); ++local) {
     const void* input = local == 0 ? activations.input.as<void>() : layer_output(activations, local - 1);
     layer_forward(activations, local, input, input_rows(activations, local), nullptr, micro_batch,
@@ -204,6 +212,48 @@ void ModelRunner::recompute_segment(MicroBatchActivations& activations, std::siz
   }
 }
 
+void ModelRunner::layer_backward(MicroBatchActivations& activations, std::size_t local, LayerEvent& event,
+                                 void* grad_pre, int micro_batches, float loss_scale) {
+  strategies_.before_layer_backward(event);
+  LinearLayer view = layers_[local];
+  MoeParameters moe_parameters;
+  place_parameters(local, event, view, moe_parameters);
+  // With outputs of other rows than the layer computes on, d loss / d pre has the output rows
+  // (its bias sums wait for all rows, in the products' gradient) and the hooks fill the
+  // products' gradient for the layer's rows into the workspace.
+  const std::int64_t output_rows = event.output_row_count(), out = view.spec.out_features;
+  const bool split = output_rows != event.layer_rows;
+  Buffer split_grad_pre, unused_bias_sums;
+  if (split) {
+    split_grad_pre = allocate_rows(MemoryState::workspace, output_rows, out);
+    unused_bias_sums = allocator_.allocate_elements(MemoryState::workspace, static_cast<std::size_t>(out),
+                                                    view.precision.reduce);
+  }
+  if (moe_layers_[local]) {
+    event.grad_pre = event.grad_output;
+  } else {
+    event.grad_pre = linear_backward_activation(kernels_, view, event.pre, event.grad_output, output_rows,
+                                                split ? split_grad_pre.as<void>() : grad_pre,
+                                                split ? unused_bias_sums.as<void>() : view.bias_grad,
+                                                event.accumulate_grads);
+  }
+  event.grad_product = split ? grad_pre : nullptr;
+  strategies_.before_layer_matmul_backward(event);
+  const void* product_grad = split ? event.grad_product : event.grad_pre;
+  if (moe_layers_[local]) {
+    const MoeLayer::Pass moe_pass{kernels_, allocator_, strategies_.expert_exchange(), &moe_parameters};
+    moe_layers_[local]->backward(moe_pass, event.layer_input, product_grad, event.layer_rows, event.layer_grad_input,
+                                 activations.moe[local], event.accumulate_grads, micro_batches, loss_scale);
+  } else {
+    if (split)
+      kernels_.column_sums(product_grad, view.precision.param, view.bias_grad, view.precision.reduce,
+                           event.accumulate_grads, event.layer_rows, out);
+    linear_backward_matmul(kernels_, view, event.layer_input, product_grad, event.layer_rows,
+                           event.layer_grad_input, event.accumulate_grads);
+  }
+  strategies_.after_layer_backward(event);
+}
+
 void ModelRunner::backward(MicroBatchActivations& activations, int micro_batch,
                            int micro_batches, float loss_scale) {
   const std::int64_t rows = activations.rows;
@@ -222,7 +272,6 @@ void ModelRunner::backward(MicroBatchActivations& activations, int micro_batch,
     if (plan_.ends_segment(local))
       recompute_segment(activations, plan_.segment_start(local), local, workspace[2].as<void>(), micro_batch,
                         micro_batches);
-    const LinearLayer& layer = layers_[local];
     const int global_layer = first_layer_ + static_cast<int>(local);
     const void* input = local == 0 ? activations.input.as<void>() : layer_output(activations, local - 1);
     void* grad_input = global_layer == 0 ? nullptr
@@ -235,23 +284,11 @@ void ModelRunner::backward(MicroBatchActivations& activations, int micro_batch,
     event.input = event.layer_input = input;
     event.grad_input = event.layer_grad_input = grad_input;
     event.layer_rows = activations.layer_rows[local];
+    event.output_rows = activations.output_rows[local];
     event.accumulate_grads = micro_batch > 0;
     event.pre = activations.pre[local].as<void>();
     event.grad_output = grad_output;
-    strategies_.before_layer_backward(event);
-    LinearLayer view = layer;
-    MoeParameters moe_parameters;
-    place_parameters(local, event, view, moe_parameters);
-    if (moe_layers_[local]) {
-      const MoeLayer::Pass moe_pass{kernels_, allocator_, strategies_.expert_exchange(), &moe_parameters};
-      moe_layers_[local]->backward(moe_pass, event.layer_input, grad_output, event.layer_rows,
-                                   event.layer_grad_input, activations.moe[local], event.accumulate_grads,
-                                   micro_batches, loss_scale);
-    } else {
-      linear_backward(kernels_, view, event.layer_input, event.pre, grad_output, event.layer_rows,
-                      workspace[2].as<void>(), event.layer_grad_input, event.accumulate_grads);
-    }
-    strategies_.after_layer_backward(event);
+    layer_backward(activations, local, event, workspace[2].as<void>(), micro_batches, loss_scale);
     // The layer's activations and its input are read for the last time (the layer below needs
     // only its own input and pre-activation).
     activations.pre[local] = Buffer{};

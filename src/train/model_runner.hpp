@@ -1,8 +1,9 @@
 // Runs this rank's layers forward and backward for one micro-batch, keeping the activations that
 // backward needs (model/recompute_plan.hpp says which) and calling the strategies' hooks at the
 // fixed points around each layer. A layer computes on the rows its before-hook gives it (the
-// rows it received, unless a strategy substitutes others): its outputs are allocated for those
-// rows, the next layer receives them, and backward and recomputation use the same counts.
+// rows it received, unless a strategy substitutes others), and its outputs have the rows the
+// hook says (the same, unless a strategy splits them): they are allocated for those rows, the
+// next layer receives them, and backward and recomputation use the same counts.
 #pragma once
 
 #include <functional>
@@ -33,7 +34,8 @@ struct MicroBatchActivations {
   Buffer output_grad;         // d loss / d local output, received from the next stage
   Buffer input_grad;          // d loss / d local input, for the previous stage
   std::vector<MoeActivations> moe;  // per local layer (used by MoE layers)
-  std::vector<std::int64_t> layer_rows;  // per local layer: the rows it computed on
+  std::vector<std::int64_t> layer_rows;   // per local layer: the rows it computed on
+  std::vector<std::int64_t> output_rows;  // per local layer: the rows of its outputs
 };
 
 class ModelRunner {
@@ -53,7 +55,7 @@ class ModelRunner {
     return layer_output(activations, layers_.size() - 1);
   }
   static std::int64_t output_rows(const MicroBatchActivations& activations) {
-    return activations.layer_rows.empty() ? activations.rows : activations.layer_rows.back();
+    return activations.output_rows.empty() ? activations.rows : activations.output_rows.back();
   }
   const std::vector<LinearLayer>& layers() const { return layers_; }
   // The routing statistics of the training forwards since the last call (MoE layers).
@@ -100,13 +102,17 @@ class ModelRunner {
                      bool training, bool recomputing);
   // The rows layer `local` receives.
   std::int64_t input_rows(const MicroBatchActivations& activations, std::size_t local) const {
-    return local == 0 ? activations.rows : activations.layer_rows[local - 1];
+    return local == 0 ? activations.rows : activations.output_rows[local - 1];
   }
   // The layer's event before its hooks (its unit in the store), and its tensors placed from
   // where the before-hooks left the unit.
   LayerEvent layer_event(std::size_t local) const;
   void place_parameters(std::size_t local, LayerEvent& event, LinearLayer& view,
                         MoeParameters& moe_parameters) const;
+  // Backward of layer `local` (its event prepared and its before-hooks run) from grad_output
+  // into event.layer_grad_input; `grad_pre` is workspace for d loss / d pre of layer_rows rows.
+  void layer_backward(MicroBatchActivations& activations, std::size_t local, LayerEvent& event,
+                      void* grad_pre, int micro_batches, float loss_scale);
   // Recomputes the activations of the local layers [first, last] that forward dropped; the last
   // layer's output is not needed again and goes to `scratch`.
   void recompute_segment(MicroBatchActivations& activations, std::size_t first, std::size_t last,

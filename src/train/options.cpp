@@ -56,6 +56,9 @@ void visit_options(Config_& c, Visit&& visit) {
   visit(S::parallelism, "zero-shard-size", c.zero_shard_size,
         "hybrid sharding: ZeRO's shards span groups of this many consecutive data-parallel ranks "
         "(a node), replicated across the groups (0: the whole data-parallel group)");
+  visit(S::parallelism, "sequence-parallel", c.sequence_parallel,
+        "with --tp: split the rows every tensor rank would hold whole between a row-parallel layer "
+        "and the next column-parallel (or MoE) layer over the tensor group");
   visit(S::parallelism, "schedule", c.schedule, "pipeline schedule: 1f1b | gpipe");
   visit(S::parallelism, "recompute", c.recompute, "recompute activations in backward");
   visit(S::parallelism, "offload", c.offload, "optimizer state and its update in host memory (cuda, loopback)");
@@ -304,6 +307,13 @@ void validate_options(Config& c, int world_size) {
           fmt::format("the micro-batch of {} samples (--global-batch {} / --micro-batches {}) is "
                       "not divisible by dp {}", c.global_batch / c.micro_batches, c.global_batch,
                       c.micro_batches, c.dp));
+  if (c.sequence_parallel) {
+    const int rows = c.global_batch / c.micro_batches / c.dp;
+    require(c.tp > 1, "--sequence-parallel splits rows over the tensor-parallel group: it needs --tp 2 or more");
+    require(rows % c.tp == 0,
+            fmt::format("--sequence-parallel: the {} rows of a micro-batch on each data-parallel rank (--global-batch "
+                        "/ --micro-batches / dp) are not divisible by --tp {}", rows, c.tp));
+  }
   require(c.save_every == 0 || !c.checkpoint_dir.empty(), "--save-every needs --checkpoint-dir");
   require(c.layers >= c.pp, fmt::format("--pp {} needs at least one layer per stage (got --layers {})",
                                         c.pp, c.layers));

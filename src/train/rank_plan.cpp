@@ -113,6 +113,9 @@ RankLayout rank_layout(const Strategies& strategies, const Config& config, const
                     .loss_kind = loss_kind,
                     .schedule = rank_schedule(strategies, config, shape, place, config.micro_batches, true)};
   layout.tensors = model_parameter_tensors(model, layout.layers.first, layout.layers.last, layout.plan);
+  layout.output_rows.assign(static_cast<std::size_t>(layout.local_layer_count()), layout.rows);
+  for (const StrategyRegistration* entry : strategies)
+    if (entry->split_rows != nullptr) entry->split_rows(layout, layout.output_rows);
   return layout;
 }
 

@@ -34,6 +34,9 @@ class StrategyStack {
   void before_layer_backward(LayerEvent& event) {
     each([&](LayerHooks& s) { s.before_layer_backward(event); });
   }
+  void before_layer_matmul_backward(LayerEvent& event) {
+    each([&](LayerHooks& s) { s.before_layer_matmul_backward(event); });
+  }
   void after_layer_backward(LayerEvent& event) {
     each([&](LayerHooks& s) { s.after_layer_backward(event); });
   }

@@ -77,6 +77,35 @@ class TrainingTestCase(unittest.TestCase):
             final = os.path.join(checkpoints, handle.read().strip())
         return steps, summary, read_checkpoint(final)
 
+    def assert_layouts_reproduce_one_process(self, model, layouts, steps, check=None):
+        """Each (ranks, flags) layout against one process with the same micro-batches (an MoE
+        layer's balancing loss is per micro-batch): losses, gradient norms and the final
+        checkpoint within the fp32 tolerance; memory as predicted, and every group's bytes by
+        operation as predicted (the world's sums are the loop's own and a checkpoint's; a run that
+        evaluates also measures evaluation's bytes, which no step predicts). `check(flags,
+        summary)` adds the caller's assertions. Returns the summaries by (ranks, flags)."""
+        model = list(model) + ["--steps", str(steps)]
+        references, results = {}, {}
+        for ranks, flags in layouts:
+            with self.subTest(ranks=ranks, flags=flags):
+                micro_batches = flags[flags.index("--micro-batches") + 1] if "--micro-batches" in flags else "1"
+                if micro_batches not in references:
+                    references[micro_batches] = self.train(f"one{micro_batches}", model + ["--micro-batches", micro_batches], 1)
+                reference_steps, _, reference = references[micro_batches]
+                steps_seen, summary, tensors = self.train(f"r{ranks}" + "".join(flags), model + flags, ranks)
+                self.assert_losses_close(steps_seen, reference_steps)
+                self.assert_tensors_close(tensors, reference)
+                self.assert_predicted(summary)
+                measured, predicted = summary["comm_bytes_by_group"], summary["predicted_comm_bytes_by_group"]
+                for group in ((set(measured) | set(predicted)) - {"world"}) if "--eval-every" not in flags else ():
+                    for op in set(measured.get(group, {})) | set(predicted.get(group, {})):
+                        self.assertAlmostEqual(measured.get(group, {}).get(op, 0), predicted.get(group, {}).get(op, 0),
+                                               delta=0.01 * predicted.get(group, {}).get(op, 1), msg=f"{group} {op}")
+                if check is not None:
+                    check(flags, summary)
+                results[ranks, tuple(flags)] = summary
+        return results
+
     def assert_predicted(self, summary):
         """The summary's model states and communication buffers exactly as predicted, each operation's bytes within 1 %."""
         for state in ("params", "grads", "optimizer", "comm_buffers"):

@@ -23,33 +23,12 @@ def hybrid(stage, shard):
 
 class HybridSharding(TrainingTestCase):
     def check(self, model, layouts):
-        """Each (ranks, flags) layout against one process with the same micro-batches (an MoE
-        layer's balancing loss is per micro-batch): losses, gradient norms and the final
-        checkpoint within the fp32 tolerance; memory by state and bytes by group as predicted."""
-        model = model + ["--steps", "12"]
-        references = {}
-        results = {}
-        for ranks, flags in layouts:
-            with self.subTest(ranks=ranks, flags=flags):
-                micro_batches = flags[flags.index("--micro-batches") + 1] if "--micro-batches" in flags else "1"
-                if micro_batches not in references:
-                    references[micro_batches] = self.train(f"one{micro_batches}", model + ["--micro-batches", micro_batches], 1)
-                reference_steps, _, reference = references[micro_batches]
-                steps, summary, tensors = self.train(f"r{ranks}" + "".join(flags), model + flags, ranks)
-                self.assert_losses_close(steps, reference_steps)
-                self.assert_tensors_close(tensors, reference)
-                self.assert_predicted(summary)
-                measured, predicted = summary["comm_bytes_by_group"], summary["predicted_comm_bytes_by_group"]
-                # The world's sums are the loop's own (and a checkpoint's); every other group's
-                # bytes are ZeRO's, the tensor group's or the pipeline's, exactly as predicted.
-                groups = (set(measured) | set(predicted)) - {"world"}
-                self.assertIn("dp_replica" if "--ep" not in flags else "edp_replica", groups)
-                for group in groups:
-                    for op in set(measured.get(group, {})) | set(predicted.get(group, {})):
-                        self.assertAlmostEqual(measured.get(group, {}).get(op, 0), predicted.get(group, {}).get(op, 0),
-                                               delta=0.01 * predicted.get(group, {}).get(op, 1), msg=f"{group} {op}")
-                results[ranks, tuple(flags)] = summary
-        return results
+        """Each layout reproduces one process, with its memory and bytes by group as predicted,
+        and sums across a replica group."""
+        def sums_across_replicas(flags, summary):
+            groups = set(summary["comm_bytes_by_group"])
+            self.assertIn("dp_replica" if "--ep" not in flags else "edp_replica", groups)
+        return self.assert_layouts_reproduce_one_process(model, layouts, 12, sums_across_replicas)
 
     def test_every_stage_reproduces_one_process_with_the_figures_of_its_shard_group(self):
         layouts = [(4, hybrid(stage, 2) + ["--micro-batches", "2"]) for stage in (1, 2, 3)]

@@ -16,7 +16,8 @@ EPSILON = 2^-8 between neighbouring values.
 - Layouts that round more by design: tensor parallelism rounds each rank's partial product before
   the sum (Megatron-LM's bf16 all-reduce), a 16-bit reduction rounds each rank's gradients before
   theirs. One extra rounding of those tensors each pass, carried through the steps: BY_DESIGN = 2
-  EPSILON."""
+  EPSILON. Around tensor parallelism (against its own one-layout reference) the other layouts,
+  sequence parallelism too, round alike again: SAME_ROUNDING."""
 import os
 import unittest
 
@@ -78,8 +79,12 @@ class MixedPrecisionLayouts(TrainingTestCase):
                      SAME_ROUNDING)
 
     def test_tensor_parallel_rounds_alike_in_every_layout_around_it(self):
+        # Sequence parallelism splits the same sums into reduce-scatters and gathers: each element
+        # is rounded as plain tensor parallelism rounds it.
         self.compare((DENSE, BF16 + ["--tp", "2"], 2), [(4, ["--dp", "2"]), (4, ["--pp", "2", "--micro-batches", "2"]),
-                                                       (4, ["--zero", "1"])], SAME_ROUNDING)
+                                                       (4, ["--zero", "1"]), (2, ["--sequence-parallel"]),
+                                                       (4, ["--dp", "2", "--zero", "3", "--sequence-parallel"])],
+                     SAME_ROUNDING)
 
     def test_layouts_that_round_more_by_design(self):
         self.compare((DENSE, BF16, 1), [(2, ["--tp", "2"]), (4, ["--tp", "4"]),

@@ -3,9 +3,9 @@ N_d = 64, bf16 parameters and gradients with fp32 Adam: 16, 4 + 12/N_d, 2 + 14/N
 per parameter) within 1 %, and its traffic (plain DP's 2 Psi against ZeRO-3's 3 Psi bus bytes); for
 layouts at 2 and 4 ranks, exactly what mlptrain --predict gives (the same functions, no launch);
 bus bytes on the links the rank grid and --ranks-per-node put them on; the step time's arithmetic
-from a calibration written here; every layout of a world ranked; a million ranks answered; bad
-input (flags, presets, cluster and calibration files) one line and exit 2, a layout mlptrain
-refuses refused with mlptrain's line."""
+from a calibration written here; sequence parallelism's split rows; every layout of a world
+ranked; a million ranks answered; bad input (flags, presets, cluster and calibration files) one
+line and exit 2, a layout mlptrain refuses refused with mlptrain's line."""
 import json
 import os
 import subprocess
@@ -58,7 +58,8 @@ class Mlpplan(TrainingTestCase):
     def test_equals_mlptrain_predict(self):
         for ranks, layout in [(2, ["--dp", 2, "--zero", 2]), (4, ["--dp", 2, "--tp", 2, "--zero", 3]),
                               (4, ["--dp", 4, "--zero", 1, "--micro-batches", 2, "--recompute"]),
-                              (2, ["--tp", 2, "--param-dtype", "bf16"])]:
+                              (2, ["--tp", 2, "--param-dtype", "bf16"]),
+                              (4, ["--dp", 2, "--tp", 2, "--sequence-parallel", "--recompute", "--zero", 1])]:
             with self.subTest(ranks=ranks, layout=layout):
                 metrics = self.path(f"predict{ranks}{len(layout)}.jsonl")
                 run(SMALL + layout + ["--predict", "--metrics", metrics], ranks)
@@ -156,6 +157,26 @@ class Mlpplan(TrainingTestCase):
             self.assertEqual(hybrid["memory_bytes"][state], 2 * plain["memory_bytes"][state], state)
         self.assertEqual(hybrid["layout"]["zero_shard_size"], 8)
 
+    def test_sequence_parallelism_divides_the_replicated_rows(self):
+        """Four layers of 8192 at tp 8: layer 1 (row-parallel, followed by a column-parallel
+        layer) holds its pre-activation and GELU output [R, 8192] in bf16 whole on every rank;
+        split, an eighth of them. Its all-reduce becomes a reduce-scatter of the same size, and
+        the gathers of [R, 8192] run before layer 2 in forward and backward and for layer 1's
+        gradient: the tensor group's bus bytes per step rise by those gathers."""
+        rows, hidden = 64, 8192
+        model = ["--layers", 4, "--hidden", hidden, "--input-dim", 1024, "--output-dim", 1024, "--global-batch", rows,
+                 "--world", 8, "--tp", 8, "--param-dtype", "bf16"]
+        plain = plan_json(model)
+        split = plan_json(model + ["--sequence-parallel"])
+        replicated = 2 * rows * hidden * 2
+        self.assertEqual(plain["memory_bytes"]["activations"] - split["memory_bytes"]["activations"],
+                         replicated - replicated // 8)
+        boundary = rows * hidden * 2
+        self.assertEqual(split["comm_bytes_per_step"]["all_reduce"], plain["comm_bytes_per_step"]["all_reduce"] - 2 * boundary)
+        self.assertEqual(split["comm_bytes_per_step"]["reduce_scatter"], 2 * boundary)
+        self.assertEqual(split["comm_bytes_per_step"]["all_gather"], 3 * boundary)
+        self.assertTrue(split["layout"]["sequence_parallel"])
+
     def test_step_time_from_a_calibration(self):
         """The step's arithmetic on one rank from rates written here: GEMMs at 6 multiply-adds'
         FLOPs per parameter-sample, the bias/GELU passes three times per output element, the
@@ -219,6 +240,9 @@ class Mlpplan(TrainingTestCase):
         hybrid = [layout for layout in hybrid if layout["zero_shard_size"] > 0]
         self.assertEqual({(l["dp"], l["tp"], l["zero_shard_size"]) for l in hybrid}, {(8, 1, 2), (4, 1, 2)})  # dp 2 fills a node
         self.assertEqual({l["zero"] for l in hybrid}, {1, 2, 3})
+        # Sequence parallelism with tensor parallelism, and only there.
+        self.assertEqual({r["layout"]["tp"] > 1 for r in rows if r["layout"]["sequence_parallel"]}, {True})
+        self.assertEqual({r["layout"]["sequence_parallel"] for r in rows if r["layout"]["tp"] > 1}, {False, True})
         fitting = [r["step_ms"]["total"] for r in rows if r["fits"]]
         self.assertEqual(fitting, sorted(fitting))
         self.assertTrue(all(r["fits"] for r in rows[:len(fitting)]))
@@ -229,6 +253,7 @@ class Mlpplan(TrainingTestCase):
                                         "--zero-shard-size", chosen["zero_shard_size"],
                                         "--micro-batches", chosen["micro_batches"]] +
                           (["--recompute"] if chosen["recompute"] else []) +
+                          (["--sequence-parallel"] if chosen["sequence_parallel"] else []) +
                           (["--schedule", chosen["schedule"]] if chosen["pp"] > 1 else []))
         self.assertEqual(alone, rows[len(rows) // 2])
 
