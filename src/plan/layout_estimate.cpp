@@ -3,8 +3,8 @@
 //   forward and backward of a micro-batch: GEMM FLOPs at the cluster's rate for the param type
 //     (backward twice forward, plus recomputation's second forward), bias/GELU passes at the
 //     memory-bound rate, and the communication they wait for: tensor-parallel sums (and
-//     sequence parallelism's gathers) and
-//     expert exchanges (half in each pass) and the pipeline transfers they send;
+//     sequence parallelism's gathers) and expert exchanges (half in each pass) and the
+//     pipeline transfers they send;
 //   the pipeline: the stage lists the trainer runs, simulated with those per-stage times
 //     (schedule_timeline), which gives the bubble;
 //   after the last backward: gradient reductions beyond what the last backward hides (data

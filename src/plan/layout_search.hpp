@@ -3,9 +3,8 @@
 // over the whole data-parallel group, and hybrid: over the data-parallel ranks of one node, where
 // they are fewer), each pipeline schedule, micro-batch counts from a list, recomputation on and
 // off, sequence parallelism on and off with tensor parallelism, and offload on and off where the
-// device has a host to offload to; each kept only where
-// the trainer's own validation accepts it, so a layout the planner ranks is one mlptrain would
-// run.
+// device has a host to offload to; each kept only where the trainer's own validation accepts
+// it, so a layout the planner ranks is one mlptrain would run.
 #pragma once
 
 #include <vector>
