@@ -19,7 +19,7 @@ import statistics
 import subprocess
 
 from bench_cpu import cpu_model
-from benchlib import BUILD, arguments, train, write_result
+from benchlib import BUILD, arguments, interleaved_rounds, train, write_result
 
 NODES = 2
 RANKS_PER_NODE = 2
@@ -92,14 +92,10 @@ def draw(result, path):
 
 def main():
     args = arguments(__doc__, rounds=3, steps=10, result_file="hybrid_sharding.json").parse_args()
-    step_ms = {name: [] for name in LAYOUTS}
-    summaries = {}
-    for round_index in range(args.rounds):
-        print(f"bench: round {round_index + 1} of {args.rounds}", flush=True)
-        for name, flags in LAYOUTS.items():
-            time_ms, summaries[name] = train(RANKS, MODEL + flags + ["--steps", args.steps], "hybrid",
-                                             launch=LAUNCH, environment=ACROSS_NODES_BY_TCP, teardown_limit_s=60)
-            step_ms[name].append(time_ms)
+    step_ms, summaries = interleaved_rounds(
+        args.rounds, LAYOUTS,
+        lambda name, flags: train(RANKS, MODEL + flags + ["--steps", args.steps], "hybrid", launch=LAUNCH,
+                                  environment=ACROSS_NODES_BY_TCP, teardown_limit_s=60))
     layouts = {}
     for name, flags in LAYOUTS.items():
         summary, plan = summaries[name], planned(flags)

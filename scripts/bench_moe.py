@@ -8,7 +8,7 @@ dense part), and the all-to-all bytes per step predicted from the routing counts
 Writes results/moe.json."""
 import statistics
 
-from benchlib import arguments, train as train_run, write_result
+from benchlib import arguments, interleaved_rounds, train as train_run, write_result
 
 HIDDEN, EXPERTS, INPUT, OUTPUT, LAYERS = 1024, 8, 256, 10, 4
 MODEL = ["--dataset", "mixture", "--layers", LAYERS, "--hidden", HIDDEN, "--input-dim", INPUT,
@@ -19,14 +19,9 @@ LAYOUTS = {"data_parallel": ["--dp", "2"], "expert_parallel": ["--dp", "2", "--e
 
 def main():
     args = arguments(__doc__, rounds=3, steps=12, result_file="moe.json").parse_args()
-    times = {name: [] for name in LAYOUTS}
-    summaries = {}
-    for round_index in range(args.rounds):
-        print(f"bench: round {round_index + 1} of {args.rounds}", flush=True)
-        for name, flags in LAYOUTS.items():
-            step_ms, summaries[name] = train_run(2, MODEL + flags + ["--steps", args.steps],
-                                                 f"moe-{name}", bind_to_cores=True)
-            times[name].append(step_ms)
+    times, summaries = interleaved_rounds(
+        args.rounds, LAYOUTS,
+        lambda name, flags: train_run(2, MODEL + flags + ["--steps", args.steps], f"moe-{name}", bind_to_cores=True))
     step_ms = {name: statistics.median(values) for name, values in times.items()}
     # Dense layers 0 and 3 and the two routers are replicated; the rest of params is experts.
     dense_bytes = 4 * ((INPUT + 1) * HIDDEN + (HIDDEN + 1) * OUTPUT + 2 * EXPERTS * HIDDEN)

@@ -16,7 +16,7 @@ import os
 import statistics
 
 from bench_cpu import cpu_model
-from benchlib import arguments, read_records, train, write_result
+from benchlib import arguments, interleaved_rounds, read_records, train, write_result
 
 LAYERS, HIDDEN, BATCH = 8, 2048, 512
 MODEL = ["--dataset", "mixture", "--layers", LAYERS, "--hidden", HIDDEN, "--input-dim", HIDDEN,
@@ -96,15 +96,15 @@ def main():
     args = arguments(__doc__, rounds=3, steps=8, result_file="sequence_parallel.json").parse_args()
     layouts = {f"tp{size}{' sp' if split else ''}": ["--tp", size] + (["--sequence-parallel"] if split else [])
                for size in GROUP_SIZES for split in (False, True)}
-    step_ms = {name: [] for name in layouts}
-    summaries, comm_ms = {}, {}
-    for round_index in range(args.rounds):
-        print(f"bench: round {round_index + 1} of {args.rounds}", flush=True)
-        for name, flags in layouts.items():
-            time_ms, summaries[name] = train(flags[1], MODEL + flags + ["--steps", args.steps], "sequence")
-            step_ms[name].append(time_ms)
-            # Where the last step's time in collectives went (blocking: it includes waiting for peers).
-            comm_ms[name] = {op: ms for op, ms in read_records("sequence")[-2]["comm_ms"].items() if ms > 0}
+    comm_ms = {}
+
+    def run(name, flags):
+        measured = train(flags[1], MODEL + flags + ["--steps", args.steps], "sequence")
+        # Where the last step's time in collectives went (blocking: it includes waiting for peers).
+        comm_ms[name] = {op: ms for op, ms in read_records("sequence")[-2]["comm_ms"].items() if ms > 0}
+        return measured
+
+    step_ms, summaries = interleaved_rounds(args.rounds, layouts, run)
     rows = {}
     for name, flags in layouts.items():
         activations = summaries[name]["placement"]["activations"]

@@ -74,6 +74,20 @@ def train(ranks, arguments, name, warm_up_steps=2, bind_to_cores=False, launch=(
     return (statistics.median(step_ms) if step_ms else None), records[-1]
 
 
+def interleaved_rounds(rounds, layouts, run):
+    """Runs `run(name, flags)` -> (step_ms, summary) for every layout of `layouts` ({name:
+    flags}), one round after another, so that the machine's drift falls on every layout alike.
+    Returns ({name: step_ms of each round}, {name: the last round's summary})."""
+    step_ms = {name: [] for name in layouts}
+    summaries = {}
+    for round_index in range(rounds):
+        print(f"bench: round {round_index + 1} of {rounds}", flush=True)
+        for name, flags in layouts.items():
+            time_ms, summaries[name] = run(name, flags)
+            step_ms[name].append(time_ms)
+    return step_ms, summaries
+
+
 def run_json(command):
     """The JSON objects a program prints, one per line."""
     output = subprocess.run(command, capture_output=True, text=True, check=True, env=ENVIRONMENT).stdout

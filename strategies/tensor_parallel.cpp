@@ -94,11 +94,9 @@ class TensorParallel final : public Strategy, public LayerHooks {
 
   void before_layer_backward(LayerEvent& event) override {
     if (!gathers(event)) return;
-    Buffer grad = event.grad_input == nullptr
-                      ? Buffer{}
-                      : allocate(event.rows * group_.size(), event.parameters->spec.in_features, event);
-    gather_input(event, event.grad_input == nullptr ? nullptr : grad.as<void>());
-    gathered_grad_ = std::move(grad);
+    if (event.grad_input != nullptr)
+      gathered_grad_ = allocate(event.rows * group_.size(), event.parameters->spec.in_features, event);
+    gather_input(event, gathered_grad_.empty() ? nullptr : gathered_grad_.as<void>());
   }
 
   // g's backward when split: the blocks of d loss / d pre, gathered for the products' backward.
