@@ -29,9 +29,12 @@ struct BucketRange {
 // The buckets of a rank's layers, last layer first (the order backward fills them). Pure: the
 // strategy reduces these, and the cost model counts them.
 std::vector<BucketRange> gradient_buckets(const std::vector<ParameterTensor>& tensors, int unit_multiple,
-                                          LayerRange layers, const GridShape& shape, std::size_t element_bytes) {
+                                          const RankLayers& layers, const GridShape& shape,
+                                          std::size_t element_bytes) {
   std::vector<BucketRange> buckets;
-  for (int layer = layers.last - 1; layer >= layers.first; --layer) {
+  const std::vector<int> held = layers.list();
+  for (auto layer_at = held.rbegin(); layer_at != held.rend(); ++layer_at) {
+    const int layer = *layer_at;
     const std::vector<ReplicaSegment> segments = replica_segments(tensors, layer, unit_multiple, shape);
     for (auto segment = segments.rbegin(); segment != segments.rend(); ++segment) {
       if (group_size(shape, segment->group) == 1) continue;  // experts held by one rank: nothing to sum

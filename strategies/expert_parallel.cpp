@@ -87,7 +87,7 @@ std::unique_ptr<Strategy> create(const StrategyContext& context) {
 
 int local_moe_layers(const RankLayout& layout) {
   int count = 0;
-  for (int layer = layout.layers.first; layer < layout.layers.last; ++layer)
+  for (int layer : layout.layers.list())
     count += layout.model[static_cast<std::size_t>(layer)].moe() ? 1 : 0;
   return count;
 }

@@ -15,26 +15,41 @@ namespace mlptrain {
 
 namespace {
 
-std::vector<LayerRange> stages_of(const std::vector<LayerSpec>& model, int stages) {
+std::vector<std::int64_t> layer_costs(const std::vector<LayerSpec>& model) {
   std::vector<std::int64_t> costs;
   for (const LayerSpec& layer : model) costs.push_back(layer_cost(layer));
-  return balanced_stages(costs, stages);
+  return costs;
+}
+
+// Model chunks per stage: V under the interleaved schedule, else one.
+int chunks_per_stage(const Config& config) {
+  return config.schedule == PipelineKind::interleaved ? config.virtual_stages : 1;
+}
+
+PipelineShape pipeline_shape(const Config& config, const GridShape& shape, int micro_batches) {
+  return {.stages = shape.pp, .chunks = chunks_per_stage(config), .micro_batches = micro_batches};
 }
 
 class Pipeline final : public Strategy, public StageTransfers {
  public:
   explicit Pipeline(const StrategyContext& context)
-      : group_(context.groups.group(GroupKind::pipeline)), stage_(group_.rank()) {}
+      : group_(context.groups.group(GroupKind::pipeline)), stage_(group_.rank()),
+        boundaries_(group_.size() * chunks_per_stage(context.config)) {}
 
   Request start_transfer(const TransferEvent& event) override {
     const bool to_next = event.kind == ActionKind::send_activations;
     const bool from_next = event.kind == ActionKind::receive_gradients;
     const bool sends = to_next || event.kind == ActionKind::send_gradients;
-    const int peer = to_next || from_next ? stage_ + 1 : stage_ - 1;
-    // The peer tells activations (from the previous stage) and gradients (from the next) apart;
-    // between two ranks, MPI keeps messages in order, and both post them in micro-batch order.
-    // The tag is a check on that (it wraps within MPI's guaranteed tag range).
-    const int tag = event.micro_batch % 32768;
+    // The chunks go round the stages: the last stage's chunk feeds the first stage's next one.
+    const int stages = group_.size();
+    const int peer = (to_next || from_next ? stage_ + 1 : stage_ + stages - 1) % stages;
+    // The boundary the tensor crosses (after global chunk `boundary`) and its micro-batch name
+    // the message: with several chunks, two stages exchange tensors of several boundaries, each
+    // side in its own schedule's order. (The tag wraps within MPI's guaranteed range; messages
+    // with one tag between two ranks still match in order.)
+    const int global_chunk = event.chunk * stages + stage_;
+    const int boundary = to_next || from_next ? global_chunk : global_chunk - 1;
+    const int tag = (event.micro_batch * boundaries_ + boundary) % 32768;
     Operation operation{.op = sends ? CommOp::send : CommOp::recv,
                         .count = event.count,
                         .type = event.type,
@@ -51,6 +66,7 @@ class Pipeline final : public Strategy, public StageTransfers {
  private:
   Communicator& group_;
   const int stage_;
+  const int boundaries_;
 };
 
 bool wanted(const Config&, const GridShape& shape) { return shape.pp > 1; }
@@ -59,14 +75,14 @@ std::unique_ptr<Strategy> create(const StrategyContext& context) {
   return std::make_unique<Pipeline>(context);
 }
 
-LayerRange stage_layers(const std::vector<LayerSpec>& model, const GridShape& shape,
+RankLayers stage_layers(const Config& config, const std::vector<LayerSpec>& model, const GridShape& shape,
                         const GridCoordinates& place) {
-  return stages_of(model, shape.pp)[static_cast<std::size_t>(place.pp)];
+  return stage_chunks(layer_costs(model), shape.pp, chunks_per_stage(config), place.pp);
 }
 
-std::vector<Action> stage_schedule(const Config& config, const GridShape& shape, const GridCoordinates& place,
-                                   int micro_batches, bool training) {
-  return pipeline_schedule(config.schedule, shape.pp, place.pp, micro_batches, training);
+std::vector<Action> schedule(const Config& config, const GridShape& shape, const GridCoordinates& place,
+                             int micro_batches, bool training) {
+  return stage_schedule(config.schedule, pipeline_shape(config, shape, micro_batches), place.pp, training);
 }
 
 // The loop predicts the transfers and the activations from the schedule it executes; each stage
@@ -78,14 +94,15 @@ void predict(const RankLayout&, Prediction& prediction) {
 }
 
 std::string describe(const RankLayout& layout) {
-  const int stages = layout.shape.pp, micro_batches = layout.config.micro_batches;
+  const PipelineShape shape = pipeline_shape(layout.config, layout.shape, layout.config.micro_batches);
   std::string ranges;
-  for (const LayerRange& range : stages_of(layout.model, stages))
+  for (const LayerRange& range : balanced_stages(layer_costs(layout.model), shape.stages * shape.chunks))
     ranges += fmt::format("{}{}-{}", ranges.empty() ? "" : ", ", range.first, range.last - 1);
-  return fmt::format("pipeline of {} stages (layers {}), {} schedule over {} micro-batch(es): ideal bubble "
-                     "(P-1)/(M+P-1) = {:.3f}",
-                     stages, ranges, choice_name(layout.config.schedule), micro_batches,
-                     static_cast<double>(stages - 1) / (micro_batches + stages - 1));
+  return fmt::format("pipeline of {} stages x {} chunk(s) (layers {}, chunk c on stage c mod {}), {} schedule over "
+                     "{} micro-batch(es): ideal bubble {} = {:.3f}",
+                     shape.stages, shape.chunks, ranges, shape.stages, choice_name(layout.config.schedule),
+                     shape.micro_batches, bubble_formula(layout.config.schedule),
+                     theoretical_bubble(layout.config.schedule, shape));
 }
 
 constexpr Role roles[] = {Role::owns_schedule};
@@ -97,7 +114,7 @@ extern const StrategyRegistration pipeline_registration{.name = "pipeline",
                                                         .wanted = wanted,
                                                         .create = create,
                                                         .layers = stage_layers,
-                                                        .schedule = stage_schedule,
+                                                        .schedule = schedule,
                                                         .predict = predict,
                                                         .describe = describe};
 

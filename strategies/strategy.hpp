@@ -41,7 +41,7 @@ struct StrategyContext {
   Allocator& allocator;
   ParameterStore& parameters;
   const std::vector<LayerSpec>& layers;  // the whole model
-  LayerRange local;                      // this rank's layers
+  RankLayers local;                      // this rank's layers
 };
 
 // One layer of one micro-batch. The runner holds the layer's input ([rows, in], this rank's local
@@ -109,6 +109,7 @@ struct LayerEvent {
 struct TransferEvent {
   ActionKind kind = ActionKind::send_activations;
   int micro_batch = 0;
+  int chunk = 0;  // the stage's local model chunk whose input or output this is
   void* data = nullptr;
   std::size_t count = 0;
   DataType type = DataType::float32;
@@ -188,7 +189,7 @@ struct StrategyRegistration {
   // Pure, called before any memory exists (the planner calls them for layouts it never runs).
   void (*plan)(const Config& config, const GridShape& shape, const GridCoordinates& place,
                ParameterPlan& plan) = nullptr;
-  LayerRange (*layers)(const std::vector<LayerSpec>& model, const GridShape& shape,
+  RankLayers (*layers)(const Config& config, const std::vector<LayerSpec>& model, const GridShape& shape,
                        const GridCoordinates& place) = nullptr;
   std::vector<Action> (*schedule)(const Config& config, const GridShape& shape,
                                   const GridCoordinates& place, int micro_batches, bool training) = nullptr;

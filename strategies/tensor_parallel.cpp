@@ -50,14 +50,14 @@ PairPart part_of(int layer, const std::vector<LayerSpec>& model) {
 bool sums_output(PairPart part) { return part == PairPart::row || part == PairPart::experts; }
 bool starts_whole(PairPart part) { return part == PairPart::column || part == PairPart::experts; }
 
-// Whether sequence parallelism splits the layer's output rows: a sum whose next layer runs here
-// and starts from the whole input (which it then gathers).
-bool splits_output(int layer, const std::vector<LayerSpec>& model, LayerRange local, bool sequence_parallel) {
-  return sequence_parallel && sums_output(part_of(layer, model)) && layer + 1 < local.last &&
+// Whether sequence parallelism splits the layer's output rows: a sum whose next layer runs here,
+// in the same model chunk, and starts from the whole input (which it then gathers).
+bool splits_output(int layer, const std::vector<LayerSpec>& model, const RankLayers& local, bool sequence_parallel) {
+  return sequence_parallel && sums_output(part_of(layer, model)) && local.same_chunk(layer, layer + 1) &&
          starts_whole(part_of(layer + 1, model));
 }
-bool gathers_input(int layer, const std::vector<LayerSpec>& model, LayerRange local, bool sequence_parallel) {
-  return layer > local.first && splits_output(layer - 1, model, local, sequence_parallel);
+bool gathers_input(int layer, const std::vector<LayerSpec>& model, const RankLayers& local, bool sequence_parallel) {
+  return local.same_chunk(layer - 1, layer) && splits_output(layer - 1, model, local, sequence_parallel);
 }
 
 // This rank's slice [begin, end) of an extent split over the group.
@@ -146,7 +146,7 @@ class TensorParallel final : public Strategy, public LayerHooks {
   }
 
   const std::vector<LayerSpec>& model_;
-  const LayerRange local_;
+  const RankLayers local_;
   const bool sequence_parallel_;
   Allocator& allocator_;
   Communicator& group_;
@@ -189,9 +189,9 @@ std::unique_ptr<Strategy> create(const StrategyContext& context) {
 // The rows of each local layer's outputs in a training micro-batch: a block of them where the
 // hooks split them.
 void split_rows(const RankLayout& layout, std::vector<std::int64_t>& output_rows) {
-  for (int layer = layout.layers.first; layer < layout.layers.last; ++layer)
+  for (int layer : layout.layers.list())
     if (splits_output(layer, layout.model, layout.layers, layout.config.sequence_parallel))
-      output_rows[static_cast<std::size_t>(layer - layout.layers.first)] /= layout.shape.tp;
+      output_rows[static_cast<std::size_t>(layout.layers.local_index(layer))] /= layout.shape.tp;
 }
 
 void predict(const RankLayout& layout, Prediction& prediction) {
@@ -208,7 +208,7 @@ void predict(const RankLayout& layout, Prediction& prediction) {
   // An MoE layer also sums (in fp32) the router's probability gradients [rows, E].
   std::int64_t all_reduce = 0, reduce_scatter = 0, all_gather = 0, float_elements = 0;
   const bool sequence_parallel = config.sequence_parallel;
-  for (int index = layout.layers.first; index < layout.layers.last; ++index) {  // this rank's layers
+  for (int index : layout.layers.list()) {  // this rank's layers
     const LayerSpec& layer = layout.model[static_cast<std::size_t>(index)];
     const PairPart part = part_of(layer.index, layout.model);
     const std::int64_t forwards = config.recompute && layer.gelu ? 2 : 1;
@@ -243,7 +243,7 @@ std::string describe(const RankLayout& layout) {
     moe += part_of(layer, layout.model) == PairPart::experts ? 1 : 0;
   }
   int splits = 0;
-  for (int layer = layout.layers.first; layer < layout.layers.last; ++layer)
+  for (int layer : layout.layers.list())
     splits += splits_output(layer, layout.model, layout.layers, layout.config.sequence_parallel) ? 1 : 0;
   return fmt::format("tensor parallel over {} ranks: {} column/row layer pair(s), {} replicated layer(s){}{}",
                      layout.shape.tp, pairs, replicated,

@@ -96,13 +96,13 @@ std::size_t ParametersGatheredPerUse::gathered(std::size_t index) {
 void* ParametersGatheredPerUse::begin_forward(std::size_t unit, bool recomputing) {
   void* values = slot_values(gathered(unit));
   // A recomputed forward is followed by backward, which prefetches on its own.
-  if (!recomputing) prefetch(unit + 1);
+  if (!recomputing && shards_.same_chunk(unit, unit + 1)) prefetch(unit + 1);
   return values;
 }
 
 ZeroParameterPath::BackwardBuffers ParametersGatheredPerUse::begin_backward(std::size_t unit) {
   const std::size_t slot = gathered(unit);
-  if (unit > 0) prefetch(unit - 1);
+  if (unit > 0 && shards_.same_chunk(unit, unit - 1)) prefetch(unit - 1);
   return {.values = slot_values(slot), .lent_grads = slot_grads(slot)};
 }
 

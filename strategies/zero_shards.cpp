@@ -22,13 +22,12 @@ ZeroShards::ZeroShards(const StrategyContext& context)
       precision_(store_.precision()),
       layout_(zero_layout(store_.tensors(), store_.unit_multiple(), context.layers, context.local,
                           context.config.recompute, context.groups.shape())),
-      first_layer_(context.local.first) {}
+      local_(context.local) {}
 
 std::size_t ZeroShards::unit_of(int layer) const {
-  const auto index = static_cast<std::size_t>(layer - first_layer_);
-  if (layer < first_layer_ || index >= layout_.units.size() || layout_.units[index].layer != layer)
-    throw std::logic_error("ZeRO: layer " + std::to_string(layer) + " is not one of this rank's units");
-  return index;
+  const int index = local_.local_index(layer);
+  if (index < 0) throw std::logic_error("ZeRO: layer " + std::to_string(layer) + " is not one of this rank's units");
+  return static_cast<std::size_t>(index);
 }
 
 Communicator& ZeroShards::collective_group() const {

@@ -23,6 +23,11 @@ class ZeroShards {
   const std::vector<ZeroUnit>& units() const { return layout_.units; }
   // The unit of a local layer.
   std::size_t unit_of(int layer) const;
+  // Whether unit `other` exists and runs right after (or before) `unit` in a pass: both in one
+  // model chunk (the next chunk's pass is another action, maybe of another micro-batch).
+  bool same_chunk(std::size_t unit, std::size_t other) const {
+    return other < layout_.units.size() && local_.same_chunk(layout_.units[unit].layer, layout_.units[other].layer);
+  }
 
   ParameterStore& store() const { return store_; }
   Kernels& kernels() const { return kernels_; }
@@ -81,7 +86,7 @@ class ZeroShards {
   ParameterStore& store_;
   const Precision precision_;
   const ZeroLayout layout_;
-  const int first_layer_;
+  const RankLayers local_;
 };
 
 }  // namespace mlptrain

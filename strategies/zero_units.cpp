@@ -8,10 +8,10 @@
 namespace mlptrain {
 
 ZeroLayout zero_layout(const std::vector<ParameterTensor>& tensors, int unit_multiple,
-                       const std::vector<LayerSpec>& model, LayerRange layers, bool recompute,
+                       const std::vector<LayerSpec>& model, const RankLayers& layers, bool recompute,
                        const GridShape& shape) {
   ZeroLayout layout;
-  for (int layer = layers.first; layer < layers.last; ++layer) {
+  for (int layer : layers.list()) {
     const LayerSpec& spec = model[static_cast<std::size_t>(layer)];
     // Recomputation drops (and so runs again) exactly the GELU layers' pre-activations.
     ZeroUnit unit{.layer = layer, .recomputed = recompute && spec.gelu, .full = unit_range(tensors, layer, unit_multiple)};

@@ -57,7 +57,7 @@ struct ZeroSlotLayout {
 ZeroSlotLayout zero_slot_layout(const ZeroLayout& layout, const Precision& precision);
 
 ZeroLayout zero_layout(const std::vector<ParameterTensor>& tensors, int unit_multiple,
-                       const std::vector<LayerSpec>& model, LayerRange layers, bool recompute,
+                       const std::vector<LayerSpec>& model, const RankLayers& layers, bool recompute,
                        const GridShape& shape);
 
 // ZeRO's terms of the cost model (placement by state, bytes by collective) and its sentence for

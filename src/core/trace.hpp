@@ -26,6 +26,7 @@ struct TraceSpan {
   double end_ms = 0;
   std::int64_t step = -1;  // the optimizer step (0-based) it belongs to; -1: the recorder's
   int micro_batch = -1;
+  int chunk = -1;  // the stage's local model chunk of a computation (-1: not one)
   std::int64_t bytes = 0;
   std::string group;  // process group of a transfer or collective
   DataType type = DataType::float32;  // its elements' type
@@ -58,9 +59,13 @@ class TraceRecorder {
 
 // Records a span of computation, if there is a trace.
 inline void record_span(TraceRecorder* trace, std::string name, double start_ms, double end_ms,
-                        int micro_batch = -1) {
+                        int micro_batch = -1, int chunk = -1) {
   if (trace != nullptr)
-    trace->record({.name = std::move(name), .start_ms = start_ms, .end_ms = end_ms, .micro_batch = micro_batch});
+    trace->record({.name = std::move(name),
+                   .start_ms = start_ms,
+                   .end_ms = end_ms,
+                   .micro_batch = micro_batch,
+                   .chunk = chunk});
 }
 
 }  // namespace mlptrain

@@ -12,13 +12,13 @@ namespace mlptrain {
 
 namespace {
 
-bool computes_loss(const RankLayout& layout) {
-  return layout.layers.last == static_cast<int>(layout.model.size());
-}
+int layer_count(const RankLayout& layout) { return static_cast<int>(layout.model.size()); }
 
-std::vector<LayerSpec> local_specs(const RankLayout& layout) {
+LayerRange chunk_of(const RankLayout& layout, int chunk) { return layout.layers.chunks.at(static_cast<std::size_t>(chunk)); }
+
+std::vector<LayerSpec> chunk_specs(const RankLayout& layout, int chunk) {
   std::vector<LayerSpec> specs;
-  for (int layer = layout.layers.first; layer < layout.layers.last; ++layer)
+  for (int layer = chunk_of(layout, chunk).first; layer < chunk_of(layout, chunk).last; ++layer)
     specs.push_back(layout.local_spec(layer));
   return specs;
 }
@@ -33,8 +33,13 @@ int local_experts(const RankLayout& layout, int layer) {
 
 }  // namespace
 
-ActivationProfile activation_profile(const RankLayout& layout, const RoutingSeen& routing) {
-  const std::vector<LayerSpec> specs = local_specs(layout);
+ActivationProfile activation_profile(const RankLayout& layout, const RoutingSeen& routing, int chunk) {
+  const std::vector<LayerSpec> specs = chunk_specs(layout, chunk);
+  const bool computes_loss = chunk_of(layout, chunk).last == layer_count(layout);
+  const std::size_t first_local = static_cast<std::size_t>(layout.layers.local_index(chunk_of(layout, chunk).first));
+  const std::int64_t moe_seen = static_cast<std::size_t>(chunk) < routing.largest_moe_activation_bytes.size()
+                                    ? routing.largest_moe_activation_bytes[static_cast<std::size_t>(chunk)]
+                                    : 0;
   const RecomputePlan plan(specs, layout.config.recompute);
   const std::int64_t rows = layout.rows;
   const std::int64_t output_width = specs.back().out_features;
@@ -43,7 +48,7 @@ ActivationProfile activation_profile(const RankLayout& layout, const RoutingSeen
   const auto row_bytes = static_cast<std::int64_t>(size_of(row_type));
   // What arrives with a micro-batch: its input, and targets or labels where the loss is.
   ActivationProfile profile{.received = rows * specs.front().in_features * row_bytes};
-  if (computes_loss(layout))
+  if (computes_loss)
     profile.received += layout.loss_kind == LossKind::mse ? rows * output_width * 4 : rows * 4;
   // Forward and backward, allocation by allocation, as the runner makes them.
   std::int64_t alive = profile.received, peak = alive;
@@ -52,12 +57,12 @@ ActivationProfile activation_profile(const RankLayout& layout, const RoutingSeen
   const std::size_t count = specs.size();
   std::vector<std::int64_t> pre(count, 0), output(count, 0);
   const auto layer_bytes = [&](std::size_t local) {
-    return layout.layer_output_rows(local) * specs[local].out_features * row_bytes;
+    return layout.layer_output_rows(first_local + local) * specs[local].out_features * row_bytes;
   };
   for (std::size_t local = 0; local < count; ++local) {
     allocate(pre[local] = layer_bytes(local));
     if (specs[local].gelu) allocate(output[local] = layer_bytes(local));
-    if (specs[local].moe() && routing.largest_moe_activation_bytes == 0)
+    if (specs[local].moe() && moe_seen == 0)
       allocate(moe_activation_bytes(specs[local], local_experts(layout, specs[local].index), layout.shape.ep, rows,
                                     row_type));
     if (specs[local].gelu && !plan.keeps_pre(local, true)) free(pre[local]);
@@ -66,8 +71,8 @@ ActivationProfile activation_profile(const RankLayout& layout, const RoutingSeen
       free(pre[local - 1]);
     }
   }
-  allocate(routing.largest_moe_activation_bytes);
-  if (computes_loss(layout)) allocate(rows * output_width * row_bytes);  // the loss gradient
+  allocate(moe_seen);
+  if (computes_loss) allocate(rows * output_width * row_bytes);  // the loss gradient
   profile.forward_peak = peak;
   profile.kept = peak = alive;
   for (std::size_t local = count; local-- > 0;) {
@@ -93,22 +98,27 @@ std::int64_t step_sum_values(const RankLayout& layout) {
 
 namespace {
 
-// The peak of the tensors that exist for a pipeline transfer, following the executor: a stage
+// Per chunk: the bytes of a micro-batch's input and output rows, as they cross a boundary.
+struct BoundaryBytes {
+  std::vector<std::int64_t> input, output;
+};
+
+// The peak of the tensors that exist for a pipeline transfer, following the executor: a chunk
 // that receives its output's gradient allocates it when the receive is posted and frees it at
-// the end of that micro-batch's backward; a stage that sends its input's gradient allocates it
+// the end of that micro-batch's backward; a chunk that sends its input's gradient allocates it
 // when that backward starts and frees it once the send completes. The executor waits for the
 // earlier gradient sends before each of these allocations, so no send's completion time changes
 // the peak.
-std::int64_t transfer_buffer_peak(const RankLayout& layout, std::int64_t input_bytes, std::int64_t output_bytes) {
+std::int64_t transfer_buffer_peak(const RankLayout& layout, const BoundaryBytes& bytes) {
   std::int64_t alive = 0, sending = 0, peak = 0;
   for (const Action& action : layout.schedule) {
-    if (action.kind == ActionKind::receive_gradients || action.kind == ActionKind::backward)
-      alive -= std::exchange(sending, 0);
-    if (action.kind == ActionKind::receive_gradients) peak = std::max(peak, alive += output_bytes);
-    if (action.kind == ActionKind::backward && layout.layers.first > 0) peak = std::max(peak, alive += input_bytes);
-    if (action.kind == ActionKind::backward && layout.layers.last < static_cast<int>(layout.model.size()))
-      alive -= output_bytes;
-    if (action.kind == ActionKind::send_gradients) sending += input_bytes;
+    const auto chunk = static_cast<std::size_t>(action.chunk);
+    const bool backward = action.kind == ActionKind::backward;
+    if (action.kind == ActionKind::receive_gradients || backward) alive -= std::exchange(sending, 0);
+    if (action.kind == ActionKind::receive_gradients) peak = std::max(peak, alive += bytes.output[chunk]);
+    if (backward && layout.layers.chunks[chunk].first > 0) peak = std::max(peak, alive += bytes.input[chunk]);
+    if (backward && layout.layers.chunks[chunk].last < layer_count(layout)) alive -= bytes.output[chunk];
+    if (action.kind == ActionKind::send_gradients) sending += bytes.input[chunk];
   }
   return peak;
 }
@@ -128,22 +138,29 @@ Prediction base_prediction(const RankLayout& layout, const RoutingSeen& routing)
   const std::size_t elements = std::accumulate(layout.tensors.begin(), layout.tensors.end(), std::size_t{0},
                                                [](std::size_t sum, const ParameterTensor& tensor) { return sum + tensor.count; });
   prediction.optimizer.bytes = static_cast<std::int64_t>(precision.optimizer_bytes() * elements);
-  prediction.activations.bytes = peak_activation_bytes(layout.schedule, activation_profile(layout, routing));
+  std::vector<ActivationProfile> profiles;
+  for (int chunk = 0; chunk < static_cast<int>(layout.layers.chunks.size()); ++chunk)
+    profiles.push_back(activation_profile(layout, routing, chunk));
+  prediction.activations.bytes = peak_activation_bytes(layout.schedule, profiles);
   if (layout.shape.world > 1)
     prediction.add_comm(GroupKind::world, CommOp::all_reduce,
                           step_sum_values(layout) * static_cast<std::int64_t>(sizeof(double)));
   // The schedule's transfers across stage boundaries: inputs in, outputs out, and their gradients
   // the other way.
   const auto row_bytes = static_cast<std::int64_t>(precision.param_bytes());
-  const std::int64_t input_bytes = layout.rows * layout.local_spec(layout.layers.first).in_features * row_bytes;
-  const std::int64_t output_bytes = layout.rows * layout.local_spec(layout.layers.last - 1).out_features * row_bytes;
-  for (const Action& action : layout.schedule) {
-    if (action.kind == ActionKind::send_activations) prediction.add_comm(GroupKind::pipeline, CommOp::send, output_bytes);
-    if (action.kind == ActionKind::send_gradients) prediction.add_comm(GroupKind::pipeline, CommOp::send, input_bytes);
-    if (action.kind == ActionKind::receive_activations) prediction.add_comm(GroupKind::pipeline, CommOp::recv, input_bytes);
-    if (action.kind == ActionKind::receive_gradients) prediction.add_comm(GroupKind::pipeline, CommOp::recv, output_bytes);
+  BoundaryBytes bytes;
+  for (const LayerRange& chunk : layout.layers.chunks) {
+    bytes.input.push_back(layout.rows * layout.local_spec(chunk.first).in_features * row_bytes);
+    bytes.output.push_back(layout.rows * layout.local_spec(chunk.last - 1).out_features * row_bytes);
   }
-  prediction.comm_buffers.bytes = transfer_buffer_peak(layout, input_bytes, output_bytes);
+  for (const Action& action : layout.schedule) {
+    const auto chunk = static_cast<std::size_t>(action.chunk);
+    if (action.kind == ActionKind::send_activations) prediction.add_comm(GroupKind::pipeline, CommOp::send, bytes.output[chunk]);
+    if (action.kind == ActionKind::send_gradients) prediction.add_comm(GroupKind::pipeline, CommOp::send, bytes.input[chunk]);
+    if (action.kind == ActionKind::receive_activations) prediction.add_comm(GroupKind::pipeline, CommOp::recv, bytes.input[chunk]);
+    if (action.kind == ActionKind::receive_gradients) prediction.add_comm(GroupKind::pipeline, CommOp::recv, bytes.output[chunk]);
+  }
+  prediction.comm_buffers.bytes = transfer_buffer_peak(layout, bytes);
   return prediction;
 }
 

@@ -16,11 +16,13 @@ namespace mlptrain {
 // What a run has seen of its MoE routing (the routing decides how many rows reach the experts):
 // nothing yet predicts balanced routing.
 struct RoutingSeen {
-  std::int64_t largest_moe_activation_bytes = 0;  // the most a training micro-batch's MoE layers kept
+  // Per model chunk: the most a training micro-batch's MoE layers kept (empty, or 0 for a
+  // chunk: predicted from the layers' shapes).
+  std::vector<std::int64_t> largest_moe_activation_bytes;
 };
 
-// The activation bytes one training micro-batch of the rank allocates and frees.
-ActivationProfile activation_profile(const RankLayout& layout, const RoutingSeen& routing = {});
+// The activation bytes one training micro-batch of the rank's model chunk `chunk` allocates and frees.
+ActivationProfile activation_profile(const RankLayout& layout, const RoutingSeen& routing = {}, int chunk = 0);
 
 // Doubles in the loop's world sum of a step: loss, correct predictions, squared gradient norm,
 // read failures, and with MoE layers the auxiliary loss, dropped assignments and every expert's

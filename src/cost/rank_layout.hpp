@@ -22,7 +22,7 @@ struct RankLayout {
   const std::vector<LayerSpec>& model;
   GridShape shape;
   GridCoordinates place;
-  LayerRange layers;
+  RankLayers layers;
   ParameterPlan plan;
   std::vector<ParameterTensor> tensors;  // this rank's, in the store's order and offsets
   std::int64_t rows = 0;                 // samples of a micro-batch on this rank
@@ -30,7 +30,7 @@ struct RankLayout {
   std::vector<Action> schedule;          // one training step's actions on this rank
   std::vector<std::int64_t> output_rows; // per local layer: the rows of its outputs (empty: rows)
 
-  int local_layer_count() const { return layers.last - layers.first; }
+  int local_layer_count() const { return layers.count(); }
   std::int64_t layer_output_rows(std::size_t local) const {
     return local < output_rows.size() ? output_rows[local] : rows;
   }

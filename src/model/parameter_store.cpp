@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <numeric>
 #include <stdexcept>
 
 namespace mlptrain {
@@ -16,6 +17,14 @@ std::size_t round_up(std::size_t value, std::size_t multiple) {
 
 std::vector<ParameterTensor> model_parameter_tensors(const std::vector<LayerSpec>& specs, int first,
                                                      int last, const ParameterPlan& plan) {
+  std::vector<int> layers(static_cast<std::size_t>(last - first));
+  std::iota(layers.begin(), layers.end(), first);
+  return model_parameter_tensors(specs, layers, plan);
+}
+
+std::vector<ParameterTensor> model_parameter_tensors(const std::vector<LayerSpec>& specs, const std::vector<int>& layers,
+                                                     const ParameterPlan& plan) {
+  const int last = layers.empty() ? 0 : layers.back() + 1;
   const auto unit_multiple = static_cast<std::size_t>(plan.unit_multiple);
   const int layer_count = static_cast<int>(specs.size());
   std::vector<ParameterTensor> tensors;
@@ -44,7 +53,7 @@ std::vector<ParameterTensor> model_parameter_tensors(const std::vector<LayerSpec
       add("weight", {spec.out_features, spec.in_features}, false);
       add("bias", {spec.out_features}, false);
     }
-    if (layer < first) continue;
+    if (!std::binary_search(layers.begin(), layers.end(), layer)) continue;
     for (std::size_t index = 0; index < layer_tensors.size(); ++index) {
       ParameterTensor& tensor = layer_tensors[index];
       // An MoE layer's experts have other replicas than its router: each piece is padded, so

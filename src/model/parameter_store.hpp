@@ -62,6 +62,9 @@ struct ParameterPlan {
 // [E, hidden] of an MoE layer. Global indices count the model's tensors in order.
 std::vector<ParameterTensor> model_parameter_tensors(const std::vector<LayerSpec>& specs, int first,
                                                      int last, const ParameterPlan& plan = {});
+// The same for the layers `layers` (ascending; a rank's model chunks need not be adjacent).
+std::vector<ParameterTensor> model_parameter_tensors(const std::vector<LayerSpec>& specs, const std::vector<int>& layers,
+                                                     const ParameterPlan& plan = {});
 
 // A layer's unit: its tensors in `tensors` (a store's layout) and the padding after them.
 FlatRange unit_range(const std::vector<ParameterTensor>& tensors, int layer, int unit_multiple);

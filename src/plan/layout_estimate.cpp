@@ -94,7 +94,7 @@ class StageModel {
     const PlanInputs& in = inputs_;
     std::vector<LayerSpec> specs;
     double multiply_adds = 0, elements = 0;
-    for (int layer = layout.layers.first; layer < layout.layers.last; ++layer) {
+    for (int layer : layout.layers.list()) {
       specs.push_back(layout.local_spec(layer));
       multiply_adds += static_cast<double>(layer_cost(specs.back()));
       elements += static_cast<double>(specs.back().out_features);

@@ -84,16 +84,6 @@ int one_f_one_b_warmup(int stages, int stage, int micro_batches) {
   return std::min(stages - stage - 1, micro_batches);
 }
 
-std::string_view schedule_kind_name(ScheduleKind kind) {
-  switch (kind) {
-    case ScheduleKind::gpipe: return "gpipe";
-    case ScheduleKind::one_f_one_b: return "1f1b";
-    case ScheduleKind::interleaved: return "interleaved";
-    case ScheduleKind::zero_bubble_h1: return "zb-h1";
-  }
-  return "";
-}
-
 std::string schedule_shape_problem(ScheduleKind kind, const PipelineShape& shape) {
   if (shape.stages < 1 || shape.chunks < 1 || shape.micro_batches < 1)
     return "stages, chunks and micro-batches must be at least 1";
@@ -117,6 +107,27 @@ int theoretical_peak_in_flight(ScheduleKind kind, const PipelineShape& shape, in
       return std::min(micro_batches * shape.chunks, 2 * (stages - stage - 1) + (shape.chunks - 1) * stages + 1);
   }
   return 0;
+}
+
+double theoretical_bubble(ScheduleKind kind, const PipelineShape& shape) {
+  const double idle = shape.stages - 1, micro_batches = shape.micro_batches;
+  switch (kind) {
+    case ScheduleKind::gpipe:
+    case ScheduleKind::one_f_one_b: return idle / (micro_batches + idle);
+    case ScheduleKind::interleaved: return idle / (shape.chunks * micro_batches + idle);
+    case ScheduleKind::zero_bubble_h1: return idle / (3 * micro_batches + idle);
+  }
+  return 0;
+}
+
+std::string_view bubble_formula(ScheduleKind kind) {
+  switch (kind) {
+    case ScheduleKind::gpipe:
+    case ScheduleKind::one_f_one_b: return "(P-1)/(M+P-1)";
+    case ScheduleKind::interleaved: return "(P-1)/(VM+P-1)";
+    case ScheduleKind::zero_bubble_h1: return "(P-1)/(3M+P-1) with F = B = W";
+  }
+  return "";
 }
 
 std::vector<Action> computation_order(ScheduleKind kind, const PipelineShape& shape, int stage) {

@@ -40,14 +40,19 @@ std::vector<Action> forward_only_schedule(int micro_batches) {
 
 std::vector<Action> pipeline_schedule(PipelineKind kind, int stages, int stage, int micro_batches,
                                       bool training) {
-  const ScheduleKind schedule = kind == PipelineKind::gpipe ? ScheduleKind::gpipe : ScheduleKind::one_f_one_b;
-  return stage_schedule(schedule, {.stages = stages, .chunks = 1, .micro_batches = micro_batches}, stage, training);
+  return stage_schedule(kind, {.stages = stages, .chunks = 1, .micro_batches = micro_batches}, stage, training);
 }
 
 std::vector<Action> stage_schedule(ScheduleKind kind, const PipelineShape& shape, int stage, bool training) {
-  std::vector<Action> order = computation_order(kind, shape, stage);
-  // Evaluating, the forwards alone in the schedule's order.
-  if (!training) std::erase_if(order, [](const Action& action) { return action.kind != ActionKind::forward; });
+  // Evaluating, the forwards alone, each micro-batch through the stage's chunks in turn (which
+  // needs no rule on the number of micro-batches: an evaluation's last one may be short).
+  std::vector<Action> order;
+  if (training) {
+    order = computation_order(kind, shape, stage);
+  } else {
+    for (int micro_batch = 0; micro_batch < shape.micro_batches; ++micro_batch)
+      for (int chunk = 0; chunk < shape.chunks; ++chunk) order.push_back({ActionKind::forward, micro_batch, chunk});
+  }
   // Where a chunk sits in the whole model: its input comes from the chunk before (unless it is
   // the model's first), its output goes to the chunk after (unless it is the last).
   const int last_chunk = shape.stages * shape.chunks - 1;
@@ -86,14 +91,16 @@ int peak_micro_batches_in_flight(const std::vector<Action>& actions) {
   return peak;
 }
 
-std::int64_t peak_activation_bytes(const std::vector<Action>& actions, const ActivationProfile& profile) {
+std::int64_t peak_activation_bytes(const std::vector<Action>& actions, const std::vector<ActivationProfile>& profiles) {
   std::int64_t alive = 0, peak = 0;
-  std::vector<int> received;
+  std::vector<std::pair<int, int>> received;  // (chunk, micro-batch)
   for (const Action& action : actions) {
-    const bool was_received = std::find(received.begin(), received.end(), action.micro_batch) != received.end();
+    const ActivationProfile& profile = profiles.at(static_cast<std::size_t>(action.chunk));
+    const std::pair<int, int> key{action.chunk, action.micro_batch};
+    const bool was_received = std::find(received.begin(), received.end(), key) != received.end();
     if (action.kind == ActionKind::receive_activations) {
       alive += profile.received;
-      received.push_back(action.micro_batch);
+      received.push_back(key);
     } else if (action.kind == ActionKind::forward) {
       const std::int64_t others = alive - (was_received ? profile.received : 0);
       peak = std::max(peak, others + profile.forward_peak);
@@ -148,6 +155,43 @@ std::vector<LayerRange> balanced_stages(const std::vector<std::int64_t>& layer_c
   }
   ranges.push_back({first, layers});
   return ranges;
+}
+
+RankLayers stage_chunks(const std::vector<std::int64_t>& layer_costs, int stages, int chunks, int stage) {
+  const std::vector<LayerRange> ranges = balanced_stages(layer_costs, stages * chunks);
+  RankLayers layers;
+  for (int chunk = 0; chunk < chunks; ++chunk) layers.chunks.push_back(ranges[static_cast<std::size_t>(chunk * stages + stage)]);
+  return layers;
+}
+
+int RankLayers::count() const {
+  int total = 0;
+  for (const LayerRange& chunk : chunks) total += chunk.count();
+  return total;
+}
+
+bool RankLayers::contains(int layer) const { return chunk_of(layer) >= 0; }
+
+int RankLayers::chunk_of(int layer) const {
+  for (std::size_t chunk = 0; chunk < chunks.size(); ++chunk)
+    if (chunks[chunk].contains(layer)) return static_cast<int>(chunk);
+  return -1;
+}
+
+int RankLayers::local_index(int layer) const {
+  int before = 0;
+  for (const LayerRange& chunk : chunks) {
+    if (chunk.contains(layer)) return before + layer - chunk.first;
+    before += chunk.count();
+  }
+  return -1;
+}
+
+std::vector<int> RankLayers::list() const {
+  std::vector<int> layers;
+  for (const LayerRange& chunk : chunks)
+    for (int layer = chunk.first; layer < chunk.last; ++layer) layers.push_back(layer);
+  return layers;
 }
 
 }  // namespace mlptrain

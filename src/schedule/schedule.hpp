@@ -36,12 +36,9 @@ struct Action {
   bool operator==(const Action&) const = default;
 };
 
-// The pipeline schedules as the literature names them: GPipe (Huang et al., 2019), 1F1B
-// (PipeDream-Flush, Narayanan et al., 2021), Megatron-LM's interleaved 1F1B (Narayanan et al.,
-// SC'21: V chunks per stage) and zero-bubble H1 (Qi et al., 2023: B and W apart, W deferred into
-// the bubble, at 1F1B's activation memory).
-enum class ScheduleKind { gpipe, one_f_one_b, interleaved, zero_bubble_h1 };
-std::string_view schedule_kind_name(ScheduleKind kind);
+// The pipeline schedules (core/config.hpp names their sources).
+using ScheduleKind = PipelineKind;
+inline std::string_view schedule_kind_name(ScheduleKind kind) { return choice_name(kind); }
 
 struct PipelineShape {
   int stages = 1;
@@ -54,8 +51,9 @@ struct PipelineShape {
 // P); the other schedules hold one chunk per stage.
 std::string schedule_shape_problem(ScheduleKind kind, const PipelineShape& shape);
 
-// Stage `stage`'s list under `kind` (the shape must suit it), transfers placed as
-// pipeline_schedule places them. Without training, the forward passes alone, chunk by chunk.
+// Stage `stage`'s list under `kind` (the shape must suit it when training), transfers placed as
+// pipeline_schedule places them. Without training, the forward passes alone, each micro-batch
+// through the chunks in turn.
 std::vector<Action> stage_schedule(ScheduleKind kind, const PipelineShape& shape, int stage, bool training = true);
 
 // The most (chunk, micro-batch) pairs whose activations a stage keeps at once (forward done, the
@@ -63,6 +61,15 @@ std::vector<Action> stage_schedule(ScheduleKind kind, const PipelineShape& shape
 // min(M, P), 1F1B's peak (its first stage's) on every stage; interleaved with V >= 2
 // min(MV, 2(P - s - 1) + (V - 1)P + 1), Megatron's warm-up plus one (with V = 1 it is 1F1B).
 int theoretical_peak_in_flight(ScheduleKind kind, const PipelineShape& shape, int stage);
+
+// The idle fraction of a step by each schedule's theory, every stage taking the same time per
+// micro-batch and chunk, transfers free: GPipe and 1F1B (P - 1) / (M + P - 1) (Huang et al.;
+// Narayanan et al. 2021), interleaved (P - 1) / (VM + P - 1) (its bubble divided by V:
+// Narayanan et al., SC'21, section 2.2), ZB-H1 (P - 1) / (3M + P - 1) when F, B and W take
+// equal time (Qi et al. 2023, section 3.1: a bubble of (P - 1)(T_F + T_B - T_W) against 1F1B's
+// (P - 1)(T_F + T_B + T_W)). The formula as text, for reports.
+double theoretical_bubble(ScheduleKind kind, const PipelineShape& shape);
+std::string_view bubble_formula(ScheduleKind kind);
 
 std::string_view action_name(ActionKind kind);
 
@@ -95,19 +102,45 @@ struct ActivationProfile {
   std::int64_t backward_peak = 0;
 };
 
-// The most activation memory a list holds at once for micro-batches of that profile (a list whose
-// backwards run whole, on one chunk), whose
-// received bytes are allocated before the forward when the input comes from the previous stage.
-std::int64_t peak_activation_bytes(const std::vector<Action>& actions, const ActivationProfile& profile);
+// The most activation memory a list holds at once for micro-batches of each chunk's profile
+// (indexed by the actions' chunks), whose received bytes are allocated before the forward when
+// the input comes from the previous chunk.
+std::int64_t peak_activation_bytes(const std::vector<Action>& actions, const std::vector<ActivationProfile>& profiles);
+inline std::int64_t peak_activation_bytes(const std::vector<Action>& actions, const ActivationProfile& profile) {
+  return peak_activation_bytes(actions, std::vector<ActivationProfile>{profile});
+}
 
-// The layers [first, last) a rank runs.
+// The layers [first, last) of one model chunk.
 struct LayerRange {
   int first = 0;
   int last = 0;
+  int count() const { return last - first; }
+  bool contains(int layer) const { return layer >= first && layer < last; }
+};
+
+// The layers a rank runs: its model chunks in local order (ascending layers; one chunk without
+// virtual stages). Its "local" layers are these in order, numbered from 0 across the chunks.
+struct RankLayers {
+  std::vector<LayerRange> chunks;
+
+  int count() const;
+  bool contains(int layer) const;
+  // The chunk holding `layer` (-1: none), and where the layer stands among the local layers.
+  int chunk_of(int layer) const;
+  int local_index(int layer) const;
+  // Both held, in one chunk: the output of one is the input of the other on this rank.
+  bool same_chunk(int layer, int other) const { return contains(layer) && chunk_of(layer) == chunk_of(other); }
+  std::vector<int> list() const;  // the layers in local order
+  bool starts_model() const { return chunks.front().first == 0; }
+  bool ends_model(int layer_count) const { return chunks.back().last == layer_count; }
 };
 
 // Contiguous layer ranges for `stages` stages (at least one layer each) that minimize the
 // largest stage's total cost, from the layers' costs.
 std::vector<LayerRange> balanced_stages(const std::vector<std::int64_t>& layer_costs, int stages);
+
+// Stage `stage`'s chunks when the layers split into stages x chunks balanced ranges, global
+// chunk c going to stage c mod stages (Megatron-LM's placement of virtual stages).
+RankLayers stage_chunks(const std::vector<std::int64_t>& layer_costs, int stages, int chunks, int stage);
 
 }  // namespace mlptrain

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <stdexcept>
 #include <utility>
 
 namespace mlptrain {
@@ -255,7 +256,8 @@ void ModelRunner::layer_backward(MicroBatchActivations& activations, std::size_t
 }
 
 void ModelRunner::backward(MicroBatchActivations& activations, int micro_batch,
-                           int micro_batches, float loss_scale) {
+                           int micro_batches, float loss_scale, BackwardPart part) {
+  if (part != BackwardPart::whole) throw std::logic_error("the runner runs whole backwards");
   const std::int64_t rows = activations.rows;
   std::int64_t widest = 0, most_rows = rows;
   for (const LinearLayer& layer : layers_)

@@ -38,10 +38,15 @@ struct MicroBatchActivations {
   std::vector<std::int64_t> output_rows;  // per local layer: the rows of its outputs
 };
 
+// Which part of a backward to run: all of it, or (a zero-bubble schedule's B and W) the input
+// gradients alone, then the weight gradients alone.
+enum class BackwardPart { whole, input, weight };
+
+// Runs one model chunk (a contiguous range of layers; a rank holding several has one runner each).
 class ModelRunner {
  public:
   ModelRunner(Kernels& kernels, Allocator& allocator, const ParameterStore& parameters,
-              const std::vector<LayerSpec>& specs, LayerRange local, StrategyStack& strategies,
+              const std::vector<LayerSpec>& specs, LayerRange chunk, StrategyStack& strategies,
               const MoeSettings& moe = {}, bool recompute = false);
 
   bool computes_loss() const { return last_layer_ == layer_count_; }
@@ -77,7 +82,8 @@ class ModelRunner {
   // else from output_grad (both scaled by `loss_scale`, as the MoE layers' auxiliary loss is
   // here). Frees the micro-batch's activations; input_grad holds d loss / d input afterwards
   // unless the local layers start the model.
-  void backward(MicroBatchActivations& activations, int micro_batch, int micro_batches, float loss_scale = 1.0f);
+  void backward(MicroBatchActivations& activations, int micro_batch, int micro_batches, float loss_scale = 1.0f,
+                BackwardPart part = BackwardPart::whole);
 
   // Called with a layer's index before each forward of it reads its parameters (whose values
   // may still be arriving: an offloaded update runs into the next forward).

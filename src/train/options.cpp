@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "core/error.hpp"
+#include "schedule/schedule.hpp"
 
 namespace mlptrain {
 
@@ -59,7 +60,9 @@ void visit_options(Config_& c, Visit&& visit) {
   visit(S::parallelism, "sequence-parallel", c.sequence_parallel,
         "with --tp: split the rows every tensor rank would hold whole between a row-parallel layer "
         "and the next column-parallel (or MoE) layer over the tensor group");
-  visit(S::parallelism, "schedule", c.schedule, "pipeline schedule: 1f1b | gpipe");
+  visit(S::parallelism, "schedule", c.schedule, "pipeline schedule: 1f1b | gpipe | interleaved | zb-h1");
+  visit(S::parallelism, "virtual-stages", c.virtual_stages,
+        "interleaved: model chunks per pipeline stage (the layers split into pp x V chunks)");
   visit(S::parallelism, "recompute", c.recompute, "recompute activations in backward");
   visit(S::parallelism, "offload", c.offload, "optimizer state and its update in host memory (cuda, loopback)");
   visit(S::precision, "param-dtype", c.param_dtype,
@@ -317,6 +320,15 @@ void validate_options(Config& c, int world_size) {
   require(c.save_every == 0 || !c.checkpoint_dir.empty(), "--save-every needs --checkpoint-dir");
   require(c.layers >= c.pp, fmt::format("--pp {} needs at least one layer per stage (got --layers {})",
                                         c.pp, c.layers));
+  at_least("virtual-stages", c.virtual_stages, 1);
+  require(c.virtual_stages == 1 || c.schedule == PipelineKind::interleaved,
+          "--virtual-stages splits each pipeline stage into model chunks: it needs --schedule interleaved");
+  require(c.layers >= c.pp * c.virtual_stages,
+          fmt::format("--pp {} x --virtual-stages {} needs at least one layer per chunk (got --layers {})", c.pp,
+                      c.virtual_stages, c.layers));
+  const std::string shape_problem = schedule_shape_problem(
+      c.schedule, {.stages = c.pp, .chunks = c.virtual_stages, .micro_batches = c.micro_batches});
+  require(shape_problem.empty(), fmt::format("--schedule {}: {}", choice_name(c.schedule), shape_problem));
   require(c.hidden % c.tp == 0,
           fmt::format("--hidden {} is not divisible by --tp {}", c.hidden, c.tp));
 

@@ -6,10 +6,10 @@ namespace mlptrain {
 RankModel::RankModel(const Config& config, const ProcessGroups& groups, Kernels& kernels, Allocator& allocator,
                      std::vector<LayerSpec> model_specs, const Strategies& strategies, HostSide* offload,
                      const AllocationGuard& guard)
-    : specs(std::move(model_specs)), layers(rank_layers(strategies, specs, groups.shape(), groups.place())) {
+    : specs(std::move(model_specs)), layers(rank_layers(strategies, config, specs, groups.shape(), groups.place())) {
   const ParameterPlan plan = parameter_plan(strategies, config, groups.shape(), groups.place());
   guard([&] {
-    parameters = std::make_unique<ParameterStore>(model_parameter_tensors(specs, layers.first, layers.last, plan),
+    parameters = std::make_unique<ParameterStore>(model_parameter_tensors(specs, layers.list(), plan),
                                                   allocator, plan, config.precision());
   });
   const StrategyContext context{.config = config,
@@ -27,12 +27,38 @@ RankModel::RankModel(const Config& config, const ProcessGroups& groups, Kernels&
   guard([&] { optimizer = std::make_unique<AdamW>(config, allocator, placement, offload); });
   initialize_state(placement, static_cast<std::uint64_t>(config.seed), allocator,
                    offload != nullptr ? *offload->memory : allocator);
-  runner = std::make_unique<ModelRunner>(
-      kernels, allocator, *parameters, specs, layers, *this->strategies,
-      MoeSettings{.capacity_factor = config.capacity_factor, .aux_loss_coef = config.aux_loss_coef},
-      config.recompute);
-  // An offloaded update runs into the next forward, which waits for each layer's values.
-  if (offload != nullptr) runner->set_forward_gate([this](int layer) { optimizer->wait_for_layer(layer); });
+  for (const LayerRange& chunk : layers.chunks) {
+    runners.push_back(std::make_unique<ModelRunner>(
+        kernels, allocator, *parameters, specs, chunk, *this->strategies,
+        MoeSettings{.capacity_factor = config.capacity_factor, .aux_loss_coef = config.aux_loss_coef},
+        config.recompute));
+    // An offloaded update runs into the next forward, which waits for each layer's values.
+    if (offload != nullptr) runners.back()->set_forward_gate([this](int layer) { optimizer->wait_for_layer(layer); });
+  }
+}
+
+std::vector<ModelRunner*> RankModel::chunk_runners() const {
+  std::vector<ModelRunner*> chunks;
+  for (const auto& runner : runners) chunks.push_back(runner.get());
+  return chunks;
+}
+
+MoeStatistics RankModel::take_moe_statistics() {
+  MoeStatistics total;
+  for (const auto& runner : runners) {
+    MoeStatistics chunk = runner->take_moe_statistics();
+    total.expert_load.merge(chunk.expert_load);  // each layer is in one chunk
+    total.aux_loss += chunk.aux_loss;
+    total.dropped += chunk.dropped;
+    total.all_to_all_bytes += chunk.all_to_all_bytes;
+  }
+  return total;
+}
+
+std::vector<std::int64_t> RankModel::largest_moe_bytes() const {
+  std::vector<std::int64_t> largest;
+  for (const auto& runner : runners) largest.push_back(runner->largest_moe_bytes());
+  return largest;
 }
 
 }  // namespace mlptrain

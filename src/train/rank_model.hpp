@@ -3,7 +3,7 @@
 // move parameter memory to where their groups communicate); then the state's placement, the
 // optimizer over that state (which places the fp32 masters of a 16-bit run), the initial values
 // (every layout starts from the same model: values are a function of (seed, tensor, index)), and
-// last the runner, whose views into the store are taken after every move. The run builds one (train/run.hpp); tests build one around
+// last the runners (one per model chunk), whose views into the store are taken after every move. The run builds one (train/run.hpp); tests build one around
 // their own groups and inputs.
 #pragma once
 
@@ -35,15 +35,25 @@ struct RankModel {
   RankModel& operator=(const RankModel&) = delete;
 
   std::vector<LayerSpec> specs;  // the whole model
-  LayerRange layers;             // this rank's
+  RankLayers layers;             // this rank's
   std::unique_ptr<ParameterStore> parameters;
   std::unique_ptr<StrategyStack> strategies;
   StatePlacement placement;
   std::unique_ptr<AdamW> optimizer;
-  std::unique_ptr<ModelRunner> runner;
+  std::vector<std::unique_ptr<ModelRunner>> runners;  // per chunk, in local order
   // A strategy shards the state, so it reads the updated values right after the step (it
   // gathers them): an offloaded update must be complete by then.
   bool values_read_after_step = false;
+
+  // Across the chunks: whether the rank starts the model (reads inputs), computes the loss, the
+  // runners as the executor takes them, the routing statistics since the last call, and the
+  // most each chunk's MoE layers kept for one training micro-batch.
+  bool reads_inputs() const { return runners.front()->reads_inputs(); }
+  bool computes_loss() const { return runners.back()->computes_loss(); }
+  DataType activation_type() const { return runners.front()->activation_type(); }
+  std::vector<ModelRunner*> chunk_runners() const;
+  MoeStatistics take_moe_statistics();
+  std::vector<std::int64_t> largest_moe_bytes() const;
 };
 
 }  // namespace mlptrain

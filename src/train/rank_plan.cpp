@@ -88,10 +88,11 @@ ParameterPlan parameter_plan(const Strategies& strategies, const Config& config,
   return plan;
 }
 
-LayerRange rank_layers(const Strategies& strategies, const std::vector<LayerSpec>& model, const GridShape& shape,
-                       const GridCoordinates& place) {
+RankLayers rank_layers(const Strategies& strategies, const Config& config, const std::vector<LayerSpec>& model,
+                       const GridShape& shape, const GridCoordinates& place) {
   const StrategyRegistration* stages = owner(strategies, Role::owns_schedule);
-  return stages != nullptr ? stages->layers(model, shape, place) : LayerRange{0, static_cast<int>(model.size())};
+  if (stages != nullptr) return stages->layers(config, model, shape, place);
+  return RankLayers{.chunks = {{0, static_cast<int>(model.size())}}};
 }
 
 std::vector<Action> rank_schedule(const Strategies& strategies, const Config& config, const GridShape& shape,
@@ -107,12 +108,12 @@ RankLayout rank_layout(const Strategies& strategies, const Config& config, const
                     .model = model,
                     .shape = shape,
                     .place = place,
-                    .layers = rank_layers(strategies, model, shape, place),
+                    .layers = rank_layers(strategies, config, model, shape, place),
                     .plan = parameter_plan(strategies, config, shape, place),
                     .rows = config.global_batch / config.micro_batches / shape.dp,
                     .loss_kind = loss_kind,
                     .schedule = rank_schedule(strategies, config, shape, place, config.micro_batches, true)};
-  layout.tensors = model_parameter_tensors(model, layout.layers.first, layout.layers.last, layout.plan);
+  layout.tensors = model_parameter_tensors(model, layout.layers.list(), layout.plan);
   layout.output_rows.assign(static_cast<std::size_t>(layout.local_layer_count()), layout.rows);
   for (const StrategyRegistration* entry : strategies)
     if (entry->split_rows != nullptr) entry->split_rows(layout, layout.output_rows);
@@ -132,9 +133,10 @@ StepFlops step_flops(const Strategies& strategies, const Config& config, const s
   const auto samples = static_cast<double>(config.global_batch);
   StepFlops flops{.model = model_flops_per_sample(model) * samples};
   for (int stage = 0; stage < shape.pp; ++stage) {
-    const LayerRange layers = rank_layers(strategies, model, shape, {.pp = stage});
-    const std::vector<LayerSpec> stage_layers(model.begin() + layers.first, model.begin() + layers.last);
-    flops.recompute += recompute_flops_per_sample(stage_layers, config.recompute) * samples;
+    for (const LayerRange& chunk : rank_layers(strategies, config, model, shape, {.pp = stage}).chunks) {
+      const std::vector<LayerSpec> chunk_layers(model.begin() + chunk.first, model.begin() + chunk.last);
+      flops.recompute += recompute_flops_per_sample(chunk_layers, config.recompute) * samples;
+    }
   }
   return flops;
 }

@@ -30,9 +30,9 @@ void check_roles(const Strategies& strategies);
 
 ParameterPlan parameter_plan(const Strategies& strategies, const Config& config, const GridShape& shape,
                              const GridCoordinates& place);
-// The layers the rank runs: the stage its pipeline gives it, else the whole model.
-LayerRange rank_layers(const Strategies& strategies, const std::vector<LayerSpec>& model, const GridShape& shape,
-                       const GridCoordinates& place);
+// The layers the rank runs: the chunks its pipeline gives it, else the whole model.
+RankLayers rank_layers(const Strategies& strategies, const Config& config, const std::vector<LayerSpec>& model,
+                       const GridShape& shape, const GridCoordinates& place);
 // A step's actions for the rank (training) or an evaluation pass's (forwards only).
 std::vector<Action> rank_schedule(const Strategies& strategies, const Config& config, const GridShape& shape,
                                   const GridCoordinates& place, int micro_batches, bool training);

@@ -74,10 +74,9 @@ Run::Run(const Config& run_config, MPI_Comm world_comm, const CommSettings& comm
                                       offload, agreed_allocation(world(), parameter_count(specs)));
 
   order = std::make_unique<SampleOrder>(data.train_size, config.shuffle, static_cast<std::uint64_t>(config.seed));
-  const ModelRunner& runner = *model->runner;
-  const bool loss_here = runner.computes_loss();
+  const bool loss_here = model->computes_loss();
   feed = std::make_unique<SampleFeed>(*dataset, *device.memory,
-                                      SampleParts{.inputs = runner.reads_inputs(),
+                                      SampleParts{.inputs = model->reads_inputs(),
                                                   .targets = loss_here && loss_kind == LossKind::mse,
                                                   .labels = loss_here && loss_kind == LossKind::cross_entropy});
   batch = {.global_batch = config.global_batch, .micro_batches = config.micro_batches, .data_parallel = config.dp};
@@ -95,7 +94,7 @@ Run::Run(const Config& run_config, MPI_Comm world_comm, const CommSettings& comm
     world().barrier();  // the ranks' common time origin
     trace_origin_ms = now_ms();
   }
-  executor = std::make_unique<ScheduleExecutor>(*model->runner, *model->strategies, *device.memory, trace.get());
+  executor = std::make_unique<ScheduleExecutor>(model->chunk_runners(), *model->strategies, *device.memory, trace.get());
 }
 
 }  // namespace mlptrain

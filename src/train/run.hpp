@@ -33,7 +33,7 @@ struct Run {
   bool rank_zero() const { return world().rank() == 0; }
   // Whether this rank's loss sums count in the world's totals: the loss is computed where the
   // last layer is, and the ranks of a tensor-parallel group all hold the same one.
-  bool counts_loss() const { return model->runner->computes_loss() && groups->place().tp == 0; }
+  bool counts_loss() const { return model->computes_loss() && groups->place().tp == 0; }
   // This rank's samples of a training micro-batch.
   std::vector<std::int64_t> train_samples(std::int64_t step, int micro_batch) const {
     return order->samples(batch.first_position(step, micro_batch, groups->place().dp), batch.local_size());

@@ -69,7 +69,7 @@ std::string describe_run(const Run& run) {
   if (config.recompute)
     text += fmt::format("\nrecompute: the local layers form segments of {}; forward keeps each segment's input "
                         "and backward recomputes the rest",
-                        run.model->runner->recompute_plan().segment_length());
+                        run.model->runners.front()->recompute_plan().segment_length());
   if (run.device.offload)
     text += fmt::format("\noffload: AdamW's moments and update in host memory, {} piece(s) a step, {}",
                         run.model->optimizer->offloaded_pieces(),
@@ -82,7 +82,7 @@ std::string describe_run(const Run& run) {
 
 Prediction predict_this_rank(const Run& run) {
   return predict_rank(run.strategies, layout_of(run),
-                      {.largest_moe_activation_bytes = run.model->runner->largest_moe_bytes()});
+                      {.largest_moe_activation_bytes = run.model->largest_moe_bytes()});
 }
 
 void complete_summary(Run& run, const MemoryByState& run_peak, RunSummary& summary) {

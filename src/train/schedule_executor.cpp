@@ -9,38 +9,40 @@
 
 namespace mlptrain {
 
-MicroBatchActivations& ScheduleExecutor::prepared(int micro_batch, const ScheduleWork& work) {
-  const auto index = static_cast<std::size_t>(micro_batch);
-  if (!prepared_[index]) {
-    micro_batches_[index] = runner_.prepare(work.rows(micro_batch), work.loss_kind);
-    prepared_[index] = true;
+MicroBatchActivations& ScheduleExecutor::prepared(const Action& action, const ScheduleWork& work) {
+  Slot& entry = slot(action);
+  if (!entry.prepared) {
+    ModelRunner& runner = *runners_[static_cast<std::size_t>(action.chunk)];
+    entry.activations = runner.prepare(work.rows(action.micro_batch), work.loss_kind);
+    entry.prepared = true;
   }
-  return micro_batches_[index];
+  return entry.activations;
 }
 
-void ScheduleExecutor::start(ActionKind kind, int micro_batch, void* data, std::int64_t count) {
-  pending_.push_back({kind, micro_batch,
-                      strategies_.start_transfer({.kind = kind,
-                                                  .micro_batch = micro_batch,
+void ScheduleExecutor::start(const Action& action, void* data, std::int64_t count) {
+  pending_.push_back({action.kind, action.micro_batch, action.chunk,
+                      strategies_.start_transfer({.kind = action.kind,
+                                                  .micro_batch = action.micro_batch,
+                                                  .chunk = action.chunk,
                                                   .data = data,
                                                   .count = static_cast<std::size_t>(count),
-                                                  .type = runner_.activation_type()})});
+                                                  .type = runners_.front()->activation_type()})});
 }
 
-void ScheduleExecutor::require_posted(bool posted, ActionKind kind, int micro_batch) {
+void ScheduleExecutor::require_posted(bool posted, const Action& action) {
   if (!posted)
-    throw std::logic_error(fmt::format("the schedule runs {} of micro-batch {} before receiving its data",
-                                       action_name(kind), micro_batch));
+    throw std::logic_error(fmt::format("the schedule runs {} of micro-batch {} (chunk {}) before receiving its data",
+                                       action_name(action.kind), action.micro_batch, action.chunk));
 }
 
 void ScheduleExecutor::release(const Transfer& transfer) {
   if (transfer.kind == ActionKind::send_gradients)
-    micro_batches_[static_cast<std::size_t>(transfer.micro_batch)].input_grad = Buffer{};
+    slot({.micro_batch = transfer.micro_batch, .chunk = transfer.chunk}).activations.input_grad = Buffer{};
 }
 
-void ScheduleExecutor::finish(ActionKind kind, int micro_batch) {
+void ScheduleExecutor::finish(ActionKind kind, const Action& action) {
   const auto found = std::find_if(pending_.begin(), pending_.end(), [&](const Transfer& transfer) {
-    return transfer.kind == kind && transfer.micro_batch == micro_batch;
+    return transfer.kind == kind && transfer.micro_batch == action.micro_batch && transfer.chunk == action.chunk;
   });
   if (found == pending_.end()) return;
   found->request.wait();
@@ -65,77 +67,85 @@ void ScheduleExecutor::progress() {
   });
 }
 
+void ScheduleExecutor::before_backward(const Action& action) {
+  progress();
+  if (!runners_[static_cast<std::size_t>(action.chunk)]->computes_loss())
+    require_posted(slot(action).gradient_posted, action);
+  finish(ActionKind::receive_gradients, action);
+  finish(ActionKind::send_activations, action);  // its data is about to be freed
+  finish_gradient_sends();
+}
+
 LossTotals ScheduleExecutor::run(const std::vector<Action>& actions, const ScheduleWork& work) {
-  micro_batches_.clear();
-  micro_batches_.resize(static_cast<std::size_t>(work.micro_batches));
-  prepared_.assign(static_cast<std::size_t>(work.micro_batches), false);
-  input_posted_.assign(static_cast<std::size_t>(work.micro_batches), false);
-  gradient_posted_.assign(static_cast<std::size_t>(work.micro_batches), false);
+  micro_batches_ = work.micro_batches;
+  slots_.clear();
+  slots_.resize(runners_.size() * static_cast<std::size_t>(work.micro_batches));
   LossTotals totals;
   for (const Action& action : actions) {
-    // The runner holds one contiguous range of layers and runs a backward whole.
-    if (action.chunk != 0 || action.kind == ActionKind::backward_input || action.kind == ActionKind::backward_weight)
-      throw std::logic_error(fmt::format("the executor runs one chunk and whole backwards, not {} of chunk {}",
-                                         action_name(action.kind), action.chunk));
+    ModelRunner& runner = *runners_.at(static_cast<std::size_t>(action.chunk));
     const int micro_batch = action.micro_batch;
-    MicroBatchActivations& activations = prepared(micro_batch, work);
+    Slot& entry = slot(action);
+    MicroBatchActivations& activations = prepared(action, work);
     const std::int64_t rows = work.rows(micro_batch);  // (a backward leaves activations empty)
+    const auto computed = [&](std::string_view name, double start_ms) {
+      record_span(trace_, std::string(name), start_ms, now_ms(), micro_batch, action.chunk);
+    };
     switch (action.kind) {
       case ActionKind::receive_activations:
-        input_posted_[static_cast<std::size_t>(micro_batch)] = true;
-        start(action.kind, micro_batch, activations.input.as<void>(), rows * runner_.input_width());
+        entry.input_posted = true;
+        start(action, activations.input.as<void>(), rows * runner.input_width());
         break;
       case ActionKind::forward: {
         progress();
-        if (!runner_.reads_inputs())
-          require_posted(input_posted_[static_cast<std::size_t>(micro_batch)], action.kind, micro_batch);
-        finish(ActionKind::receive_activations, micro_batch);
+        if (!runner.reads_inputs()) require_posted(entry.input_posted, action);
+        finish(ActionKind::receive_activations, action);
         const double start_ms = now_ms();
-        work.read(micro_batch, activations);
-        const LossSums sums = runner_.forward(activations, micro_batch, work.micro_batches, work.training,
-                                              work.loss_kind, work.loss_samples, work.loss_scale);
-        record_span(trace_, work.training ? "forward" : "evaluate_forward", start_ms, now_ms(), micro_batch);
+        if (runner.reads_inputs() || runner.computes_loss()) work.read(micro_batch, activations);
+        const LossSums sums = runner.forward(activations, micro_batch, work.micro_batches, work.training,
+                                             work.loss_kind, work.loss_samples, work.loss_scale);
+        computed(work.training ? "forward" : "evaluate_forward", start_ms);
         totals.loss_sum += sums.loss_sum;
         totals.correct += static_cast<double>(sums.correct);
         // Evaluation keeps nothing for a backward: memory goes as soon as the output is used.
-        if (!work.training && runner_.computes_loss()) activations = MicroBatchActivations{};
+        if (!work.training && runner.computes_loss()) activations = MicroBatchActivations{};
         break;
       }
       case ActionKind::send_activations:
-        start(action.kind, micro_batch, runner_.output(activations),
-              ModelRunner::output_rows(activations) * runner_.output_width());
+        start(action, runner.output(activations), ModelRunner::output_rows(activations) * runner.output_width());
         if (!work.training) {
-          finish(action.kind, micro_batch);
+          finish(action.kind, action);
           activations = MicroBatchActivations{};
         }
         break;
       case ActionKind::receive_gradients: {
         finish_gradient_sends();
-        // The gradient of the stage's output, as many rows as its last layer computed on.
-        const std::int64_t count = ModelRunner::output_rows(activations) * runner_.output_width();
+        // The gradient of the chunk's output, as many rows as its last layer computed on.
+        const std::int64_t count = ModelRunner::output_rows(activations) * runner.output_width();
         activations.output_grad = allocator_.allocate_elements(MemoryState::comm_buffers, static_cast<std::size_t>(count),
-                                                               runner_.activation_type());
-        gradient_posted_[static_cast<std::size_t>(micro_batch)] = true;
-        start(action.kind, micro_batch, activations.output_grad.as<void>(), count);
+                                                               runner.activation_type());
+        entry.gradient_posted = true;
+        start(action, activations.output_grad.as<void>(), count);
         break;
       }
-      case ActionKind::backward: {
-        progress();
-        if (!runner_.computes_loss())
-          require_posted(gradient_posted_[static_cast<std::size_t>(micro_batch)], action.kind, micro_batch);
-        finish(ActionKind::receive_gradients, micro_batch);
-        finish(ActionKind::send_activations, micro_batch);  // its data is about to be freed
-        finish_gradient_sends();
+      case ActionKind::backward:
+      case ActionKind::backward_input: {
+        before_backward(action);
         const double start_ms = now_ms();
-        runner_.backward(activations, micro_batch, work.micro_batches, work.loss_scale);
-        record_span(trace_, "backward", start_ms, now_ms(), micro_batch);
+        const BackwardPart part = action.kind == ActionKind::backward ? BackwardPart::whole : BackwardPart::input;
+        runner.backward(activations, micro_batch, work.micro_batches, work.loss_scale, part);
+        computed(action_name(action.kind), start_ms);
+        break;
+      }
+      case ActionKind::backward_weight: {
+        progress();
+        const double start_ms = now_ms();
+        runner.backward(activations, micro_batch, work.micro_batches, work.loss_scale, BackwardPart::weight);
+        computed(action_name(action.kind), start_ms);
         break;
       }
       case ActionKind::send_gradients:
-        start(action.kind, micro_batch, activations.input_grad.as<void>(), rows * runner_.input_width());
+        start(action, activations.input_grad.as<void>(), rows * runner.input_width());
         break;
-      case ActionKind::backward_input:
-      case ActionKind::backward_weight: break;  // refused above
     }
   }
   for (Transfer& transfer : pending_) {
@@ -143,7 +153,7 @@ LossTotals ScheduleExecutor::run(const std::vector<Action>& actions, const Sched
     release(transfer);
   }
   pending_.clear();
-  micro_batches_.clear();
+  slots_.clear();
   return totals;
 }
 

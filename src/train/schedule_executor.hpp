@@ -1,10 +1,10 @@
 // Executes one rank's actions for a step (or an evaluation pass): forwards and backwards through
-// the model runner, boundary transfers through the strategies. A transfer is waited for only when
-// its memory is needed (a receive before the computation that reads it, a send before its data
-// is freed, earlier gradient sends before another transfer buffer is allocated), and pending
-// transfers are tested between computations, so they make progress
-// (MPI moves large messages only inside its calls). A micro-batch's memory lives from its first
-// action to its last use.
+// the model runners (one per model chunk the rank holds), boundary transfers through the
+// strategies. A transfer is waited for only when its memory is needed (a receive before the
+// computation that reads it, a send before its data is freed, earlier gradient sends before
+// another transfer buffer is allocated), and pending transfers are tested between computations,
+// so they make progress (MPI moves large messages only inside its calls). A (chunk,
+// micro-batch)'s memory lives from its first action to its last use.
 #pragma once
 
 #include <functional>
@@ -28,15 +28,17 @@ struct ScheduleWork {
   std::int64_t loss_samples = 0;  // the loss is a mean over this many samples
   float loss_scale = 1.0f;        // its gradient is multiplied by this (fp16's loss scaling)
   std::function<std::int64_t(int micro_batch)> rows;
-  // Fills what this rank needs of a micro-batch's samples (inputs, targets or labels).
+  // Fills what this rank needs of a micro-batch's samples (inputs, targets or labels): called
+  // before the forward of a chunk that starts the model or computes the loss.
   std::function<void(int micro_batch, MicroBatchActivations& activations)> read;
 };
 
 class ScheduleExecutor {
  public:
-  ScheduleExecutor(ModelRunner& runner, StrategyStack& strategies, Allocator& allocator,
+  // `runners`: the rank's model chunks in local order.
+  ScheduleExecutor(std::vector<ModelRunner*> runners, StrategyStack& strategies, Allocator& allocator,
                    TraceRecorder* trace)
-      : runner_(runner), strategies_(strategies), allocator_(allocator), trace_(trace) {}
+      : runners_(std::move(runners)), strategies_(strategies), allocator_(allocator), trace_(trace) {}
 
   // The loss sums of the micro-batches whose loss this rank computes.
   LossTotals run(const std::vector<Action>& actions, const ScheduleWork& work);
@@ -45,10 +47,21 @@ class ScheduleExecutor {
   struct Transfer {
     ActionKind kind;
     int micro_batch;
+    int chunk;
     Request request;
   };
-  void start(ActionKind kind, int micro_batch, void* data, std::int64_t count);
-  void finish(ActionKind kind, int micro_batch);
+  // A (chunk, micro-batch)'s activations and which of its receives the schedule has posted.
+  struct Slot {
+    MicroBatchActivations activations;
+    bool prepared = false;
+    bool input_posted = false;
+    bool gradient_posted = false;
+  };
+  Slot& slot(const Action& action) {
+    return slots_[static_cast<std::size_t>(action.chunk * micro_batches_ + action.micro_batch)];
+  }
+  void start(const Action& action, void* data, std::int64_t count);
+  void finish(ActionKind kind, const Action& action);
   // Tests every pending transfer; a finished send of gradients frees their buffer.
   void progress();
   // Waits for every pending send of gradients and frees their buffers: done before each
@@ -56,19 +69,19 @@ class ScheduleExecutor {
   // model's) whenever the sends happen to complete.
   void finish_gradient_sends();
   void release(const Transfer& transfer);
-  MicroBatchActivations& prepared(int micro_batch, const ScheduleWork& work);
+  MicroBatchActivations& prepared(const Action& action, const ScheduleWork& work);
+  // A computation waiting for a neighbour's gradient: that receive, and the memory it frees.
+  void before_backward(const Action& action);
   // A schedule must receive what a computation needs before it: else it would compute on memory
   // nobody wrote.
-  static void require_posted(bool posted, ActionKind kind, int micro_batch);
+  static void require_posted(bool posted, const Action& action);
 
-  ModelRunner& runner_;
+  std::vector<ModelRunner*> runners_;
   StrategyStack& strategies_;
   Allocator& allocator_;
   TraceRecorder* trace_;
-  std::vector<MicroBatchActivations> micro_batches_;
-  std::vector<bool> prepared_;
-  std::vector<bool> input_posted_;     // per micro-batch: the receive of its activations
-  std::vector<bool> gradient_posted_;  // and of its output gradients
+  int micro_batches_ = 0;
+  std::vector<Slot> slots_;
   std::vector<Transfer> pending_;
 };
 

@@ -38,6 +38,7 @@ std::string rank_events(const TraceRecorder& recorder, double origin_ms, int ran
   for (const TraceSpan& span : recorder.spans()) {
     nlohmann::json args = {{"step", span.step}};
     if (span.micro_batch >= 0) args["micro_batch"] = span.micro_batch;
+    if (span.chunk >= 0) args["chunk"] = span.chunk;
     if (span.bytes > 0) args["bytes"] = span.bytes;
     if (!span.group.empty()) {
       args["group"] = span.group;

@@ -70,8 +70,8 @@ class Trainer {
 
 void Trainer::read_samples(Split split, const std::vector<std::int64_t>& indices,
                            MicroBatchActivations& activations) {
-  const DataType type = run_.model->runner->activation_type();
-  if (type == DataType::float32 || !run_.model->runner->reads_inputs()) {
+  const DataType type = run_.model->activation_type();
+  if (type == DataType::float32 || !run_.model->reads_inputs()) {
     run_.feed->read(split, indices, {&activations.input, &activations.targets, &activations.labels});
     return;
   }
@@ -180,7 +180,7 @@ StepRecord Trainer::train_step(std::int64_t step) {
   record_span(run_.trace.get(), "synchronize_gradients", synchronize_start_ms, now_ms());
 
   const double optimizer_start_ms = now_ms();
-  const MoeStatistics moe = run_.model->runner->take_moe_statistics();
+  const MoeStatistics moe = run_.model->take_moe_statistics();
   StepTotals totals = local_totals(local, &moe);
   const double learning_rate = scheduled_learning_rate(config_, step);
   const bool skipped = update(step, learning_rate, totals);

@@ -49,7 +49,7 @@ struct Replica {
         model_layer_specs(config.layers, input_dim, config.hidden, output_dim, config.moe_every, config.experts,
                           config.top_k),
         strategies);
-    executor = std::make_unique<ScheduleExecutor>(*model->runner, *model->strategies, allocator, nullptr);
+    executor = std::make_unique<ScheduleExecutor>(model->chunk_runners(), *model->strategies, allocator, nullptr);
   }
 
   std::int64_t local_rows() const { return config.global_batch / config.micro_batches / config.dp; }
@@ -57,7 +57,7 @@ struct Replica {
   // One training step's forwards and backwards over the schedule and the gradients' synchronization,
   // no update. Returns this rank's loss sum (0 where the loss is not computed).
   double step(std::int64_t index = 0) {
-    const ModelRunner& runner = *model->runner;
+    const RankModel& runner = *model;
     const GridCoordinates& place = groups->place();
     const auto read = [&](int micro_batch, MicroBatchActivations& activations) {
       const std::int64_t first = micro_batch * config.global_batch / config.micro_batches + place.dp * local_rows();

@@ -54,7 +54,7 @@ void expect_same_loss(double split, double whole) { EXPECT_NEAR(split, whole, to
 
 // The step's loss summed over the world (each rank's part where it computes and counts it).
 double world_loss(const Replica& replica, double local) {
-  const bool counts = replica.model->runner->computes_loss() && replica.groups->place().tp == 0;
+  const bool counts = replica.model->computes_loss() && replica.groups->place().tp == 0;
   double total = counts ? local : 0.0;
   MPI_Allreduce(MPI_IN_PLACE, &total, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
   return total;
