@@ -38,7 +38,12 @@ std::vector<BucketRange> gradient_buckets(const std::vector<ParameterTensor>& te
     const std::vector<ReplicaSegment> segments = replica_segments(tensors, layer, unit_multiple, shape);
     for (auto segment = segments.rbegin(); segment != segments.rend(); ++segment) {
       if (group_size(shape, segment->group) == 1) continue;  // experts held by one rank: nothing to sum
-      BucketRange* bucket = buckets.empty() ? nullptr : &buckets.back();
+      // An MoE layer's gradients are complete at the end of its B (a split backward runs all of
+      // it there), maybe before a later layer's W: its bucket holds no later layer's gradients.
+      const bool moe = std::any_of(tensors.begin(), tensors.end(),
+                                   [layer](const ParameterTensor& tensor) { return tensor.layer == layer && tensor.expert; });
+      BucketRange* bucket =
+          buckets.empty() || (moe && buckets.back().first_layer != layer) ? nullptr : &buckets.back();
       if (bucket != nullptr && bucket->group == segment->group &&
           segment->range.offset + segment->range.count == bucket->range.offset &&
           bucket->range.count * element_bytes < bucket_capacity_bytes) {
@@ -74,7 +79,7 @@ class DataParallel final : public Strategy, public LayerHooks {
   void before_layer_backward(LayerEvent&) override { progress(); }
 
   void after_layer_backward(LayerEvent& event) override {
-    if (event.last_micro_batch()) {
+    if (event.last_micro_batch() && event.part != BackwardPart::input) {
       for (Bucket& bucket : buckets_) {
         if (bucket.layout.first_layer != event.layer) continue;
         bucket.request = bucket.group->all_reduce_async(parameters_.grad_at(bucket.layout.range.offset),

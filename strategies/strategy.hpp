@@ -66,8 +66,15 @@ struct StrategyContext {
 // after the before-hooks; `parameters` (the layer's shape, and for a Linear layer its tensors as
 // placed) is read-only to hooks. Activations and their gradients are of `activation_type` (the
 // run's param type).
+// Which part of a layer's backward an event is: all of it, or (a zero-bubble schedule's B and
+// W, run as separate actions) the input gradient alone, then the parameter gradients alone.
+// B's hooks see the input gradient but must leave the parameter gradients alone; W's see those
+// and no input gradient (grad_input is null).
+enum class BackwardPart { whole, input, weight };
+
 struct LayerEvent {
   int layer = 0;
+  BackwardPart part = BackwardPart::whole;
   int micro_batch = 0;
   int micro_batches = 1;
   bool training = true;  // false while evaluating
@@ -135,12 +142,13 @@ class LayerHooks {
   // hooks return (they are the same memory unless a before-hook changed the output rows).
   virtual void after_layer_matmul(LayerEvent&) {}
   virtual void after_layer_forward(LayerEvent&) {}
+  // Backward hooks run for each part of a split backward (LayerEvent::part says which).
   virtual void before_layer_backward(LayerEvent&) {}
   // Between the activation's backward and the products': grad_pre holds d loss / d pre, and
   // grad_product must hold d loss / d product when the hooks return (the same memory unless the
   // output rows differ from the rows the layer computes on).
   virtual void before_layer_matmul_backward(LayerEvent&) {}
-  // The layer's parameter gradients for this micro-batch are complete.
+  // The layer's parameter gradients for this micro-batch are complete (B: its input gradient).
   virtual void after_layer_backward(LayerEvent&) {}
   // After the last backward: every gradient must be final when this returns.
   virtual void synchronize_gradients(const StepEvent&) {}

@@ -92,11 +92,19 @@ class TensorParallel final : public Strategy, public LayerHooks {
 
   void after_layer_forward(LayerEvent&) override { gathered_input_ = Buffer{}; }
 
+  // The layer's backward computes on every block of rows: its weight gradient reads the gathered
+  // input, and its input gradient is written for every block. A split backward's B computes the
+  // input gradient alone, which does not read the input: no gather there.
   void before_layer_backward(LayerEvent& event) override {
     if (!gathers(event)) return;
     if (event.grad_input != nullptr)
       gathered_grad_ = allocate(event.rows * group_.size(), event.parameters->spec.in_features, event);
-    gather_input(event, gathered_grad_.empty() ? nullptr : gathered_grad_.as<void>());
+    void* grad_rows = gathered_grad_.empty() ? nullptr : gathered_grad_.as<void>();
+    if (event.part == BackwardPart::input) {
+      event.substitute_input(nullptr, event.rows * group_.size(), grad_rows);
+    } else {
+      gather_input(event, grad_rows);
+    }
   }
 
   // g's backward when split: the blocks of d loss / d pre, gathered for the products' backward.

@@ -69,10 +69,21 @@ class Zero final : public Strategy, public LayerHooks, public StateSharding {
   std::unique_ptr<ZeroParameterPath> parameters_;
 };
 
+// A split backward's B reads the parameters and writes no gradient; its W writes the gradients
+// and reads no parameter (ZeRO-3 lends it a free slot's gradient area, gathering nothing).
 void Zero::before_layer_backward(LayerEvent& event) {
   const std::size_t unit = shards_.unit_of(event.layer);
-  const ZeroParameterPath::BackwardBuffers buffers = parameters_->begin_backward(unit);
+  ZeroParameterPath::BackwardBuffers buffers;
+  if (event.part == BackwardPart::weight) {
+    buffers.lent_grads = parameters_->lend_grads();
+  } else {
+    buffers = parameters_->begin_backward(unit);
+  }
   if (buffers.values != nullptr) event.unit_values = buffers.values;
+  if (event.part == BackwardPart::input) {
+    progress();
+    return;
+  }
   if (void* grads = gradients_->begin_backward(unit, event.micro_batch, buffers.lent_grads)) {
     // This micro-batch's gradients of the unit go to a unit buffer, written, not accumulated.
     event.unit_grads = grads;
@@ -83,8 +94,8 @@ void Zero::before_layer_backward(LayerEvent& event) {
 
 void Zero::after_layer_backward(LayerEvent& event) {
   const std::size_t unit = shards_.unit_of(event.layer);
-  gradients_->end_backward(unit, event.last_micro_batch());
-  parameters_->end_backward(unit);
+  if (event.part != BackwardPart::input) gradients_->end_backward(unit, event.last_micro_batch());
+  if (event.part != BackwardPart::weight) parameters_->end_backward(unit);
   progress();
 }
 

@@ -36,6 +36,8 @@ class ZeroParameterPath {
   };
   virtual BackwardBuffers begin_backward(std::size_t unit) = 0;
   virtual void end_backward(std::size_t unit) = 0;
+  // A buffer it lends for a unit's gradients alone (a split backward's W; null: none).
+  virtual void* lend_grads() = 0;
   // After the optimizer updated this rank's shards.
   virtual void after_update() = 0;
   virtual void progress() = 0;
@@ -52,6 +54,7 @@ class ParametersHeld final : public ZeroParameterPath {
   void end_forward(std::size_t) override {}
   BackwardBuffers begin_backward(std::size_t) override { return {}; }
   void end_backward(std::size_t) override {}
+  void* lend_grads() override { return nullptr; }
   void after_update() override;
   void progress() override;
   void* shard_values(std::size_t store_element, std::size_t) const override;
@@ -73,6 +76,7 @@ class ParametersGatheredPerUse final : public ZeroParameterPath {
   void end_forward(std::size_t unit) override { gathered_.erase(unit); }
   BackwardBuffers begin_backward(std::size_t unit) override;
   void end_backward(std::size_t unit) override { gathered_.erase(unit); }
+  void* lend_grads() override { return slot_grads(free_slot()); }
   void after_update() override {}
   void progress() override;
   void* shard_values(std::size_t, std::size_t in_shard) const override;

@@ -74,7 +74,19 @@ ActivationProfile activation_profile(const RankLayout& layout, const RoutingSeen
   allocate(moe_seen);
   if (computes_loss) allocate(rows * output_width * row_bytes);  // the loss gradient
   profile.forward_peak = peak;
-  profile.kept = peak = alive;
+  profile.kept = alive;
+  // A split backward's B frees nothing: it adds the recomputed activations and each Linear
+  // layer's products' gradient (of the micro-batch's rows), all kept for W.
+  profile.kept_for_weights = alive;
+  for (std::size_t local = count; local-- > 0;) {
+    if (plan.ends_segment(local))
+      for (std::size_t layer = plan.segment_start(local); layer <= local; ++layer) {
+        if (pre[layer] == 0) profile.kept_for_weights += layer_bytes(layer);
+        if (specs[layer].gelu && output[layer] == 0 && pre[layer] == 0) profile.kept_for_weights += layer_bytes(layer);
+      }
+    if (!specs[local].moe()) profile.kept_for_weights += rows * specs[local].out_features * row_bytes;
+  }
+  peak = alive;
   for (std::size_t local = count; local-- > 0;) {
     if (plan.ends_segment(local))
       for (std::size_t layer = plan.segment_start(local); layer <= local; ++layer) {
@@ -113,7 +125,8 @@ std::int64_t transfer_buffer_peak(const RankLayout& layout, const BoundaryBytes&
   std::int64_t alive = 0, sending = 0, peak = 0;
   for (const Action& action : layout.schedule) {
     const auto chunk = static_cast<std::size_t>(action.chunk);
-    const bool backward = action.kind == ActionKind::backward;
+    // (B frees the received gradient and allocates the one it sends, as a whole backward does.)
+    const bool backward = action.kind == ActionKind::backward || action.kind == ActionKind::backward_input;
     if (action.kind == ActionKind::receive_gradients || backward) alive -= std::exchange(sending, 0);
     if (action.kind == ActionKind::receive_gradients) peak = std::max(peak, alive += bytes.output[chunk]);
     if (backward && layout.layers.chunks[chunk].first > 0) peak = std::max(peak, alive += bytes.input[chunk]);

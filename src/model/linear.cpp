@@ -58,15 +58,16 @@ const void* linear_backward_activation(Kernels& kernels, const LinearLayer& laye
 }
 
 void linear_backward_matmul(Kernels& kernels, const LinearLayer& layer, const void* input, const void* grad_pre,
-                            std::int64_t rows, void* grad_input, bool accumulate) {
+                            std::int64_t rows, void* grad_input, bool accumulate, ProductGradients which) {
   const std::int64_t in = layer.spec.in_features, out = layer.spec.out_features;
   const DataType type = layer.precision.param, grad_type = layer.precision.reduce;
   // dX before dW: the last use of W comes first, so a caller may let dW overwrite W.
-  if (grad_input != nullptr) {
+  if (grad_input != nullptr && which != ProductGradients::weight) {
     // dX [rows, in] = grad_pre [rows, out] x W [out, in]
     kernels.gemm({.m = rows, .n = in, .k = out, .a = grad_pre, .lda = out, .b = layer.weight, .ldb = in,
                   .c = grad_input, .ldc = in, .input = type, .output = type});
   }
+  if (which == ProductGradients::input) return;
   // dW [out, in] (+)= grad_pre^T [out, rows] x input [rows, in], into the gradients' type.
   kernels.gemm({.transpose_a = Transpose::yes, .m = out, .n = in, .k = rows, .a = grad_pre, .lda = out,
                 .b = input, .ldb = in, .beta = accumulate ? 1.0f : 0.0f, .c = layer.weight_grad, .ldc = in,

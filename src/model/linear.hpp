@@ -49,7 +49,11 @@ void linear_backward(Kernels& kernels, const LinearLayer& layer, const void* inp
 const void* linear_backward_activation(Kernels& kernels, const LinearLayer& layer, const void* pre,
                                        const void* grad_output, std::int64_t rows, void* grad_pre,
                                        void* bias_grad, bool accumulate);
+// Which products' gradients linear_backward_matmul computes: both, or one of them (a split
+// backward's B or W).
+enum class ProductGradients { both, input, weight };
 void linear_backward_matmul(Kernels& kernels, const LinearLayer& layer, const void* input, const void* grad_pre,
-                            std::int64_t rows, void* grad_input, bool accumulate);
+                            std::int64_t rows, void* grad_input, bool accumulate,
+                            ProductGradients which = ProductGradients::both);
 
 }  // namespace mlptrain

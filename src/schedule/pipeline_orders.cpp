@@ -91,8 +91,8 @@ std::string schedule_shape_problem(ScheduleKind kind, const PipelineShape& shape
     return shape.chunks == 1 ? "" : std::string(schedule_kind_name(kind)) + " holds one chunk per stage";
   if (shape.chunks > 1 && shape.stages < 2) return "interleaving chunks needs at least 2 stages";
   if (shape.chunks > 1 && shape.micro_batches % shape.stages != 0)
-    return "interleaved 1F1B needs micro-batches (" + std::to_string(shape.micro_batches) +
-           ") in whole groups of the stages (" + std::to_string(shape.stages) + ")";
+    return "the micro-batches (" + std::to_string(shape.micro_batches) + ") must be a multiple of the stages (" +
+           std::to_string(shape.stages) + "): they go round the stages in groups of P (Megatron-LM's rule)";
   return "";
 }
 

@@ -109,6 +109,10 @@ std::int64_t peak_activation_bytes(const std::vector<Action>& actions, const std
       const std::int64_t others = alive - profile.kept;
       peak = std::max(peak, others + profile.backward_peak);
       alive = others;
+    } else if (action.kind == ActionKind::backward_input) {
+      alive += profile.kept_for_weights - profile.kept;
+    } else if (action.kind == ActionKind::backward_weight) {
+      alive -= profile.kept_for_weights;
     }
     peak = std::max(peak, alive);
   }

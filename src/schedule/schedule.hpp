@@ -95,11 +95,14 @@ int peak_micro_batches_in_flight(const std::vector<Action>& actions);
 // Activation bytes over one training micro-batch: what arrives with it (the input, and the
 // targets where the loss is computed), the most alive during its forward, what it keeps from the
 // end of its forward until its backward, and the most alive during its backward.
+// A backward split into B and W keeps `kept_for_weights` from B (which allocates and frees
+// nothing else) until W frees it all.
 struct ActivationProfile {
   std::int64_t received = 0;
   std::int64_t forward_peak = 0;
   std::int64_t kept = 0;
   std::int64_t backward_peak = 0;
+  std::int64_t kept_for_weights = 0;
 };
 
 // The most activation memory a list holds at once for micro-batches of each chunk's profile

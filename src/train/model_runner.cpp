@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <stdexcept>
 #include <utility>
 
 namespace mlptrain {
@@ -255,9 +254,23 @@ void ModelRunner::layer_backward(MicroBatchActivations& activations, std::size_t
   strategies_.after_layer_backward(event);
 }
 
-void ModelRunner::backward(MicroBatchActivations& activations, int micro_batch,
-                           int micro_batches, float loss_scale, BackwardPart part) {
-  if (part != BackwardPart::whole) throw std::logic_error("the runner runs whole backwards");
+LayerEvent ModelRunner::backward_event(const MicroBatchActivations& activations, std::size_t local, int micro_batch,
+                                       int micro_batches, const void* grad_output, void* grad_input) const {
+  LayerEvent event = layer_event(local);
+  event.micro_batch = micro_batch;
+  event.micro_batches = micro_batches;
+  event.rows = input_rows(activations, local);
+  event.grad_input = event.layer_grad_input = grad_input;
+  event.layer_rows = activations.layer_rows[local];
+  event.output_rows = activations.output_rows[local];
+  event.accumulate_grads = micro_batch > 0;
+  event.pre = activations.pre[local].as<void>();
+  event.grad_output = grad_output;
+  return event;
+}
+
+void ModelRunner::backward_pass(MicroBatchActivations& activations, int micro_batch, int micro_batches,
+                                float loss_scale, BackwardPart part) {
   const std::int64_t rows = activations.rows;
   std::int64_t widest = 0, most_rows = rows;
   for (const LinearLayer& layer : layers_)
@@ -269,35 +282,50 @@ void ModelRunner::backward(MicroBatchActivations& activations, int micro_batch,
   for (Buffer& buffer : workspace) buffer = allocate_rows(MemoryState::workspace, most_rows, widest);
   const void* grad_output = computes_loss() ? activations.loss_grad.as<void>() : activations.output_grad.as<void>();
   if (!reads_inputs()) activations.input_grad = allocate_rows(MemoryState::comm_buffers, rows, input_width());
+  // B keeps what W reads: every activation (recomputed ones too) and the products' gradients.
+  const bool whole = part == BackwardPart::whole;
+  if (!whole) activations.product_grad.resize(layers_.size());
   int outgoing = 0;
   for (std::size_t local = layers_.size(); local-- > 0;) {
     if (plan_.ends_segment(local))
-      recompute_segment(activations, plan_.segment_start(local), local, workspace[2].as<void>(), micro_batch,
-                        micro_batches);
+      recompute_segment(activations, plan_.segment_start(local), local, whole ? workspace[2].as<void>() : nullptr,
+                        micro_batch, micro_batches);
     const int global_layer = first_layer_ + static_cast<int>(local);
-    const void* input = local == 0 ? activations.input.as<void>() : layer_output(activations, local - 1);
     void* grad_input = global_layer == 0 ? nullptr
                        : local == 0        ? activations.input_grad.as<void>()
                                            : workspace[outgoing].as<void>();
-    LayerEvent event = layer_event(local);
-    event.micro_batch = micro_batch;
-    event.micro_batches = micro_batches;
-    event.rows = input_rows(activations, local);
-    event.input = event.layer_input = input;
-    event.grad_input = event.layer_grad_input = grad_input;
-    event.layer_rows = activations.layer_rows[local];
-    event.output_rows = activations.output_rows[local];
-    event.accumulate_grads = micro_batch > 0;
-    event.pre = activations.pre[local].as<void>();
-    event.grad_output = grad_output;
-    layer_backward(activations, local, event, workspace[2].as<void>(), micro_batches, loss_scale);
-    // The layer's activations and its input are read for the last time (the layer below needs
-    // only its own input and pre-activation).
-    activations.pre[local] = Buffer{};
-    activations.output[local] = Buffer{};
-    if (local > 0) activations.output[local - 1] = Buffer{};
+    LayerEvent event = backward_event(activations, local, micro_batch, micro_batches, grad_output, grad_input);
+    event.input = event.layer_input = layer_input(activations, local);
+    if (whole || moe_layers_[local]) {
+      layer_backward(activations, local, event, workspace[2].as<void>(), micro_batches, loss_scale);
+    } else {
+      event.part = BackwardPart::input;
+      layer_backward_input(activations, local, event);
+    }
+    if (whole) {
+      // The layer's activations and its input are read for the last time (the layer below needs
+      // only its own input and pre-activation).
+      activations.pre[local] = Buffer{};
+      activations.output[local] = Buffer{};
+      if (local > 0) activations.output[local - 1] = Buffer{};
+    }
     grad_output = grad_input;
     outgoing ^= 1;
+  }
+}
+
+void ModelRunner::backward(MicroBatchActivations& activations, int micro_batch, int micro_batches, float loss_scale,
+                           BackwardPart part) {
+  if (part == BackwardPart::weight) {
+    for (std::size_t local = layers_.size(); local-- > 0;)
+      if (!moe_layers_[local]) layer_backward_weight(activations, local, micro_batch, micro_batches);
+  } else {
+    backward_pass(activations, micro_batch, micro_batches, loss_scale, part);
+    // B leaves the activations for W; the received gradient has been read.
+    if (part == BackwardPart::input) {
+      activations.output_grad = Buffer{};
+      return;
+    }
   }
   Buffer input_grad = std::move(activations.input_grad);
   activations = MicroBatchActivations{};

@@ -36,11 +36,10 @@ struct MicroBatchActivations {
   std::vector<MoeActivations> moe;  // per local layer (used by MoE layers)
   std::vector<std::int64_t> layer_rows;   // per local layer: the rows it computed on
   std::vector<std::int64_t> output_rows;  // per local layer: the rows of its outputs
+  // Per Linear layer, between a backward's B and W: d loss / d product ([layer_rows, out]),
+  // which the weight gradients need.
+  std::vector<Buffer> product_grad;
 };
-
-// Which part of a backward to run: all of it, or (a zero-bubble schedule's B and W) the input
-// gradients alone, then the weight gradients alone.
-enum class BackwardPart { whole, input, weight };
 
 // Runs one model chunk (a contiguous range of layers; a rank holding several has one runner each).
 class ModelRunner {
@@ -82,6 +81,11 @@ class ModelRunner {
   // else from output_grad (both scaled by `loss_scale`, as the MoE layers' auxiliary loss is
   // here). Frees the micro-batch's activations; input_grad holds d loss / d input afterwards
   // unless the local layers start the model.
+  // Split (a zero-bubble schedule's B and W, train/split_backward.cpp): `input` computes the
+  // input gradients and keeps every activation and each Linear layer's d loss / d product (an
+  // MoE layer runs its whole backward here: its experts' products and their gradients are one
+  // exchange); `weight` then computes the Linear layers' weight and bias gradients and frees the
+  // micro-batch's activations. Each layer's hooks see the event's part.
   void backward(MicroBatchActivations& activations, int micro_batch, int micro_batches, float loss_scale = 1.0f,
                 BackwardPart part = BackwardPart::whole);
 
@@ -119,6 +123,19 @@ class ModelRunner {
   // into event.layer_grad_input; `grad_pre` is workspace for d loss / d pre of layer_rows rows.
   void layer_backward(MicroBatchActivations& activations, std::size_t local, LayerEvent& event,
                       void* grad_pre, int micro_batches, float loss_scale);
+  // A Linear layer's B and W (split_backward.cpp).
+  void layer_backward_input(MicroBatchActivations& activations, std::size_t local, LayerEvent& event);
+  void layer_backward_weight(MicroBatchActivations& activations, std::size_t local, int micro_batch, int micro_batches);
+  // The event of layer `local`'s backward, its input and gradients placed.
+  LayerEvent backward_event(const MicroBatchActivations& activations, std::size_t local, int micro_batch,
+                            int micro_batches, const void* grad_output, void* grad_input) const;
+  // The input a layer read in forward: the micro-batch's, or the previous layer's output.
+  const void* layer_input(MicroBatchActivations& activations, std::size_t local) const {
+    return local == 0 ? activations.input.as<void>() : layer_output(activations, local - 1);
+  }
+  // Backward's walk over the layers for `part` (whole or input).
+  void backward_pass(MicroBatchActivations& activations, int micro_batch, int micro_batches, float loss_scale,
+                     BackwardPart part);
   // Recomputes the activations of the local layers [first, last] that forward dropped; the last
   // layer's output is not needed again and goes to `scratch`.
   void recompute_segment(MicroBatchActivations& activations, std::size_t first, std::size_t last,

@@ -7,6 +7,9 @@
 // a W before its B and a chunk's gradients out of order; unsuitable shapes are refused.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <numeric>
+
 #include <fmt/format.h>
 
 #include "schedule/schedule.hpp"
@@ -42,6 +45,36 @@ TEST(PipelineSchedules, EveryScheduleRunsToTheEndWithoutDeadlock) {
     ++checked;
   });
   EXPECT_GT(checked, 3 * 8 * 32);  // the three one-chunk schedules and the interleaved shapes
+}
+
+TEST(PipelineSchedules, EvaluationRunsThroughTheChunksForAnyMicroBatches) {
+  // An evaluation's micro-batches need not go round the stages in whole groups.
+  for (int stages = 2; stages <= 8; ++stages)
+    for (int chunks = 1; chunks <= 4; ++chunks)
+      for (int micro_batches = 1; micro_batches <= 9; ++micro_batches) {
+        const PipelineShape shape{.stages = stages, .chunks = chunks, .micro_batches = micro_batches};
+        EXPECT_EQ(check_schedule(all_stage_schedules(ScheduleKind::interleaved, shape, false), shape, false), "")
+            << stages << " " << chunks << " " << micro_batches;
+      }
+}
+
+TEST(PipelineSchedules, ChunksGoRoundTheStages) {
+  const std::vector<std::int64_t> costs(12, 1);
+  std::vector<int> seen;
+  for (int stage = 0; stage < 3; ++stage) {
+    const RankLayers layers = stage_chunks(costs, 3, 2, stage);
+    ASSERT_EQ(layers.chunks.size(), 2u);
+    // Global chunk c (two layers each) on stage c mod 3, as local chunk c / 3.
+    EXPECT_EQ(layers.chunks[0].first, 2 * stage);
+    EXPECT_EQ(layers.chunks[1].first, 2 * (stage + 3));
+    EXPECT_EQ(layers.local_index(layers.chunks[1].first), 2);
+    EXPECT_FALSE(layers.same_chunk(layers.chunks[0].last - 1, layers.chunks[0].last));
+    for (int layer : layers.list()) seen.push_back(layer);
+  }
+  std::sort(seen.begin(), seen.end());
+  std::vector<int> every(12);
+  std::iota(every.begin(), every.end(), 0);
+  EXPECT_EQ(seen, every);
 }
 
 TEST(PipelineSchedules, PeakInFlightEqualsTheTheory) {
@@ -105,7 +138,7 @@ TEST(PipelineSchedules, CheckerRejectsWBeforeBAndGradientsOutOfOrder) {
 
 TEST(PipelineSchedules, UnsuitableShapesAreRefusedWithTheirReason) {
   EXPECT_NE(schedule_shape_problem(ScheduleKind::interleaved, {.stages = 4, .chunks = 2, .micro_batches = 6})
-                .find("whole groups of the stages (4)"),
+                .find("a multiple of the stages (4)"),
             std::string::npos);
   EXPECT_NE(schedule_shape_problem(ScheduleKind::interleaved, {.stages = 1, .chunks = 2, .micro_batches = 4})
                 .find("at least 2 stages"),
