@@ -1,11 +1,14 @@
 #!/usr/bin/env python3
 """Draws a trace written by `mlptrain --trace FILE` as a timeline (PNG, one row per pipeline
-stage, forward and backward passes numbered by micro-batch, like the 1F1B figures of the
-pipeline papers) and measures the pipeline bubble.
+stage, forward and backward passes numbered by micro-batch, like the figures of the pipeline
+papers; with model chunks, a pass on chunk c is labelled "m.c" and drawn darker per chunk; a split
+backward's B and W apart) and measures the pipeline bubble.
 
 The bubble of a step is the idle share of the stages' time between the step's first computation
-and its last: 1 - (sum over stages of forward and backward time) / (P x that window). It is set
-beside the ideal (P-1)/(M+P-1) of equal stages with no transfer cost. The figure shows one
+and its last: 1 - (sum over stages of computation time) / (P x that window). It is set beside the
+schedule's ideal with equal stages and no transfer cost: (P-1)/(M+P-1) for GPipe and 1F1B,
+(P-1)/(VM+P-1) for interleaved 1F1B with V chunks per stage, (P-1)/(3M+P-1) for ZB-H1 when F,
+B and W take equal time. The figure shows one
 data-parallel replica (dp 0) and one tensor-parallel rank (tp 0) per stage; the bubble is the
 median over the steps after the first (which includes warm-up costs). Beside both, the bubble the
 same schedule would have with free transfers and each stage's measured compute times: the part of
@@ -41,8 +44,17 @@ def stage_ranks(places):
     return [chosen[stage] for stage in sorted(chosen)]
 
 
+COMPUTATIONS = ("forward", "backward", "backward_input", "backward_weight")
+
+
+def ideal_bubble(schedule, stages, chunks, micro_batches):
+    """The schedule's bubble by its theory (src/schedule/schedule.hpp gives the sources)."""
+    work = {"interleaved": chunks * micro_batches, "zb-h1": 3 * micro_batches}.get(schedule, micro_batches)
+    return (stages - 1) / (work + stages - 1)
+
+
 def computations(spans, pid, step):
-    return [span for span in spans if span["pid"] == pid and span["name"] in ("forward", "backward")
+    return [span for span in spans if span["pid"] == pid and span["name"] in COMPUTATIONS
             and span["args"].get("step") == step]
 
 
@@ -65,32 +77,39 @@ def simulated_bubble(spans, ranks, step):
     orders, durations = [], []
     for pid in ranks:
         done = sorted(computations(spans, pid, step), key=lambda span: span["ts"])
-        orders.append([(span["name"], span["args"]["micro_batch"]) for span in done])
+        orders.append([(span["name"], span["args"]["micro_batch"], span["args"].get("chunk", 0)) for span in done])
         durations.append({name: statistics.median(span["dur"] for span in done if span["name"] == name)
-                          for name in ("forward", "backward")})
+                          for name in {span["name"] for span in done}})
     stages = len(ranks)
-    finished = {}  # (stage, name, micro_batch) -> end time
+    # A forward waits for the previous global chunk's forward, a backward (or its B) for the
+    # next one's; global chunk c * P + s is local chunk c of stage s. W waits for nothing else.
+    last_global = stages * (1 + max(chunk for order in orders for _, _, chunk in order)) - 1
+    finished = {}  # (global chunk, forward or backward, micro_batch) -> end time
     position = [0] * stages
     free_at = [0.0] * stages
     while any(position[stage] < len(orders[stage]) for stage in range(stages)):
         progressed = False
         for stage in range(stages):
             while position[stage] < len(orders[stage]):
-                name, micro_batch = orders[stage][position[stage]]
-                neighbour = stage - 1 if name == "forward" else stage + 1
-                if 0 <= neighbour < stages:
-                    ready = finished.get((neighbour, name, micro_batch))
-                    if ready is None:
-                        break
-                else:
-                    ready = 0.0
+                name, micro_batch, chunk = orders[stage][position[stage]]
+                here = chunk * stages + stage
+                direction = "forward" if name == "forward" else "backward"
+                ready = 0.0
+                if name != "backward_weight":
+                    neighbour = here - 1 if name == "forward" else here + 1
+                    if 0 <= neighbour <= last_global:
+                        ready = finished.get((neighbour, direction, micro_batch))
+                        if ready is None:
+                            break
                 start = max(free_at[stage], ready)
-                free_at[stage] = finished[(stage, name, micro_batch)] = start + durations[stage][name]
+                free_at[stage] = start + durations[stage][name]
+                if name != "backward_weight":
+                    finished[(here, direction, micro_batch)] = free_at[stage]
                 position[stage] += 1
                 progressed = True
         if not progressed:
             return None  # not a pipeline schedule this simulation understands
-    busy = sum(durations[stage][name] for stage in range(stages) for name, _ in orders[stage])
+    busy = sum(durations[stage][name] for stage in range(stages) for name, _, _ in orders[stage])
     return 1.0 - busy / (stages * max(free_at))
 
 
@@ -98,7 +117,7 @@ def analyse(run, places, spans):
     ranks = stage_ranks(places)
     stages = len(ranks)
     micro_batches = run.get("micro_batches", 1)
-    steps = sorted({span["args"]["step"] for span in spans if span["name"] in ("forward", "backward")})
+    steps = sorted({span["args"]["step"] for span in spans if span["name"] in COMPUTATIONS})
     measured = {step: step_bubble(spans, ranks, step) for step in steps}
     measured = {step: value for step, value in measured.items() if value is not None}
     counted = [step for step in measured if step != steps[0]] or list(measured)
@@ -106,7 +125,8 @@ def analyse(run, places, spans):
         "stages": stages,
         "micro_batches": micro_batches,
         "schedule": run.get("schedule", ""),
-        "ideal_bubble": (stages - 1) / (micro_batches + stages - 1),
+        "virtual_stages": run.get("virtual_stages", 1),
+        "ideal_bubble": ideal_bubble(run.get("schedule", ""), stages, run.get("virtual_stages", 1), micro_batches),
         "bubble": statistics.median(measured[step][0] for step in counted),
         "window_ms": statistics.median(measured[step][1] for step in counted),
         "bubble_from_stage_times": statistics.median(
@@ -125,23 +145,31 @@ def draw(run, places, spans, report, step, output):
     rows = [computations(spans, pid, step) for pid in ranks]
     start = min(span["ts"] for row in rows for span in row)
     figure, axes = plt.subplots(figsize=(12, 0.6 * len(ranks) + 1.6))
-    colors = {"forward": "#4C72B0", "backward": "#55A868"}
+    # Per kind, one shade per chunk (darker for later chunks).
+    colors = {"forward": ("#6F93D0", "#2F4F8F", "#1F3560", "#101C33"),
+              "backward": ("#7CC48D", "#3D8A50", "#285C35", "#14301B"),
+              "backward_input": ("#7CC48D", "#3D8A50", "#285C35", "#14301B"),
+              "backward_weight": ("#E1A35C", "#B0702A", "#7A4C1C", "#45290F")}
+    chunked = report.get("virtual_stages", 1) > 1
     for row_index, row in enumerate(rows):
         for span in row:
             left = (span["ts"] - start) / 1000.0
             width = span["dur"] / 1000.0
-            axes.broken_barh([(left, width)], (row_index - 0.4, 0.8), facecolors=colors[span["name"]],
-                             edgecolors="white", linewidth=0.5)
-            axes.text(left + width / 2, row_index, str(span["args"].get("micro_batch", "")),
-                      ha="center", va="center", color="white", fontsize=8)
+            chunk = span["args"].get("chunk", 0)
+            axes.broken_barh([(left, width)], (row_index - 0.4, 0.8),
+                             facecolors=colors[span["name"]][min(chunk, 3)], edgecolors="white", linewidth=0.5)
+            label = str(span["args"].get("micro_batch", "")) + (f".{chunk}" if chunked else "")
+            axes.text(left + width / 2, row_index, label, ha="center", va="center", color="white", fontsize=7)
     axes.set_yticks(range(len(ranks)))
     axes.set_yticklabels([f"stage {places[pid].get('stage', 0)}" for pid in ranks])
     axes.invert_yaxis()
     axes.set_xlabel("time in step (ms)")
-    schedule = {"1f1b": "1F1B", "gpipe": "GPipe"}.get(report["schedule"], report["schedule"])
+    schedule = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": f"interleaved 1F1B, V = {report.get('virtual_stages', 1)}",
+                "zb-h1": "ZB-H1"}.get(report["schedule"], report["schedule"])
+    split = report["schedule"] == "zb-h1"
     axes.set_title(f"{schedule}, P = {report['stages']}, M = {report['micro_batches']}, step {step}: "
-                   f"bubble {report['bubble_by_step'][str(step)]:.3f} measured, "
-                   f"{report['ideal_bubble']:.3f} ideal (P-1)/(M+P-1); forward blue, backward green")
+                   f"bubble {report['bubble_by_step'][str(step)]:.3f} measured, {report['ideal_bubble']:.3f} ideal; "
+                   f"forward blue, {'B green, W orange' if split else 'backward green'}", fontsize=9)
     figure.tight_layout()
     figure.savefig(output, dpi=120)
     plt.close(figure)
@@ -155,7 +183,7 @@ def main():
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     args = parser.parse_args()
     run, places, spans = load(args.trace)
-    if not any(span["name"] in ("forward", "backward") for span in spans):
+    if not any(span["name"] in COMPUTATIONS for span in spans):
         sys.exit(f"trace_timeline: {args.trace} has no forward or backward spans")
     report = analyse(run, places, spans)
     step = args.step if args.step is not None else max(int(step) for step in report["bubble_by_step"])

@@ -120,18 +120,19 @@ struct BoundaryBytes {
 // the end of that micro-batch's backward; a chunk that sends its input's gradient allocates it
 // when that backward starts and frees it once the send completes. The executor waits for the
 // earlier gradient sends before each of these allocations, so no send's completion time changes
-// the peak.
+// the peak. (It waits for the chunk's own sends only, and frees their buffers only there.)
 std::int64_t transfer_buffer_peak(const RankLayout& layout, const BoundaryBytes& bytes) {
-  std::int64_t alive = 0, sending = 0, peak = 0;
+  std::int64_t alive = 0, peak = 0;
+  std::vector<std::int64_t> sending(layout.layers.chunks.size(), 0);
   for (const Action& action : layout.schedule) {
     const auto chunk = static_cast<std::size_t>(action.chunk);
     // (B frees the received gradient and allocates the one it sends, as a whole backward does.)
     const bool backward = action.kind == ActionKind::backward || action.kind == ActionKind::backward_input;
-    if (action.kind == ActionKind::receive_gradients || backward) alive -= std::exchange(sending, 0);
+    if (action.kind == ActionKind::receive_gradients || backward) alive -= std::exchange(sending[chunk], 0);
     if (action.kind == ActionKind::receive_gradients) peak = std::max(peak, alive += bytes.output[chunk]);
     if (backward && layout.layers.chunks[chunk].first > 0) peak = std::max(peak, alive += bytes.input[chunk]);
     if (backward && layout.layers.chunks[chunk].last < layer_count(layout)) alive -= bytes.output[chunk];
-    if (action.kind == ActionKind::send_gradients) sending += bytes.input[chunk];
+    if (action.kind == ActionKind::send_gradients) sending[chunk] += bytes.input[chunk];
   }
   return peak;
 }

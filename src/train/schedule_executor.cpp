@@ -50,9 +50,9 @@ void ScheduleExecutor::finish(ActionKind kind, const Action& action) {
   pending_.erase(found);
 }
 
-void ScheduleExecutor::finish_gradient_sends() {
+void ScheduleExecutor::finish_gradient_sends(int chunk) {
   std::erase_if(pending_, [&](Transfer& transfer) {
-    if (transfer.kind != ActionKind::send_gradients) return false;
+    if (transfer.kind != ActionKind::send_gradients || transfer.chunk != chunk) return false;
     transfer.request.wait();
     release(transfer);
     return true;
@@ -61,7 +61,8 @@ void ScheduleExecutor::finish_gradient_sends() {
 
 void ScheduleExecutor::progress() {
   std::erase_if(pending_, [&](Transfer& transfer) {
-    if (!transfer.request.test()) return false;
+    // A gradient send's buffer goes only where its chunk waits for it (finish_gradient_sends).
+    if (!transfer.request.test() || transfer.kind == ActionKind::send_gradients) return false;
     release(transfer);
     return true;
   });
@@ -73,7 +74,7 @@ void ScheduleExecutor::before_backward(const Action& action) {
     require_posted(slot(action).gradient_posted, action);
   finish(ActionKind::receive_gradients, action);
   finish(ActionKind::send_activations, action);  // its data is about to be freed
-  finish_gradient_sends();
+  finish_gradient_sends(action.chunk);
 }
 
 LossTotals ScheduleExecutor::run(const std::vector<Action>& actions, const ScheduleWork& work) {
@@ -118,7 +119,7 @@ LossTotals ScheduleExecutor::run(const std::vector<Action>& actions, const Sched
         }
         break;
       case ActionKind::receive_gradients: {
-        finish_gradient_sends();
+        finish_gradient_sends(action.chunk);
         // The gradient of the chunk's output, as many rows as its last layer computed on.
         const std::int64_t count = ModelRunner::output_rows(activations) * runner.output_width();
         activations.output_grad = allocator_.allocate_elements(MemoryState::comm_buffers, static_cast<std::size_t>(count),

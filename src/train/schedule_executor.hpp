@@ -62,12 +62,15 @@ class ScheduleExecutor {
   }
   void start(const Action& action, void* data, std::int64_t count);
   void finish(ActionKind kind, const Action& action);
-  // Tests every pending transfer; a finished send of gradients frees their buffer.
+  // Tests every pending transfer; a finished one is done with (a send of gradients waits for
+  // its chunk's next finish_gradient_sends).
   void progress();
-  // Waits for every pending send of gradients and frees their buffers: done before each
-  // allocation of a transfer buffer, so the peak of those is the same in every run (the cost
-  // model's) whenever the sends happen to complete.
-  void finish_gradient_sends();
+  // Waits for the chunk's pending sends of gradients and frees their buffers: done before each
+  // allocation of a transfer buffer for the chunk, so the peak of those is the same in every run
+  // (the cost model's) whenever the sends happen to complete. Only the chunk's: waiting for
+  // another chunk's send could wait on a stage that waits on this one (the schedule checker
+  // proves the lists free of deadlock under exactly these waits).
+  void finish_gradient_sends(int chunk);
   void release(const Transfer& transfer);
   MicroBatchActivations& prepared(const Action& action, const ScheduleWork& work);
   // A computation waiting for a neighbour's gradient: that receive, and the memory it frees.
