@@ -3,7 +3,8 @@ stage holding V model chunks) and zero-bubble H1 (--schedule zb-h1, backward spl
 Alone they reproduce one process bit for bit; composed with data and tensor parallelism (sequence
 parallel too), ZeRO 1-3, recomputation and experts, within the fp32 tolerance, with memory and
 bytes by group as predicted (dense models' activations exactly); evaluation runs through the
-chunks; shapes a schedule cannot run are refused with one line."""
+chunks; checkpoints move between chunked and other layouts; shapes a schedule cannot run are
+refused with one line."""
 import unittest
 
 import numpy as np
@@ -71,6 +72,17 @@ class PipelineSchedules(TrainingTestCase):
                                                          "--virtual-stages", "2"], 2)
         self.assertEqual([s.get("eval_loss") for s in steps], [s.get("eval_loss") for s in reference_steps])
         self.assertTrue(any(s.get("eval_loss") is not None for s in steps))
+
+    def test_checkpoints_move_between_chunked_and_other_layouts(self):
+        """A chunked run's checkpoint is consolidated like any other: it resumes without a
+        pipeline, and a plain one resumes chunked or under ZB-H1 with ZeRO-3."""
+        model = DENSE + ["--micro-batches", "4"]
+        chunked = ["--schedule", "interleaved", "--virtual-stages", "2"]
+        split = ["--pp", "2", "--schedule", "zb-h1"]
+        self.assert_resumes_across_layouts(model, [
+            (["--pp", "2"] + chunked, 2, [], 1),
+            ([], 1, ["--pp", "4"] + chunked, 4),
+            (split, 2, split + ["--dp", "2", "--zero", "3"], 4)], 6)
 
     def test_shapes_a_schedule_cannot_run_are_refused(self):
         for ranks, flags, named in (
