@@ -52,6 +52,8 @@ class PipelineSchedules(TrainingTestCase):
             (4, interleaved(2, 2, 4) + ["--dp", "2", "--zero", "1"]),
             (4, interleaved(2, 2, 2) + ["--tp", "2", "--sequence-parallel"]),
             (4, interleaved(2, 2, 4) + ["--dp", "2", "--zero", "3", "--recompute"]),
+            (4, interleaved(2, 2, 4) + ["--dp", "2", "--zero", "2"]),
+            (4, interleaved(2, 2, 2) + ["--tp", "2", "--recompute"]),
             (4, zero_bubble(2, 4) + ["--dp", "2", "--zero", "2", "--recompute"]),
             (4, zero_bubble(2, 4) + ["--dp", "2", "--zero", "3"]),
             (4, zero_bubble(2, 2) + ["--tp", "2", "--sequence-parallel"]),
