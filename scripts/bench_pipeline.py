@@ -54,6 +54,7 @@ def main():
     parser.add_argument("--picture", default=os.path.join(ROOT, "results", "pipeline_schedules.png"))
     args = parser.parse_args()
     stages = args.stages
+    pinned = stages <= (os.cpu_count() or 1)  # one core per rank, where there are enough
 
     samples = {"one": [], "one_m1": []}
     for schedule in SCHEDULES:
@@ -61,14 +62,14 @@ def main():
             samples[key + schedule] = []
     for round_index in range(args.rounds):
         print(f"bench: round {round_index + 1} of {args.rounds}", flush=True)
-        samples["one"].append(train(1, model(args), "pipeline-one", bind_to_cores=args.stages <= (os.cpu_count() or 1))[0])
+        samples["one"].append(train(1, model(args), "pipeline-one", bind_to_cores=pinned)[0])
         one_m1 = model(args)
         one_m1[one_m1.index("--micro-batches") + 1] = 1
-        samples["one_m1"].append(train(1, one_m1, "pipeline-one-m1", bind_to_cores=args.stages <= (os.cpu_count() or 1))[0])
+        samples["one_m1"].append(train(1, one_m1, "pipeline-one-m1", bind_to_cores=pinned)[0])
         for schedule, flags in SCHEDULES.items():
             trace = os.path.join(BUILD, f"bench-pipeline-{schedule}.trace.json")
             step_ms, summary = train(stages, model(args) + ["--pp", stages, "--schedule", schedule, "--trace", trace]
-                                     + flags, f"pipeline-{schedule}", bind_to_cores=args.stages <= (os.cpu_count() or 1))
+                                     + flags, f"pipeline-{schedule}", bind_to_cores=pinned)
             samples[schedule].append(step_ms)
             report = timeline(trace, os.path.join(BUILD, f"bench-pipeline-{schedule}.png"))
             samples["bubble_" + schedule].append(report["bubble"])

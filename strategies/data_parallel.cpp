@@ -36,12 +36,12 @@ std::vector<BucketRange> gradient_buckets(const std::vector<ParameterTensor>& te
   for (auto layer_at = held.rbegin(); layer_at != held.rend(); ++layer_at) {
     const int layer = *layer_at;
     const std::vector<ReplicaSegment> segments = replica_segments(tensors, layer, unit_multiple, shape);
+    // An MoE layer's gradients are complete at the end of its B (a split backward runs all of it
+    // there), maybe before a later layer's W: its bucket holds no later layer's gradients.
+    const bool moe = std::any_of(tensors.begin(), tensors.end(),
+                                 [layer](const ParameterTensor& tensor) { return tensor.layer == layer && tensor.expert; });
     for (auto segment = segments.rbegin(); segment != segments.rend(); ++segment) {
       if (group_size(shape, segment->group) == 1) continue;  // experts held by one rank: nothing to sum
-      // An MoE layer's gradients are complete at the end of its B (a split backward runs all of
-      // it there), maybe before a later layer's W: its bucket holds no later layer's gradients.
-      const bool moe = std::any_of(tensors.begin(), tensors.end(),
-                                   [layer](const ParameterTensor& tensor) { return tensor.layer == layer && tensor.expert; });
       BucketRange* bucket =
           buckets.empty() || (moe && buckets.back().first_layer != layer) ? nullptr : &buckets.back();
       if (bucket != nullptr && bucket->group == segment->group &&

@@ -102,7 +102,7 @@ void* ParametersGatheredPerUse::begin_forward(std::size_t unit, bool recomputing
 
 ZeroParameterPath::BackwardBuffers ParametersGatheredPerUse::begin_backward(std::size_t unit) {
   const std::size_t slot = gathered(unit);
-  if (unit > 0 && shards_.same_chunk(unit, unit - 1)) prefetch(unit - 1);
+  if (shards_.same_chunk(unit, unit - 1)) prefetch(unit - 1);  // (none before unit 0)
   return {.values = slot_values(slot), .lent_grads = slot_grads(slot)};
 }
 

@@ -81,8 +81,9 @@ ActivationProfile activation_profile(const RankLayout& layout, const RoutingSeen
   for (std::size_t local = count; local-- > 0;) {
     if (plan.ends_segment(local))
       for (std::size_t layer = plan.segment_start(local); layer <= local; ++layer) {
-        if (pre[layer] == 0) profile.kept_for_weights += layer_bytes(layer);
-        if (specs[layer].gelu && output[layer] == 0 && pre[layer] == 0) profile.kept_for_weights += layer_bytes(layer);
+        if (pre[layer] != 0) continue;  // kept by forward
+        profile.kept_for_weights += layer_bytes(layer);
+        if (specs[layer].gelu && output[layer] == 0) profile.kept_for_weights += layer_bytes(layer);
       }
     if (!specs[local].moe()) profile.kept_for_weights += rows * specs[local].out_features * row_bytes;
   }

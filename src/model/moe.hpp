@@ -120,6 +120,13 @@ struct MoeStatistics {
   double all_to_all_bytes = 0;
 
   void clear() { *this = MoeStatistics{}; }
+  // Adds another's (other layers': a rank's model chunks hold different MoE layers).
+  void add(MoeStatistics&& other) {
+    expert_load.merge(other.expert_load);
+    aux_loss += other.aux_loss;
+    dropped += other.dropped;
+    all_to_all_bytes += other.all_to_all_bytes;
+  }
 };
 
 // Bytes one micro-batch of `rows` tokens keeps for backward in an MoE layer of which this rank

@@ -38,11 +38,6 @@ std::vector<Action> forward_only_schedule(int micro_batches) {
   return actions;
 }
 
-std::vector<Action> pipeline_schedule(PipelineKind kind, int stages, int stage, int micro_batches,
-                                      bool training) {
-  return stage_schedule(kind, {.stages = stages, .chunks = 1, .micro_batches = micro_batches}, stage, training);
-}
-
 std::vector<Action> stage_schedule(ScheduleKind kind, const PipelineShape& shape, int stage, bool training) {
   // Evaluating, the forwards alone, each micro-batch through the stage's chunks in turn (which
   // needs no rule on the number of micro-batches: an evaluation's last one may be short).

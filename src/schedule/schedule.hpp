@@ -51,9 +51,12 @@ struct PipelineShape {
 // P); the other schedules hold one chunk per stage.
 std::string schedule_shape_problem(ScheduleKind kind, const PipelineShape& shape);
 
-// Stage `stage`'s list under `kind` (the shape must suit it when training), transfers placed as
-// pipeline_schedule places them. Without training, the forward passes alone, each micro-batch
-// through the chunks in turn.
+// Stage `stage`'s list under `kind` (the shape must suit it when training): the computations in
+// the schedule's order, each receive posted one computation ahead of the one that needs it (so
+// the transfer overlaps the computation before), each send right after the computation that
+// produced its data. Each chunk's backwards run in micro-batch order under every schedule, so
+// gradients accumulate in the same order as without a pipeline. Without training, the forward
+// passes alone, each micro-batch through the chunks in turn.
 std::vector<Action> stage_schedule(ScheduleKind kind, const PipelineShape& shape, int stage, bool training = true);
 
 // The most (chunk, micro-batch) pairs whose activations a stage keeps at once (forward done, the
@@ -76,14 +79,6 @@ std::string_view action_name(ActionKind kind);
 std::vector<Action> sequential_schedule(int micro_batches);
 // Forward passes only (evaluation), in micro-batch order.
 std::vector<Action> forward_only_schedule(int micro_batches);
-
-// Stage `stage` of `stages`: the computations in the kind's order, each receive posted one
-// computation ahead of the one that needs it (so the transfer overlaps the computation before),
-// each send right after the computation that produced its data. Backward passes run in
-// micro-batch order under both kinds, so gradients accumulate in the same order as without a
-// pipeline. Without training, the forward passes alone.
-std::vector<Action> pipeline_schedule(PipelineKind kind, int stages, int stage, int micro_batches,
-                                      bool training = true);
 
 // Forwards 1F1B runs at `stage` before its first backward, beyond the one it pairs with it.
 int one_f_one_b_warmup(int stages, int stage, int micro_batches);
@@ -134,8 +129,6 @@ struct RankLayers {
   // Both held, in one chunk: the output of one is the input of the other on this rank.
   bool same_chunk(int layer, int other) const { return contains(layer) && chunk_of(layer) == chunk_of(other); }
   std::vector<int> list() const;  // the layers in local order
-  bool starts_model() const { return chunks.front().first == 0; }
-  bool ends_model(int layer_count) const { return chunks.back().last == layer_count; }
 };
 
 // Contiguous layer ranges for `stages` stages (at least one layer each) that minimize the

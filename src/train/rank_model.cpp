@@ -45,13 +45,7 @@ std::vector<ModelRunner*> RankModel::chunk_runners() const {
 
 MoeStatistics RankModel::take_moe_statistics() {
   MoeStatistics total;
-  for (const auto& runner : runners) {
-    MoeStatistics chunk = runner->take_moe_statistics();
-    total.expert_load.merge(chunk.expert_load);  // each layer is in one chunk
-    total.aux_loss += chunk.aux_loss;
-    total.dropped += chunk.dropped;
-    total.all_to_all_bytes += chunk.all_to_all_bytes;
-  }
+  for (const auto& runner : runners) total.add(runner->take_moe_statistics());
   return total;
 }
 

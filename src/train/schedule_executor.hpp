@@ -1,8 +1,8 @@
 // Executes one rank's actions for a step (or an evaluation pass): forwards and backwards through
 // the model runners (one per model chunk the rank holds), boundary transfers through the
 // strategies. A transfer is waited for only when its memory is needed (a receive before the
-// computation that reads it, a send before its data is freed, earlier gradient sends before
-// another transfer buffer is allocated), and pending transfers are tested between computations,
+// computation that reads it, a send before its data is freed, the chunk's earlier gradient sends
+// before another transfer buffer is allocated for it), and pending transfers are tested between computations,
 // so they make progress (MPI moves large messages only inside its calls). A (chunk,
 // micro-batch)'s memory lives from its first action to its last use.
 #pragma once

@@ -32,9 +32,8 @@ void ModelRunner::layer_backward_input(MicroBatchActivations& activations, std::
     kernels_.copy(kept.as<void>(), event.grad_pre, activation_type_, count);
   event.grad_product = split ? kept.as<void>() : nullptr;
   strategies_.before_layer_matmul_backward(event);
-  if (event.layer_grad_input != nullptr)
-    linear_backward_matmul(kernels_, view, nullptr, kept.as<void>(), event.layer_rows, event.layer_grad_input, false,
-                           ProductGradients::input);
+  linear_backward_matmul(kernels_, view, nullptr, kept.as<void>(), event.layer_rows, event.layer_grad_input, false,
+                         ProductGradients::input);
   strategies_.after_layer_backward(event);
 }
 

@@ -15,6 +15,12 @@ using namespace mlptrain;
 
 namespace {
 
+// Stage `stage`'s list of a one-chunk schedule.
+std::vector<Action> pipeline_schedule(PipelineKind kind, int stages, int stage, int micro_batches,
+                                      bool training = true) {
+  return stage_schedule(kind, {.stages = stages, .chunks = 1, .micro_batches = micro_batches}, stage, training);
+}
+
 std::vector<std::vector<Action>> all_stages(PipelineKind kind, int stages, int micro_batches,
                                             bool training) {
   std::vector<std::vector<Action>> lists;
