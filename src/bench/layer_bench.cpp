@@ -1,5 +1,6 @@
 // layerbench: times one Linear layer's kernels as the trainer calls them (forward GEMM, the two
-// backward GEMMs, bias+GELU forward and backward, AdamW over the layer's parameters) on a device
+// backward GEMMs, bias+GELU forward and backward, a gather of its rows as MoE layers move them,
+// AdamW over the layer's parameters) on a device
 // (the CPU by default; --device cuda [--tf32] or loopback), and prints one JSON object per GEMM
 // param type (--dtype fp32,bf16,fp16: activations and weights of that type, fp32 accumulation,
 // fp32 weight gradients and optimizer state). On the CPU each object also holds the same GEMMs
@@ -134,6 +135,17 @@ void run(const std::vector<std::string>& arguments) {
       kernels.gelu_backward(grad.as<void>(), pre.as<void>(), grad_pre.as<void>(), type, bias_grad.as<void>(), fp32,
                             false, rows, out);
     });
+    // Rows gathered by an index, as an MoE layer dispatches and combines them (every row moves:
+    // the index reverses their order).
+    {
+      std::vector<std::int32_t> reversed(static_cast<std::size_t>(rows));
+      for (long row = 0; row < rows; ++row) reversed[static_cast<std::size_t>(row)] = static_cast<std::int32_t>(rows - 1 - row);
+      Buffer order = memory.allocate(MemoryState::workspace, reversed.size() * sizeof(std::int32_t));
+      memory.copy_to_device(order.as<void>(), reversed.data(), order.bytes());
+      result["gather_rows_ms"] = time([&] {
+        kernels.gather_rows(act.as<void>(), order.as<std::int32_t>(), nullptr, grad_pre.as<void>(), rows, out, type);
+      });
+    }
     const bool half = type != fp32;
     const double adamw = time([&] {
       kernels.adamw(half ? master.floats() : w.floats(), grad_w.as<void>(), fp32, m.floats(), v.floats(), parameters,

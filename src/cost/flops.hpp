@@ -22,4 +22,18 @@ double model_flops_per_sample(const std::vector<LayerSpec>& model);
 // pre-activations forward drops).
 double recompute_flops_per_sample(const std::vector<LayerSpec>& stage_layers, bool recompute);
 
+// Memory-bound work of one layer per sample, in elements. Bias/GELU passes: forward one per
+// output element (an MoE layer's k experts' each), backward two. Rows an MoE layer moves (the
+// k rows of each token): forward gathers them into expert order and scatter-adds the experts'
+// outputs back into a zeroed output, backward gathers the output gradient, dots it with the
+// returned rows and scatter-adds the input gradient; with experts on several ranks each
+// exchange also regroups its rows by expert, and back.
+struct LayerPasses {
+  double elementwise_forward = 0;
+  double elementwise_backward = 0;
+  double moved_forward = 0;
+  double moved_backward = 0;
+};
+LayerPasses layer_passes(const LayerSpec& layer, int expert_ranks);
+
 }  // namespace mlptrain

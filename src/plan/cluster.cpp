@@ -28,9 +28,11 @@ double Cluster::gemm_flops_per_s(DataType type) const {
 namespace {
 
 // AdamW in fp32 reads a parameter, its gradient and two moments and writes three of them back:
-// 28 bytes per parameter; a bias/GELU pass reads and writes one fp32 element: 8 bytes.
+// 28 bytes per parameter; a bias/GELU pass reads and writes one fp32 element: 8 bytes, and so
+// does a row gathered or scattered (its index is one read per row).
 constexpr double optimizer_bytes_per_parameter = 28;
 constexpr double elementwise_bytes_per_element = 8;
+constexpr double row_move_bytes_per_element = 8;
 
 void set_every_op(Cluster& cluster, LinkClass link, LinkRates rates) {
   cluster.links[static_cast<std::size_t>(link)].fill(rates);
@@ -55,6 +57,7 @@ Cluster from_json(const nlohmann::json& object, const std::string& where) {
   const double memory_bytes_per_s = number(object, "memory_gb_per_s", "memory_gb_per_s") * 1e9;
   cluster.optimizer_parameters_per_s = memory_bytes_per_s / optimizer_bytes_per_parameter;
   cluster.elementwise_elements_per_s = memory_bytes_per_s / elementwise_bytes_per_element;
+  cluster.row_move_elements_per_s = memory_bytes_per_s / row_move_bytes_per_element;
   for (LinkClass link : all_link_classes) {
     const std::string key(link_class_name(link));
     const nlohmann::json rates = object.value(key, nlohmann::json{});
@@ -179,6 +182,9 @@ Cluster calibrated_cluster(const std::vector<std::string>& files) {
         if (dtype == "fp32" && row.value("bias_gelu_forward_ms", 0.0) > 0)
           cluster.elementwise_elements_per_s =
               row.value("rows", 0.0) * row.value("out", 0.0) / (row.value("bias_gelu_forward_ms", 0.0) * 1e-3);
+        if (dtype == "fp32" && row.value("gather_rows_ms", 0.0) > 0)
+          cluster.row_move_elements_per_s =
+              row.value("rows", 0.0) * row.value("out", 0.0) / (row.value("gather_rows_ms", 0.0) * 1e-3);
         gemm_seen = true;
       } else if (row.contains("collective") && row.value("dtype", "") == "fp32" &&
                  row.value("path", "") == "mpi-host" && row.value("correct", true)) {
@@ -198,10 +204,12 @@ Cluster calibrated_cluster(const std::vector<std::string>& files) {
     throw UsageError(fmt::format("--calibrate {}: no layerbench rows (fp32 GEMM and AdamW times)", fmt::join(files, " ")));
   if (!measured.contains(CommOp::all_reduce))
     throw UsageError(fmt::format("--calibrate {}: no commbench fp32 all_reduce rows on mpi-host", fmt::join(files, " ")));
-  // Types the bench did not time run at the fp32 rate; collectives it did not time at the
-  // all-reduce's; one node, so both link classes are the machine's.
+  // Types the bench did not time run at the fp32 rate; rows it did not time move at the
+  // elementwise rate; collectives it did not time at the all-reduce's; one node, so both link
+  // classes are the machine's.
   for (double* rate : {&cluster.gemm_bf16_flops_per_s, &cluster.gemm_fp16_flops_per_s})
     if (*rate <= 0) *rate = cluster.gemm_fp32_flops_per_s;
+  if (cluster.row_move_elements_per_s <= 0) cluster.row_move_elements_per_s = cluster.elementwise_elements_per_s;
   for (LinkClass link : all_link_classes)
     for (CommOp op : all_comm_ops)
       cluster.links[static_cast<std::size_t>(link)][static_cast<std::size_t>(op)] =

@@ -36,9 +36,11 @@ struct Cluster {
   double gemm_fp32_flops_per_s = 0;
   double gemm_bf16_flops_per_s = 0;
   double gemm_fp16_flops_per_s = 0;
-  // Memory-bound work of one device: the optimizer's update and the bias/GELU passes.
+  // Memory-bound work of one device: the optimizer's update, the bias/GELU passes, and rows
+  // gathered or scattered by an index (MoE layers' dispatch and combine).
   double optimizer_parameters_per_s = 0;
   double elementwise_elements_per_s = 0;
+  double row_move_elements_per_s = 0;
   std::array<std::array<LinkRates, comm_op_count>, all_link_classes.size()> links{};
 
   double gemm_flops_per_s(DataType type) const;
@@ -54,7 +56,8 @@ std::vector<std::string_view> cluster_preset_names();
 Cluster load_cluster(const std::string& preset_or_file);
 // This machine, one node whose cores its ranks share, from layerbench output (GEMM rates per
 // dtype, scaled from the bench's GEMM threads to the machine's cores; with --sequence, the rate
-// of a step's GEMMs over operands of their own; optimizer and elementwise rates) and commbench
+// of a step's GEMMs over operands of their own; optimizer, elementwise and row-gather rates,
+// the last at the elementwise rate where the bench gives none) and commbench
 // --json output (latency and bus bandwidth per collective); every file may hold either, one JSON
 // object per line. Device memory: the machine's physical memory.
 Cluster calibrated_cluster(const std::vector<std::string>& files);

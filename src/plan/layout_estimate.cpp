@@ -1,12 +1,14 @@
 // The planner's estimate of one layout (see layout_estimate.hpp). The time model, per pipeline
 // stage (one rank stands for its stage):
 //   forward and backward of a micro-batch: GEMM FLOPs at the cluster's rate for the param type
-//     (backward twice forward, plus recomputation's second forward), bias/GELU passes at the
-//     memory-bound rate, and the communication they wait for: tensor-parallel sums (and
+//     (backward twice forward, plus recomputation's second forward), bias/GELU passes and MoE
+//     layers' row gathers and scatters at the memory-bound rates (cost/flops.hpp), and the
+//     communication they wait for: tensor-parallel sums (and
 //     sequence parallelism's gathers) and expert exchanges (half in each pass) and the
 //     pipeline transfers they send;
-//   the pipeline: the stage lists the trainer runs, simulated with those per-stage times
-//     (schedule_timeline), which gives the bubble;
+//   the pipeline: the stage lists the trainer runs, simulated with those times per model chunk
+//     (schedule_timeline), backward as B (input gradient, recomputation, elementwise passes) and
+//     W (Linear layers' weight gradients), which gives the bubble of every schedule, split or not;
 //   after the last backward: gradient reductions beyond what the last backward hides (data
 //     parallelism's buckets, ZeRO stage 1's reduce-scatter and hybrid sharding's sums across
 //     replicas start as layers finish, so all but the last layer's share can hide behind it;
@@ -61,16 +63,35 @@ bool crosses_nodes(const GridShape& shape, GroupKind kind, int rank, int ranks_p
 
 namespace {
 
+// One model chunk's computation per micro-batch, seconds: forward, and backward's two parts (B,
+// the input gradient with recomputation and the elementwise passes; W, the weight gradients).
+// Schedules that do not split a backward run B + W as one action.
+struct ChunkCompute {
+  double layers = 0;  // the chunk's share of the stage's layers, for its share of communication
+  ComputeTimes times{.forward = 0, .backward_input = 0, .backward_weight = 0};
+};
+
 struct StageWork {
   int rank = 0;
   Prediction prediction;
   std::int64_t memory_total = 0;
   LinkBytes bus_bytes;
-  double forward_compute = 0, backward_compute = 0;  // seconds per micro-batch
+  std::vector<ChunkCompute> chunks;                  // in the stage's local order
+  double forward_compute = 0, backward_compute = 0;  // seconds per micro-batch, over the chunks
   double forward_comm = 0, backward_comm = 0;        // seconds per micro-batch it waits for
   double after_backward = 0;                         // exposed seconds after the pipeline drains
   double optimizer = 0;
   std::vector<Action> schedule;
+
+  // Each chunk's times with its share of the communication its passes wait for.
+  std::vector<ComputeTimes> chunk_times() const {
+    std::vector<ComputeTimes> times;
+    for (const ChunkCompute& chunk : chunks)
+      times.push_back({.forward = chunk.times.forward + forward_comm * chunk.layers,
+                       .backward_input = chunk.times.backward_input + backward_comm * chunk.layers,
+                       .backward_weight = chunk.times.backward_weight});
+    return times;
+  }
 };
 
 class StageModel {
@@ -92,19 +113,39 @@ class StageModel {
  private:
   void compute_times(const RankLayout& layout, StageWork& work) const {
     const PlanInputs& in = inputs_;
-    std::vector<LayerSpec> specs;
-    double multiply_adds = 0, elements = 0;
-    for (int layer : layout.layers.list()) {
-      specs.push_back(layout.local_spec(layer));
-      multiply_adds += static_cast<double>(layer_cost(specs.back()));
-      elements += static_cast<double>(specs.back().out_features);
-    }
     const auto rows = static_cast<double>(layout.rows);
     const double gemm_rate = in.cluster.gemm_flops_per_s(in.config.param_dtype) * share_;
     const double elementwise_rate = in.cluster.elementwise_elements_per_s * share_;
-    work.forward_compute = 2 * multiply_adds * rows / gemm_rate + elements * rows / elementwise_rate;
-    work.backward_compute = (4 * multiply_adds + recompute_flops_per_sample(specs, in.config.recompute)) * rows / gemm_rate +
-                            2 * elements * rows / elementwise_rate;
+    const double row_move_rate = in.cluster.row_move_elements_per_s * share_;
+    const double stage_layers = std::max(1, layout.local_layer_count());
+    for (const LayerRange& range : layout.layers.chunks) {
+      std::vector<LayerSpec> specs;
+      double multiply_adds = 0, split_multiply_adds = 0;
+      LayerPasses passes;
+      for (int layer = range.first; layer < range.last; ++layer) {
+        specs.push_back(layout.local_spec(layer));
+        const double cost = static_cast<double>(layer_cost(specs.back()));
+        multiply_adds += cost;
+        // A Linear layer's weight gradient can run apart (W); an MoE layer's backward is one B.
+        if (!specs.back().moe()) split_multiply_adds += cost;
+        const LayerPasses layer_pass = layer_passes(specs.back(), layout.shape.ep);
+        passes.elementwise_forward += layer_pass.elementwise_forward;
+        passes.elementwise_backward += layer_pass.elementwise_backward;
+        passes.moved_forward += layer_pass.moved_forward;
+        passes.moved_backward += layer_pass.moved_backward;
+      }
+      ChunkCompute chunk{.layers = range.count() / stage_layers};
+      chunk.times.forward = 2 * multiply_adds * rows / gemm_rate + passes.elementwise_forward * rows / elementwise_rate +
+                            passes.moved_forward * rows / row_move_rate;
+      chunk.times.backward_weight = 2 * split_multiply_adds * rows / gemm_rate;
+      chunk.times.backward_input =
+          (4 * multiply_adds - 2 * split_multiply_adds + recompute_flops_per_sample(specs, in.config.recompute)) * rows /
+              gemm_rate +
+          passes.elementwise_backward * rows / elementwise_rate + passes.moved_backward * rows / row_move_rate;
+      work.forward_compute += chunk.times.forward;
+      work.backward_compute += chunk.times.backward_input + chunk.times.backward_weight;
+      work.chunks.push_back(chunk);
+    }
     const double updated = static_cast<double>(work.prediction.optimizer.bytes) /
                            static_cast<double>(in.config.precision().optimizer_bytes());
     work.optimizer = updated / (in.cluster.optimizer_parameters_per_s * share_);
@@ -178,17 +219,16 @@ LayoutEstimate estimate_layout(const PlanInputs& inputs) {
   const StageModel model(inputs, share);
   std::vector<StageWork> stages;
   std::vector<std::vector<Action>> lists;
-  std::vector<ComputeTimes> times;
+  std::vector<std::vector<ComputeTimes>> times;
   for (int stage = 0; stage < inputs.shape.pp; ++stage) {
     stages.push_back(model.stage(stage));
-    const StageWork& work = stages.back();
-    lists.push_back(work.schedule);
-    times.push_back({.forward = work.forward_compute + work.forward_comm,
-                     .backward_input = work.backward_compute + work.backward_comm,
-                     .backward_weight = 0});
+    lists.push_back(stages.back().schedule);
+    times.push_back(stages.back().chunk_times());
   }
-  const Timeline timeline =
-      schedule_timeline(lists, {.stages = inputs.shape.pp, .chunks = 1, .micro_batches = inputs.config.micro_batches}, times);
+  const PipelineShape shape{.stages = inputs.shape.pp,
+                            .chunks = static_cast<int>(times.front().size()),
+                            .micro_batches = inputs.config.micro_batches};
+  const Timeline timeline = schedule_timeline(lists, shape, times);
   LayoutEstimate estimate{.memory_capacity = inputs.cluster.device_memory_bytes * share};
   estimate.memory_total = -1;
   const double micro_batches = inputs.config.micro_batches;

@@ -33,10 +33,22 @@ std::vector<Sharding> sharding_choices(int dp, int tp, int ranks_per_node) {
   return choices;
 }
 
+// The pipeline schedules of `pp` stages with their model chunks per stage.
+struct ScheduleChoice {
+  PipelineKind schedule = PipelineKind::one_f_one_b;
+  int virtual_stages = 1;
+};
+std::vector<ScheduleChoice> schedule_choices(int pp, const std::vector<int>& virtual_stages) {
+  if (pp == 1) return {{}};  // no pipeline, no schedule
+  std::vector<ScheduleChoice> choices = {
+      {.schedule = PipelineKind::one_f_one_b}, {.schedule = PipelineKind::gpipe}, {.schedule = PipelineKind::zero_bubble_h1}};
+  for (int chunks : virtual_stages) choices.push_back({.schedule = PipelineKind::interleaved, .virtual_stages = chunks});
+  return choices;
+}
+
 }  // namespace
 
-std::vector<Config> every_layout(const Config& base, int world, int ranks_per_node,
-                                 const std::vector<int>& micro_batch_choices) {
+std::vector<Config> every_layout(const Config& base, int world, int ranks_per_node, const LayoutChoices& choices) {
   std::vector<Config> layouts;
   const std::vector<bool> offloads = base.device == Device::cpu ? std::vector<bool>{false} : std::vector<bool>{false, true};
   for (int tp : divisors(world)) {
@@ -45,10 +57,9 @@ std::vector<Config> every_layout(const Config& base, int world, int ranks_per_no
       if (pp > base.layers) continue;
       const int dp = world / tp / pp;
       for (int ep : base.moe_every > 0 ? divisors(dp) : std::vector<int>{1})
-        for (int micro_batches : micro_batch_choices)
+        for (int micro_batches : choices.micro_batches)
           for (const auto& [zero, shard_size] : sharding_choices(dp, tp, ranks_per_node))
-            for (PipelineKind schedule : {PipelineKind::one_f_one_b, PipelineKind::gpipe}) {
-              if (pp == 1 && schedule != PipelineKind::one_f_one_b) continue;  // no pipeline, no schedule
+            for (const auto& [schedule, virtual_stages] : schedule_choices(pp, choices.virtual_stages))
               for (bool recompute : {false, true})
                 for (bool sequence_parallel : {false, true})
                   for (bool offload : offloads) {
@@ -61,6 +72,7 @@ std::vector<Config> every_layout(const Config& base, int world, int ranks_per_no
                     config.zero = zero;
                     config.zero_shard_size = shard_size;
                     config.schedule = schedule;
+                    config.virtual_stages = virtual_stages;
                     config.micro_batches = micro_batches;
                     config.recompute = recompute;
                     config.sequence_parallel = sequence_parallel;
@@ -72,7 +84,6 @@ std::vector<Config> every_layout(const Config& base, int world, int ranks_per_no
                     }
                     layouts.push_back(std::move(config));
                   }
-            }
     }
   }
   return layouts;

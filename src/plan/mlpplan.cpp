@@ -74,8 +74,10 @@ void plan(int argc, char** argv) {
                                                          config.top_k);
   std::vector<Config> layouts;
   if (request.layouts == LayoutChoice::all) {
-    const std::vector<int> choices =
-        request.micro_batch_choices.empty() ? std::vector<int>{config.micro_batches} : request.micro_batch_choices;
+    const LayoutChoices choices{
+        .micro_batches = request.micro_batch_choices.empty() ? std::vector<int>{config.micro_batches}
+                                                             : request.micro_batch_choices,
+        .virtual_stages = request.virtual_stage_choices};
     layouts = every_layout(config, request.world, ranks_per_node, choices);
     if (layouts.empty())
       throw UsageError(fmt::format("no layout of {} ranks is valid for this model and batch", request.world));

@@ -15,6 +15,8 @@ const char* const plan_options_help =
     "  --calibrate FILE...      this machine, from layerbench and commbench --json output\n"
     "  --layouts given|all      the layout of the options given (default), or every valid layout\n"
     "  --micro-batch-choices L  micro-batch counts --layouts all tries (default: --micro-batches)\n"
+    "  --virtual-stage-choices L  model chunks per stage --layouts all tries with --schedule\n"
+    "                           interleaved (default 2,4; each at least 2)\n"
     "  --top K                  rows --layouts all prints (default 10; 0: all)\n"
     "  --json                   one JSON object per layout\n";
 
@@ -33,12 +35,12 @@ int positive_number(const std::string& option, const std::string& value, int lea
   return number;
 }
 
-std::vector<int> number_list(const std::string& option, const std::string& text) {
+std::vector<int> number_list(const std::string& option, const std::string& text, int least) {
   std::vector<int> numbers;
   std::size_t start = 0;
   while (start <= text.size()) {
     const std::size_t end = std::min(text.find(',', start), text.size());
-    numbers.push_back(positive_number(option, text.substr(start, end - start), 1));
+    numbers.push_back(positive_number(option, text.substr(start, end - start), least));
     start = end + 1;
   }
   return numbers;
@@ -83,7 +85,9 @@ PlanRequest parse_plan_request(int argc, char** argv) {
     } else if (argument == "--top") {
       request.top = positive_number(argument, next(), 0);
     } else if (argument == "--micro-batch-choices") {
-      request.micro_batch_choices = number_list(argument, next());
+      request.micro_batch_choices = number_list(argument, next(), 1);
+    } else if (argument == "--virtual-stage-choices") {
+      request.virtual_stage_choices = number_list(argument, next(), 2);
     } else {
       if (argument == "--help") request.help = true;
       request.trainer_arguments.push_back(argv[index]);

@@ -199,11 +199,12 @@ double Timeline::bubble_fraction() const {
 
 Timeline schedule_timeline(const std::vector<std::vector<Action>>& lists, const PipelineShape& shape,
                            const ComputeTimes& times) {
-  return schedule_timeline(lists, shape, std::vector<ComputeTimes>(static_cast<std::size_t>(shape.stages), times));
+  const std::vector<ComputeTimes> stage(static_cast<std::size_t>(shape.chunks), times);
+  return schedule_timeline(lists, shape, std::vector<std::vector<ComputeTimes>>(static_cast<std::size_t>(shape.stages), stage));
 }
 
 Timeline schedule_timeline(const std::vector<std::vector<Action>>& lists, const PipelineShape& shape,
-                           const std::vector<ComputeTimes>& stage_times) {
+                           const std::vector<std::vector<ComputeTimes>>& chunk_times) {
   const int stages = shape.stages, chunks_total = shape.stages * shape.chunks;
   // End times by (kind, global chunk, micro-batch); the input gradient's end stands for a whole
   // backward's too.
@@ -229,7 +230,7 @@ Timeline schedule_timeline(const std::vector<std::vector<Action>>& lists, const 
           continue;
         }
         const int chunk = action.chunk * stages + stage, micro_batch = action.micro_batch;
-        const ComputeTimes& times = stage_times.at(index);
+        const ComputeTimes& times = chunk_times.at(index).at(static_cast<std::size_t>(action.chunk));
         const double* input_end = nullptr;
         double duration = times.forward;
         if (action.kind == ActionKind::forward) {

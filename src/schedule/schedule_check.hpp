@@ -46,8 +46,8 @@ struct Timeline {
 // must pass check_schedule).
 Timeline schedule_timeline(const std::vector<std::vector<Action>>& lists, const PipelineShape& shape,
                            const ComputeTimes& times);
-// The same with each stage's own times (one entry per stage).
+// The same with each chunk's own times, indexed [stage][the stage's local chunk].
 Timeline schedule_timeline(const std::vector<std::vector<Action>>& lists, const PipelineShape& shape,
-                           const std::vector<ComputeTimes>& stage_times);
+                           const std::vector<std::vector<ComputeTimes>>& chunk_times);
 
 }  // namespace mlptrain

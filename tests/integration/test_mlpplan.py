@@ -84,6 +84,22 @@ class Mlpplan(TrainingTestCase):
         self.assertEqual(row["memory_rank"], 0)
         self.assertEqual(row["memory_bytes"]["total"], total0)
 
+    def test_each_schedule_plans_what_its_stages_predict(self):
+        """Under interleaved and ZB-H1 the planner's largest rank holds what that rank's own
+        --predict says (activations follow each schedule's lists, per chunk, B keeping what W frees)."""
+        model = SMALL[2:] + ["--layers", 8, "--micro-batches", 4]
+        for schedule in (["--schedule", "interleaved", "--virtual-stages", 2], ["--schedule", "zb-h1"]):
+            with self.subTest(schedule=schedule):
+                layout = model + ["--pp", 2] + schedule
+                row = plan_json(layout + ["--world", 2])
+                metrics = self.path(f"predict_{schedule[1]}.jsonl")
+                run(layout + ["--predict", "--metrics", metrics], 2)
+                with open(metrics) as handle:
+                    rank0 = next(json.loads(line) for line in handle if '"predict"' in line)
+                self.assertEqual(row["memory_rank"], 0)
+                for state in PLACED:
+                    self.assertEqual(row["memory_bytes"][state], rank0["placement"][state]["predicted_bytes"], state)
+
     def test_a_million_ranks(self):
         row = plan_json(SMALL[:-2] + ["--global-batch", 2_000_000, "--world", 1_000_000, "--zero", 3])
         self.assertEqual(row["layout"]["dp"], 1_000_000)
@@ -210,6 +226,26 @@ class Mlpplan(TrainingTestCase):
         rate = 2 * 100 * 99 * 100 / (sequence_ms * 1e-3) * cores / threads
         self.assertAlmostEqual(sequenced["compute"], 1e3 * (6 * parameters * 32 / rate + elementwise + update),
                                delta=1e-9)
+        # MoE layers (1 and 2 here): router and k experts' GEMMs, the experts' bias/GELU passes
+        # (k rows a token, backward two), and the rows they move at the gather rate: forward
+        # gathers k rows and scatter-adds k into a zeroed output, backward gathers, dots and
+        # scatter-adds k each into a zeroed input gradient.
+        gather_ms, experts, top_k = 0.05, 4, 2
+        del rows[0]["sequence_layers"], rows[0]["library_sequence_gemm_ms"]
+        rows[0]["gather_rows_ms"] = gather_ms
+        with open(bench, "w") as handle:
+            handle.write("\n".join(json.dumps(row) for row in rows) + "\n")
+        moe = plan_json(SMALL + ["--world", 1, "--calibrate", bench, "--moe-every", 1, "--experts", experts,
+                                 "--top-k", top_k])["step_ms"]
+        expert = 32 * 32 + 32
+        multiply_adds = (16 * 32 + 32) + (32 * 8 + 8) + 2 * (experts * 32 + top_k * expert)
+        gemm = 6 * multiply_adds * 32 / (gemm_gflops * 1e9 * cores / threads)
+        passes = 3 * (32 + 8 + 2 * top_k * 32) * 32
+        moved = 2 * ((2 + 3) * top_k * 32 + 2 * 32) * 32
+        parameters = (16 * 32 + 32) + (32 * 8 + 8) + 2 * (experts * 32 + experts * expert)
+        update = parameters / ((99 * 100 + 100) / (adamw_ms * 1e-3))
+        expected = gemm + passes / (100 * 100 / (gelu_ms * 1e-3)) + moved / (100 * 100 / (gather_ms * 1e-3)) + update
+        self.assertAlmostEqual(moe["compute"], 1e3 * expected, delta=1e-9)
 
     def test_a_pipeline_bubble_shrinks_with_micro_batches(self):
         bubbles = []
@@ -219,6 +255,29 @@ class Mlpplan(TrainingTestCase):
             self.assertAlmostEqual(step["compute"] + step["exposed_comm"] + step["bubble"], step["total"], delta=1e-9)
             bubbles.append(step["bubble"] / step["total"])
         self.assertTrue(bubbles[0] > bubbles[1] > bubbles[2] > 0, bubbles)
+
+    def test_each_schedules_bubble_from_its_own_lists(self):
+        """On equal stages whose forward, input gradient and weight gradient take equal time
+        (hidden-wide layers, transfers and elementwise passes nearly free) the planner's bubble,
+        from the trainer's own lists per chunk with B and W apart, is each schedule's theory:
+        (P-1)/(M+P-1) for GPipe and 1F1B, (P-1)/(VM+P-1) interleaved, (P-1)/(3M+P-1) ZB-H1."""
+        bench = self.path("free_transfers.jsonl")
+        rows = [{"dtype": "fp32", "gemm_gflops": 1.0, "kernels": "test; 1 GEMM thread(s)", "adamw_ms": 1e-9,
+                 "bias_gelu_forward_ms": 1e-9, "rows": 100, "in": 99, "out": 100},
+                *({"collective": collective, "path": "mpi-host", "dtype": "fp32", "bytes": 8, "time_us": 0.0,
+                   "busbw_gbps": 1e9, "correct": True} for collective in ("send_recv", "all_reduce"))]
+        with open(bench, "w") as handle:
+            handle.write("\n".join(json.dumps(row) for row in rows) + "\n")
+        stages, micro_batches = 4, 8
+        model = ["--layers", 16, "--hidden", 32, "--input-dim", 32, "--output-dim", 32, "--global-batch", 64,
+                 "--world", stages, "--pp", stages, "--micro-batches", micro_batches, "--calibrate", bench]
+        for schedule, chunks, work in (("gpipe", 1, 1), ("1f1b", 1, 1), ("interleaved", 2, 2), ("interleaved", 4, 4),
+                                       ("zb-h1", 1, 3)):
+            with self.subTest(schedule=schedule, chunks=chunks):
+                step = plan_json(model + ["--schedule", schedule] +
+                                 (["--virtual-stages", chunks] if chunks > 1 else []))["step_ms"]
+                theory = (stages - 1) / (work * micro_batches + stages - 1)
+                self.assertAlmostEqual(step["bubble"] / step["total"], theory, delta=1e-3)
 
     def test_every_layout_of_a_world_ranked(self):
         result = plan(SMALL[:-2] + ["--global-batch", 64, "--world", 8, "--layouts", "all",
@@ -243,6 +302,10 @@ class Mlpplan(TrainingTestCase):
         # Sequence parallelism with tensor parallelism, and only there.
         self.assertEqual({r["layout"]["tp"] > 1 for r in rows if r["layout"]["sequence_parallel"]}, {True})
         self.assertEqual({r["layout"]["sequence_parallel"] for r in rows if r["layout"]["tp"] > 1}, {False, True})
+        # Every schedule where there is a pipeline; model chunks where a stage's layers split (2 x 2 <= 4).
+        schedules = {(r["layout"]["pp"], r["layout"]["schedule"], r["layout"]["virtual_stages"]) for r in rows}
+        self.assertEqual(schedules, {(1, "none", 1), (2, "1f1b", 1), (2, "gpipe", 1), (2, "zb-h1", 1),
+                                     (2, "interleaved", 2), (4, "1f1b", 1), (4, "gpipe", 1), (4, "zb-h1", 1)})
         fitting = [r["step_ms"]["total"] for r in rows if r["fits"]]
         self.assertEqual(fitting, sorted(fitting))
         self.assertTrue(all(r["fits"] for r in rows[:len(fitting)]))
@@ -254,7 +317,8 @@ class Mlpplan(TrainingTestCase):
                                         "--micro-batches", chosen["micro_batches"]] +
                           (["--recompute"] if chosen["recompute"] else []) +
                           (["--sequence-parallel"] if chosen["sequence_parallel"] else []) +
-                          (["--schedule", chosen["schedule"]] if chosen["pp"] > 1 else []))
+                          (["--schedule", chosen["schedule"], "--virtual-stages", chosen["virtual_stages"]]
+                           if chosen["pp"] > 1 else []))
         self.assertEqual(alone, rows[len(rows) // 2])
 
     def test_bad_cluster_input_is_one_line_and_exit_2(self):
