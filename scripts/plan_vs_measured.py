@@ -1,14 +1,16 @@
 #!/usr/bin/env python3
 """mlpplan against measured runs on this machine: for every layout of the placement test's list
-(data, tensor, pipeline and expert parallelism, ZeRO 1-3, recompute, MoE, at 1, 2 and 4 ranks),
+(data, tensor, pipeline and expert parallelism, ZeRO 1-3, recompute, MoE, at 1, 2 and 4 ranks)
+and the interleaved and zero-bubble pipeline schedules,
 mlpplan calibrated on this machine (layerbench and commbench output made here first) is held
 against mlptrain's own ledger and step times: parameters, gradients, optimizer state and
 communication buffers equal, activations within 5 % (an upper bound with MoE layers, whose rows
 follow the routing), bytes per operation within 1 % (MoE exchanges follow the routing), and the
-step time against the measured median (goal: within 25 %). Ranks beyond the cores share them; the
-rows say when they do. Writes results/plan_vs_measured.json and .png.
+step time against the measured median over --rounds interleaved rounds (goal: within 25 %).
+Ranks beyond the cores share them; the rows say when they do. Writes results/plan_vs_measured.json
+and .png.
 
-usage: scripts/plan_vs_measured.py [--steps N] [--output FILE]"""
+usage: scripts/plan_vs_measured.py [--steps N] [--rounds R] [--output FILE]"""
 import argparse
 import json
 import os
@@ -33,6 +35,11 @@ MOE = DENSE + ["--moe-every", 2, "--experts", 4, "--top-k", 2]
 sys.path.insert(0, os.path.join(ROOT, "tests", "integration"))
 from test_placement import LAYOUTS as PLACEMENT_LAYOUTS  # noqa: E402  (the same list of layouts)
 
+# The pipeline schedules the placement test's list predates, at two stages on two cores.
+NEWER_SCHEDULES = [
+    (2, DENSE, ["--pp", 2, "--micro-batches", 4, "--schedule", "interleaved", "--virtual-stages", 2]),
+    (2, DENSE, ["--pp", 2, "--micro-batches", 4, "--schedule", "zb-h1"]),
+]
 STATES_EXACT = ("params", "grads", "optimizer", "comm_buffers")
 
 
@@ -45,14 +52,20 @@ def run(command, environment=None):
 
 
 def calibrate(scratch, worlds):
-    """layerbench at the model's shape, its GEMMs also timed in a step's sequence (one GEMM
-    thread: mlpplan scales it to the cores), and
-    commbench at each world size: the files mlpplan --calibrate reads, by world."""
-    layer = os.path.join(scratch, "layerbench.jsonl")
-    with open(layer, "w") as handle:
-        handle.write(run([LAYERBENCH, 256, 1024, 1024, 10, "--dtype", "fp32", "--sequence", 6], environment=dict(ENVIRONMENT, OMP_NUM_THREADS="1")))
+    """The files mlpplan --calibrate reads, by world: layerbench at the model's shape, its GEMMs
+    also timed in a step's sequence, on the GEMM threads each rank of that world runs (the
+    trainer gives a rank its share of the cores; mlpplan scales the bench's rate per thread to
+    the cores, and GEMMs on several threads do not run quite that many times faster), and
+    commbench at that world size."""
+    cores = os.cpu_count() or 1
     files = {}
     for world in worlds:
+        threads = max(1, cores // world)
+        layer = os.path.join(scratch, f"layerbench_{threads}_threads.jsonl")
+        if not os.path.exists(layer):
+            with open(layer, "w") as handle:
+                handle.write(run([LAYERBENCH, 256, 1024, 1024, 10, "--dtype", "fp32", "--sequence", 6],
+                                 environment=dict(ENVIRONMENT, OMP_NUM_THREADS=str(threads))))
         comm = os.path.join(scratch, f"commbench_{world}.jsonl")
         with open(comm, "w") as handle:
             handle.write(run(["mpiexec.mpich", "-n", max(world, 2), COMMBENCH, "--json", "--max-bytes", "32M",
@@ -72,9 +85,8 @@ def measure(ranks, arguments, steps, scratch):
     return statistics.median(step_ms), records[-1]
 
 
-def compare(ranks, model, layout, steps, files, scratch):
+def compare(ranks, model, layout, measured_ms, summary, files):
     arguments = model + layout
-    measured_ms, summary = measure(ranks, arguments, steps, scratch)
     plan = json.loads(run([PLAN, "--world", ranks, "--calibrate"] + files + arguments + ["--json"]).splitlines()[0])
     moe = model is MOE
     problems = []
@@ -123,16 +135,24 @@ def plot(rows, path):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--output", default=os.path.join(ROOT, "results", "plan_vs_measured.json"))
     args = parser.parse_args()
     scratch = tempfile.mkdtemp(prefix="mlpplan-vs-measured-")
-    files = calibrate(scratch, sorted({ranks for ranks, _, _ in PLACEMENT_LAYOUTS}))
+    layouts = [(ranks, MOE if "--moe-every" in model else DENSE, layout)
+               for ranks, model, layout in PLACEMENT_LAYOUTS + NEWER_SCHEDULES]
+    files = calibrate(scratch, sorted({ranks for ranks, _, _ in layouts}))
+    # Every layout once a round, the rounds one after another, so the machine's drift falls on
+    # every layout alike; a layout's step is the median of its rounds' medians.
+    step_ms, summaries = benchlib.interleaved_rounds(
+        args.rounds, {index: entry for index, entry in enumerate(layouts)},
+        lambda index, entry: measure(entry[0], entry[1] + entry[2], args.steps, scratch))
     rows = []
-    for index, (ranks, model, layout) in enumerate(PLACEMENT_LAYOUTS):
-        model = MOE if "--moe-every" in model else DENSE
-        row = compare(ranks, model, layout, args.steps, files[ranks], scratch)
+    for index, (ranks, model, layout) in enumerate(layouts):
+        row = compare(ranks, model, layout, statistics.median(step_ms[index]), summaries[index], files[ranks])
+        row["measured_step_ms_by_round"] = step_ms[index]
         rows.append(row)
-        print(f"plan_vs_measured: {index + 1}/{len(PLACEMENT_LAYOUTS)} {ranks} rank(s) {' '.join(row['layout'])}"
+        print(f"plan_vs_measured: {index + 1}/{len(layouts)} {ranks} rank(s) {' '.join(row['layout'])}"
               f"{' (MoE)' if row['moe'] else ''}: step planned {row['planned_step_ms']['total']:.1f} ms, measured "
               f"{row['measured_step_ms']:.1f} ms ({row['step_time_ratio']:.2f}x); "
               f"{'memory and bytes agree' if row['memory_and_bytes_agree'] else '; '.join(row['problems'])}", flush=True)
