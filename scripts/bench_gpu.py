@@ -2,21 +2,27 @@
 """The GPU path's speed figures, each measured side by side in one run (only ratios measured
 together mean anything):
 
-  step     one process, hidden 8192, batch 8192, fp32 and TF32 (--tf32): mlptrain's step time
-           against the time of the same GEMMs alone (build/layerbench on the same GPU, the same
-           shapes; target <= 1.25x), and the share of the step taken by the other kernels
-           (bias+GELU forward and backward, AdamW; target <= 10 %)
+  step     one process, 16 layers of 8192, batch 8192, in fp32, TF32 (--tf32) and bf16
+           (--param-dtype bf16): mlptrain's step time against the time of the same GEMMs alone
+           (build/layerbench on the same GPU, the same shapes; target: the GEMMs at least 0.85
+           of the step), the share of the step taken by the other kernels (bias+GELU forward and
+           backward, AdamW), the model FLOP utilization against the GPU's dense peak (the
+           trainer's own figure), and PyTorch's step on the same GPU, model and precision
+           (scripts/torch_peer.py --device cuda; target: ours at most 1.0x theirs)
   staging  the host-staged all-reduce of 256 MiB at 1 to 4 ranks on one GPU (commbench
            mpi-staged): its bandwidth against min(pinned copy bandwidth down, up, MPI's host
            all-reduce bandwidth) measured in the same run (target >= 0.8), and the chunked
            pipeline (4 MiB chunks) against unchunked staging (target >= 1.5x)
+  commbench every collective from 4 KiB to 256 MiB on mpi-staged (2 ranks sharing the GPU) and
+           NCCL (one rank: NCCL refuses two ranks on one GPU), with their bus bandwidths
 
-Writes OUTPUT_DIR/step.json and OUTPUT_DIR/staging.json (default results/gpu/). With --device
-loopback and --tiny it runs the same code without a GPU (the test suite does): that checks the
-script, and measures nothing about a GPU."""
+Writes OUTPUT_DIR/step.json, OUTPUT_DIR/staging.json and OUTPUT_DIR/commbench.json (default
+results/gpu/). With --device loopback and --tiny it runs the same code without a GPU (the test
+suite does): that checks the script, and measures nothing about a GPU."""
 import argparse
 import os
 import statistics
+import subprocess
 import sys
 
 from benchlib import BUILD, ROOT, run_json, train, write_result
@@ -24,28 +30,71 @@ from benchlib import BUILD, ROOT, run_json, train, write_result
 PROGRAMS = os.path.dirname(os.environ.get("MLPTRAIN", os.path.join(BUILD, "mlptrain")))
 
 
-def layer_times(device, rows, width, out, tf32, repeats):
-    flags = ["--device", device] + (["--tf32"] if tf32 else [])
-    return run_json([os.path.join(PROGRAMS, "layerbench"), str(rows), str(width), str(out), str(repeats)] + flags)[0]
+# How each precision is asked of mlptrain, layerbench and the PyTorch peer.
+PRECISIONS = {
+    "fp32": {"mlptrain": [], "layerbench": ["--dtype", "fp32"], "torch": []},
+    "tf32": {"mlptrain": ["--tf32"], "layerbench": ["--dtype", "fp32", "--tf32"], "torch": ["--tf32"]},
+    "bf16": {"mlptrain": ["--param-dtype", "bf16"], "layerbench": ["--dtype", "bf16"],
+             "torch": ["--autocast", "bf16"]},
+}
 
 
-def step_figures(args, tf32):
-    """mlptrain's step against its GEMMs and other kernels, timed on the same device."""
+def layer_times(args, width, out, precision):
+    return run_json([os.path.join(PROGRAMS, "layerbench"), str(args.batch), str(width), str(out), str(args.repeats),
+                     "--device", args.device] + PRECISIONS[precision]["layerbench"])[0]
+
+
+def torch_step_ms(args, precision):
+    """PyTorch's median step on the same GPU, model and precision (None where it cannot run)."""
+    command = [sys.executable, os.path.join(ROOT, "scripts", "torch_peer.py"), "--device", "cuda",
+               "--layers", str(args.layers), "--hidden", str(args.hidden), "--input-dim", str(args.hidden),
+               "--batch-per-rank", str(args.batch), "--steps", str(args.steps)] + PRECISIONS[precision]["torch"]
+    try:
+        return run_json(command)[0]["step_ms"]
+    except (subprocess.CalledProcessError, IndexError) as error:
+        print(f"bench_gpu: the PyTorch peer did not run ({error})", flush=True)
+        return None
+
+
+def step_figures(args, precision):
+    """mlptrain's step against its GEMMs and other kernels, timed on the same device, and
+    against PyTorch's."""
     rows, width, layers = args.batch, args.hidden, args.layers
-    hidden = layer_times(args.device, rows, width, width, tf32, args.repeats)
-    last = layer_times(args.device, rows, width, 10, tf32, args.repeats)
+    hidden = layer_times(args, width, width, precision)
+    last = layer_times(args, width, 10, precision)
     gemms = ("forward_gemm_ms", "weight_grad_gemm_ms", "input_grad_gemm_ms")
     # Layer 0 needs no input gradient; the last layer maps to the 10 classes (no GELU).
     gemm_ms = (sum(hidden[k] for k in gemms) * (layers - 1) - hidden["input_grad_gemm_ms"] +
                sum(last[k] for k in gemms))
     other_ms = ((hidden["bias_gelu_forward_ms"] + hidden["gelu_backward_ms"] + hidden["adamw_ms"]) * (layers - 1)
                 + last["adamw_ms"])
-    step_ms, _ = train(1, ["--dataset", "mixture", "--layers", layers, "--hidden", width, "--input-dim", width,
-                           "--output-dim", 10, "--global-batch", rows, "--steps", args.steps,
-                           "--device", args.device] + (["--tf32"] if tf32 else []), f"gpu-step-{int(tf32)}")
-    return {"gemm_ms_per_step": gemm_ms, "other_kernels_ms_per_step": other_ms, "step_ms": step_ms,
-            "step_over_gemm": step_ms / gemm_ms, "other_kernels_share_of_step": other_ms / step_ms,
-            "layerbench_hidden_layer": hidden, "layerbench_last_layer": last}
+    step_ms, summary = train(1, ["--dataset", "mixture", "--layers", layers, "--hidden", width, "--input-dim", width,
+                                 "--output-dim", 10, "--global-batch", rows, "--steps", args.steps,
+                                 "--device", args.device] + PRECISIONS[precision]["mlptrain"],
+                             f"gpu-step-{precision}")
+    figures = {"gemm_ms_per_step": gemm_ms, "other_kernels_ms_per_step": other_ms, "step_ms": step_ms,
+               "gemm_share_of_step": gemm_ms / step_ms, "other_kernels_share_of_step": other_ms / step_ms,
+               "mfu": summary.get("mfu"), "layerbench_hidden_layer": hidden, "layerbench_last_layer": last}
+    if args.device == "cuda":
+        theirs = torch_step_ms(args, precision)
+        figures.update({"pytorch_step_ms": theirs, "step_over_pytorch": step_ms / theirs if theirs else None})
+    return figures
+
+
+def every_collective(args):
+    """commbench's rows for every collective over message sizes, host-staged at 2 ranks and
+    through NCCL at one."""
+    rows = []
+    for path, ranks in (("mpi-staged", 2), ("nccl", 1)):
+        if path == "nccl" and args.device != "cuda":
+            continue
+        rows += run_json(["mpiexec.mpich", "-n", str(ranks), os.path.join(PROGRAMS, "commbench"), "--path", path,
+                          "--device", args.device, "--collectives", "all", "--min-bytes", args.sweep[0],
+                          "--max-bytes", args.sweep[1], "--json"])
+    wrong = [row for row in rows if not row.get("correct", True)]
+    if wrong:
+        sys.exit(f"bench_gpu: commbench gave wrong results: {wrong}")
+    return rows
 
 
 def commbench(args, ranks, path, collectives, chunk_bytes=None):
@@ -82,17 +131,17 @@ def main():
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--output-dir", default=os.path.join(ROOT, "results", "gpu"))
     args = parser.parse_args()
-    args.hidden, args.batch, args.layers = (64, 64, 3) if args.tiny else (8192, 8192, 4)
+    args.hidden, args.batch, args.layers = (64, 64, 3) if args.tiny else (8192, 8192, 16)
     args.message, args.chunk = ("1M", "64K") if args.tiny else ("256M", "4M")
+    args.sweep = ("4K", "64K") if args.tiny else ("4K", "256M")
     args.repeats = 3 if args.tiny else 10
     world_sizes = [1, 2] if args.tiny else [1, 2, 3, 4]
 
     step = {"model": {"layers": args.layers, "hidden": args.hidden, "input": args.hidden, "classes": 10,
                       "batch": args.batch, "device": args.device},
-            "fp32": step_figures(args, False),
-            "targets": {"step_over_gemm": "<= 1.25", "other_kernels_share_of_step": "<= 0.10"}}
-    if args.device == "cuda":
-        step["tf32"] = step_figures(args, True)
+            "targets": {"gemm_share_of_step": ">= 0.85", "step_over_pytorch": "<= 1.0"}}
+    for precision in PRECISIONS if args.device == "cuda" else ("fp32",):
+        step[precision] = step_figures(args, precision)
     write_result(os.path.join(args.output_dir, "step.json"), step)
 
     rows = []
@@ -105,11 +154,16 @@ def main():
                  {"message_bytes": args.message, "chunk_bytes": args.chunk, "device": args.device,
                   "world_sizes": rows,
                   "targets": {"chunked_over_bound": ">= 0.8", "chunked_over_unchunked": ">= 1.5"}})
-    for precision in ("fp32", "tf32"):
+    write_result(os.path.join(args.output_dir, "commbench.json"), {"device": args.device, "rows": every_collective(args)})
+    for precision in PRECISIONS:
         if precision in step:
             figures = step[precision]
+            versus = (f", PyTorch {figures['pytorch_step_ms']:.2f} ms ({figures['step_over_pytorch']:.2f}x)"
+                      if figures.get("step_over_pytorch") else "")
+            mfu = f", MFU {100 * figures['mfu']:.1f} %" if figures.get("mfu") else ""
             print(f"bench_gpu: {precision} step {figures['step_ms']:.2f} ms, GEMMs {figures['gemm_ms_per_step']:.2f} ms "
-                  f"({figures['step_over_gemm']:.2f}x), other kernels {100 * figures['other_kernels_share_of_step']:.1f} %")
+                  f"({100 * figures['gemm_share_of_step']:.0f} % of the step), other kernels "
+                  f"{100 * figures['other_kernels_share_of_step']:.1f} %{mfu}{versus}")
 
 
 if __name__ == "__main__":

@@ -136,13 +136,20 @@ class Commbench(TrainingTestCase):
         with open(self.path("step.json")) as handle:
             step = json.load(handle)["fp32"]
         self.assertGreater(step["gemm_ms_per_step"], 0)
-        self.assertAlmostEqual(step["step_over_gemm"], step["step_ms"] / step["gemm_ms_per_step"])
+        self.assertAlmostEqual(step["gemm_share_of_step"], step["gemm_ms_per_step"] / step["step_ms"])
         with open(self.path("staging.json")) as handle:
             staging = json.load(handle)
         self.assertEqual([row["ranks"] for row in staging["world_sizes"]], [1, 2])
         for row in staging["world_sizes"]:
             bound = min(row["copy_to_host_gbps"], row["copy_to_device_gbps"], row["mpi_host_all_reduce_gbps"])
             self.assertAlmostEqual(row["chunked_over_bound"], row["staged_chunked_gbps"] / bound)
+        with open(self.path("commbench.json")) as handle:
+            rows = [row for row in json.load(handle)["rows"] if "busbw_gbps" in row]  # not the identity lines
+        # Every collective staged, each size checked exactly (no NCCL without a GPU).
+        self.assertEqual({row["path"] for row in rows}, {"mpi-staged"})
+        self.assertTrue({"all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast", "send_recv"} <=
+                        {row["collective"] for row in rows})
+        self.assertTrue(all(row["correct"] for row in rows))
 
     def test_table_output(self):
         result = commbench(["--collectives", "all_reduce,send_recv", "--max-bytes", "64", "--iterations", "1"], 2)

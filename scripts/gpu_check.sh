@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# Every GPU check of mlptrain in one go, on a GPU machine that has CUDA, NCCL, Python with numpy
+# (and PyTorch for the speed comparison) but none of MPICH, parallel HDF5, Boost or oneDNN: those
+# come unpacked from gpu-bundle/root.tar.xz (made by scripts/gpu_bundle.sh on a Debian 12
+# machine), into gpu-bundle/root and never into /. It builds into build-gpu/ with the CUDA
+# backend, then runs each check with its own log and writes everything to one folder:
+#   machine.txt     the GPU, driver, CUDA, compiler, Python and the bundle's own launcher
+#   <check>.log     each check's output; summary.txt one line per check: ok or FAILED (exit code)
+#   results/        bench_gpu.py's step.json, staging.json and commbench.json
+# Checks: build, cuda_kernels (test_cuda_kernels), device (tests/integration/test_device.py:
+# every layout on CUDA against the CPU, host-staged MPI at 2 and 4 ranks sharing the GPU, NCCL at
+# one rank, offloaded update, checkpoints across devices), offload, commbench (mpi-staged and
+# NCCL, exact results), bench (scripts/bench_gpu.py). A failing check does not stop the others.
+#
+# usage: scripts/gpu_check.sh [OUTPUT_DIR] [PHASE...]
+#   OUTPUT_DIR defaults to $OUT (the device tool's folder) or results/gpu/check; PHASEs are any of
+#   build tests bench (default: all three), so a session can split the work over several runs.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+top=$PWD
+output=${1:-${OUT:-results/gpu/check}}
+shift || true
+phases=("$@")
+[ ${#phases[@]} -gt 0 ] || phases=(build tests bench)
+mkdir -p "$output"
+output=$(cd "$output" && pwd)
+summary="$output/summary.txt"
+
+# The bundle's libraries, programs and build files ahead of the system's.
+root="$top/gpu-bundle/root"
+if [ ! -d "$root" ]; then
+  [ -f gpu-bundle/root.tar.xz ] || { echo "gpu_check: gpu-bundle/root.tar.xz is missing: run scripts/gpu_bundle.sh on a Debian 12 machine first" >&2; exit 2; }
+  tar -C gpu-bundle -xJf gpu-bundle/root.tar.xz
+fi
+libraries="$root/usr/lib/x86_64-linux-gnu"
+export PATH="$root/usr/bin:/usr/local/cuda/bin:$PATH"
+export LD_LIBRARY_PATH="$libraries:$libraries/hdf5/mpich:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export PKG_CONFIG_SYSROOT_DIR="$root"
+export PKG_CONFIG_LIBDIR="$libraries/pkgconfig:$root/usr/share/pkgconfig"
+export CPATH="$root/usr/include:$root/usr/include/x86_64-linux-gnu${CPATH:+:$CPATH}"
+# GCC reads LIBRARY_PATH entries with the multiarch directory appended (usr/lib -> usr/lib/x86_64-linux-gnu).
+export LIBRARY_PATH="$root/usr/lib:$libraries${LIBRARY_PATH:+:$LIBRARY_PATH}"
+export BOOST_ROOT="$root/usr" BOOST_INCLUDEDIR="$root/usr/include" BOOST_LIBRARYDIR="$libraries"
+export UCX_MODULE_DIR="$libraries/ucx"
+export CMAKE_PREFIX_PATH="$root/usr${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}"
+
+# A Python that has numpy runs the tests and benchmarks.
+python=""
+for candidate in python3 /usr/bin/python3 python; do
+  if command -v "$candidate" >/dev/null && "$candidate" -c "import numpy" 2>/dev/null; then
+    python=$(command -v "$candidate")
+    break
+  fi
+done
+
+# Runs one check: its output into NAME.log, its verdict into summary.txt.
+check() {
+  local name=$1
+  shift
+  local start=$SECONDS
+  "$@" >"$output/$name.log" 2>&1
+  local code=$?
+  local verdict="ok"
+  [ $code -eq 77 ] && verdict="skipped (exit 77: no GPU)"
+  [ $code -eq 0 ] || [ $code -eq 77 ] || verdict="FAILED (exit $code)"
+  printf '%-14s %s, %d s\n' "$name" "$verdict" $((SECONDS - start)) | tee -a "$summary"
+  return $code
+}
+
+{
+  echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv,noheader 2>&1 | sed 's/^/gpu: /'
+  nvcc --version 2>&1 | tail -n 1 | sed 's/^/nvcc: /'
+  echo "c++: $(c++ --version 2>&1 | head -n 1)"
+  echo "glibc: $(ldd --version 2>&1 | head -n 1)"
+  echo "os: $(. /etc/os-release 2>/dev/null && echo "$PRETTY_NAME")"
+  echo "cores: $(nproc)"
+  echo "python: ${python:-none with numpy} $("${python:-true}" --version 2>&1)"
+  "${python:-true}" -c "import torch; print('torch:', torch.__version__, torch.version.cuda)" 2>&1 | tail -n 1
+  "${python:-true}" -c "import h5py; print('h5py:', h5py.__version__)" 2>/dev/null || echo "h5py: none (checkpoints read with h5ls/h5dump)"
+  echo "meson: $(meson --version 2>&1)"
+  mpiexec.mpich -n 1 echo "mpiexec.mpich: the bundle's launcher starts a process" 2>&1 | tail -n 1
+} >"$output/machine.txt"
+cat "$output/machine.txt"
+
+for phase in "${phases[@]}"; do
+  case "$phase" in
+    build)
+      [ -f build-gpu/build.ninja ] ||
+        check setup meson setup build-gpu --buildtype=release -Dcuda=enabled -Dtests=true
+      check build ninja -C build-gpu
+      ;;
+    tests)
+      export MLPTRAIN="$top/build-gpu/mlptrain" MLPTRAIN_SOURCE="$top" PYTHONDONTWRITEBYTECODE=1
+      check cuda_kernels build-gpu/tests/test_cuda_kernels
+      for test in device offload commbench; do
+        check "$test" "$python" tests/integration/test_$test.py -v
+      done
+      ;;
+    bench)
+      export MLPTRAIN="$top/build-gpu/mlptrain"
+      check bench "$python" scripts/bench_gpu.py --output-dir "$output/results"
+      ;;
+    *)
+      echo "gpu_check: unknown phase '$phase' (build, tests, bench)" >&2
+      exit 2
+      ;;
+  esac
+done
+echo "gpu_check: logs and results in $output"
+! grep -q FAILED "$summary"
