@@ -20,26 +20,12 @@ kernels oneDNN chose."""
 import collections
 import json
 import os
-import platform
 import statistics
 import sys
 
-from benchlib import BUILD, ROOT, arguments, run_json, train, write_result
+from benchlib import BUILD, ROOT, arguments, cpu_model, run_json, train, write_result
 
 GEMMS = ("forward", "weight_grad", "input_grad")
-
-
-def cpu_model():
-    """The CPU's name and family/model numbers, as /proc/cpuinfo gives them."""
-    fields = {}
-    try:
-        with open("/proc/cpuinfo") as handle:
-            for line in handle:
-                key, _, value = line.partition(":")
-                fields.setdefault(key.strip(), value.strip())
-    except OSError:
-        return platform.processor()
-    return f"{fields.get('model name', '?')} (family {fields.get('cpu family', '?')}, model {fields.get('model', '?')})"
 
 
 def layer_gemms(rows, width, out, dtypes, sequence=0):

@@ -94,10 +94,25 @@ def run_json(command):
     return [json.loads(line) for line in output.splitlines() if line.startswith("{")]
 
 
+def cpu_model():
+    """The CPU's name and family/model numbers, as /proc/cpuinfo gives them."""
+    fields = {}
+    try:
+        with open("/proc/cpuinfo") as handle:
+            for line in handle:
+                key, _, value = line.partition(":")
+                fields.setdefault(key.strip(), value.strip())
+    except OSError:
+        return platform.processor()
+    return f"{fields.get('model name', '?')} (family {fields.get('cpu family', '?')}, model {fields.get('model', '?')})"
+
+
 def stamp():
-    """The date, machine and command of this run."""
+    """The date, machine (with its CPU model: the hardware behind a machine kind changes) and
+    command of this run."""
     return {"date": datetime.date.today().isoformat(),
             "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.node()}",
+            "cpu": cpu_model(),
             "command": " ".join([os.path.relpath(sys.argv[0], ROOT)] + sys.argv[1:])}
 
 
