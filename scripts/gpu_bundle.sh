@@ -16,8 +16,9 @@ packages=(
   libmpich-dev libmpich12 libhdf5-mpich-dev libhdf5-mpich-103-1 libhdf5-mpich-hl-100
   libboost1.74-dev libboost-program-options1.74-dev libboost-program-options1.74.0
   libdnnl-dev libdnnl2 libgtest-dev nlohmann-json3-dev libfmt-dev libfmt9 zlib1g-dev
-  # the launcher, the HDF5 tools (checkpoints read without h5py) and pkg-config itself
-  mpich hdf5-tools pkgconf pkgconf-bin libpkgconf3
+  # the launcher, the HDF5 tools (checkpoints read without h5py; they load the serial HDF5
+  # library) and pkg-config itself
+  mpich hdf5-tools libhdf5-103-1 libhdf5-hl-100 pkgconf pkgconf-bin libpkgconf3
   # the libraries those load in turn (a GPU machine's distribution may lack them or name them
   # otherwise)
   libucx0 libhwloc15 libnuma1 libslurm38 libaec0 libsz2 libcurl4 libnghttp2-14 libpsl5 librtmp1
@@ -33,7 +34,8 @@ mkdir -p "$bundle/debs" "$bundle/root"
 sudo=""
 [ "$(id -u)" -eq 0 ] || sudo="sudo"
 [ -n "$(find /var/lib/apt/lists -maxdepth 1 -name '*Packages*' -print -quit 2>/dev/null)" ] || $sudo apt-get update -qq
-(cd "$bundle/debs" && apt-get download -qq "${packages[@]}" 2>&1 | grep -v "unsandboxed" || true)
+# apt-get's own failure ends the script (pipefail); only its note about the sandbox is dropped.
+(cd "$bundle/debs" && apt-get download -qq "${packages[@]}" 2>&1 | { grep -v "unsandboxed" || true; })
 for deb in "$bundle"/debs/*.deb; do dpkg-deb -x "$deb" "$bundle/root"; done
 
 root="$bundle/root"

@@ -12,19 +12,26 @@
 # one rank, offloaded update, checkpoints across devices), offload, commbench (mpi-staged and
 # NCCL, exact results), bench (scripts/bench_gpu.py). A failing check does not stop the others.
 #
-# usage: scripts/gpu_check.sh [OUTPUT_DIR] [PHASE...]
-#   OUTPUT_DIR defaults to $OUT (the device tool's folder) or results/gpu/check; PHASEs are any of
-#   build tests bench (default: all three), so a session can split the work over several runs.
+# usage: scripts/gpu_check.sh [--output DIR] [PHASE...]
+#   DIR defaults to $OUT (the device tool's folder) or results/gpu/check; PHASEs are any of build
+#   tests bench (default: all three), so a session can split the work over several runs.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 top=$PWD
-output=${1:-${OUT:-results/gpu/check}}
-shift || true
-phases=("$@")
+output=${OUT:-results/gpu/check}
+phases=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --output) output=$2; shift 2 ;;
+    build|tests|bench) phases+=("$1"); shift ;;
+    *) echo "gpu_check: unknown argument '$1' (usage: scripts/gpu_check.sh [--output DIR] [build] [tests] [bench])" >&2; exit 2 ;;
+  esac
+done
 [ ${#phases[@]} -gt 0 ] || phases=(build tests bench)
 mkdir -p "$output"
 output=$(cd "$output" && pwd)
 summary="$output/summary.txt"
+: >"$summary"  # this run's verdicts only
 
 # The bundle's libraries, programs and build files ahead of the system's.
 root="$top/gpu-bundle/root"
@@ -79,6 +86,7 @@ check() {
   "${python:-true}" -c "import torch; print('torch:', torch.__version__, torch.version.cuda)" 2>&1 | tail -n 1
   "${python:-true}" -c "import h5py; print('h5py:', h5py.__version__)" 2>/dev/null || echo "h5py: none (checkpoints read with h5ls/h5dump)"
   echo "meson: $(meson --version 2>&1)"
+  h5ls --version 2>&1 | head -n 1 | sed 's/^/h5ls: /'
   mpiexec.mpich -n 1 echo "mpiexec.mpich: the bundle's launcher starts a process" 2>&1 | tail -n 1
 } >"$output/machine.txt"
 cat "$output/machine.txt"
@@ -94,16 +102,20 @@ for phase in "${phases[@]}"; do
       export MLPTRAIN="$top/build-gpu/mlptrain" MLPTRAIN_SOURCE="$top" PYTHONDONTWRITEBYTECODE=1
       check cuda_kernels build-gpu/tests/test_cuda_kernels
       for test in device offload commbench; do
-        check "$test" "$python" tests/integration/test_$test.py -v
+        if [ -n "$python" ]; then
+          check "$test" "$python" tests/integration/test_$test.py -v
+        else
+          echo "$test: FAILED (no Python with numpy to run tests/integration/test_$test.py)" | tee -a "$summary"
+        fi
       done
       ;;
     bench)
       export MLPTRAIN="$top/build-gpu/mlptrain"
-      check bench "$python" scripts/bench_gpu.py --output-dir "$output/results"
-      ;;
-    *)
-      echo "gpu_check: unknown phase '$phase' (build, tests, bench)" >&2
-      exit 2
+      if [ -n "$python" ]; then
+        check bench "$python" scripts/bench_gpu.py --output-dir "$output/results"
+      else
+        echo "bench: FAILED (no Python with numpy to run scripts/bench_gpu.py)" | tee -a "$summary"
+      fi
       ;;
   esac
 done

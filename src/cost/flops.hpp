@@ -28,12 +28,20 @@ double recompute_flops_per_sample(const std::vector<LayerSpec>& stage_layers, bo
 // outputs back into a zeroed output, backward gathers the output gradient, dots it with the
 // returned rows and scatter-adds the input gradient; with experts on several ranks each
 // exchange also regroups its rows by expert, and back.
+// An MoE layer's tensor ranks split its experts among them and each keeps the assignments of its
+// own, so the k rows a token sends are shared among them; the zeroed output (and the router) is
+// each rank's whole.
 struct LayerPasses {
   double elementwise_forward = 0;
   double elementwise_backward = 0;
   double moved_forward = 0;
   double moved_backward = 0;
 };
-LayerPasses layer_passes(const LayerSpec& layer, int expert_ranks);
+LayerPasses layer_passes(const LayerSpec& layer, int expert_ranks, int tensor_ranks);
+
+// The multiply-adds per sample one tensor rank does for a layer of its local shape: a Linear
+// layer's slice as it is; an MoE layer's router whole and its tensor rank's share of the k
+// experts' GEMMs.
+double local_multiply_adds(const LayerSpec& layer, int tensor_ranks);
 
 }  // namespace mlptrain

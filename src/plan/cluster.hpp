@@ -5,6 +5,7 @@
 // layerbench and commbench --json output (--calibrate).
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <string>
 #include <string_view>
@@ -41,9 +42,14 @@ struct Cluster {
   double optimizer_parameters_per_s = 0;
   double elementwise_elements_per_s = 0;
   double row_move_elements_per_s = 0;
+  // Cores of one device whose memory-bound kernels run on one of them (a calibrated machine:
+  // its cores; a GPU: 1). A rank that has a core to itself runs them at the measured rate.
+  int cores_per_device = 1;
   std::array<std::array<LinkRates, comm_op_count>, all_link_classes.size()> links{};
 
   double gemm_flops_per_s(DataType type) const;
+  // The part of the memory-bound rates a rank gets when it holds `share` of a device.
+  double memory_bound_share(double share) const { return std::min(1.0, share * cores_per_device); }
   const LinkRates& link(LinkClass link, CommOp op) const {
     return links[static_cast<std::size_t>(link)][static_cast<std::size_t>(op)];
   }

@@ -115,20 +115,23 @@ class StageModel {
     const PlanInputs& in = inputs_;
     const auto rows = static_cast<double>(layout.rows);
     const double gemm_rate = in.cluster.gemm_flops_per_s(in.config.param_dtype) * share_;
-    const double elementwise_rate = in.cluster.elementwise_elements_per_s * share_;
-    const double row_move_rate = in.cluster.row_move_elements_per_s * share_;
+    const double memory_share = in.cluster.memory_bound_share(share_);
+    const double elementwise_rate = in.cluster.elementwise_elements_per_s * memory_share;
+    const double row_move_rate = in.cluster.row_move_elements_per_s * memory_share;
     const double stage_layers = std::max(1, layout.local_layer_count());
     for (const LayerRange& range : layout.layers.chunks) {
       std::vector<LayerSpec> specs;
-      double multiply_adds = 0, split_multiply_adds = 0;
+      double multiply_adds = 0, split_multiply_adds = 0, unneeded_input_gradient = 0;
       LayerPasses passes;
       for (int layer = range.first; layer < range.last; ++layer) {
         specs.push_back(layout.local_spec(layer));
-        const double cost = static_cast<double>(layer_cost(specs.back()));
+        const double cost = local_multiply_adds(specs.back(), layout.shape.tp);
         multiply_adds += cost;
         // A Linear layer's weight gradient can run apart (W); an MoE layer's backward is one B.
         if (!specs.back().moe()) split_multiply_adds += cost;
-        const LayerPasses layer_pass = layer_passes(specs.back(), layout.shape.ep);
+        // Nothing needs the gradient of the model's inputs: the first layer does not compute it.
+        if (layer == 0) unneeded_input_gradient = cost;
+        const LayerPasses layer_pass = layer_passes(specs.back(), layout.shape.ep, layout.shape.tp);
         passes.elementwise_forward += layer_pass.elementwise_forward;
         passes.elementwise_backward += layer_pass.elementwise_backward;
         passes.moved_forward += layer_pass.moved_forward;
@@ -139,8 +142,9 @@ class StageModel {
                             passes.moved_forward * rows / row_move_rate;
       chunk.times.backward_weight = 2 * split_multiply_adds * rows / gemm_rate;
       chunk.times.backward_input =
-          (4 * multiply_adds - 2 * split_multiply_adds + recompute_flops_per_sample(specs, in.config.recompute)) * rows /
-              gemm_rate +
+          (4 * multiply_adds - 2 * split_multiply_adds - 2 * unneeded_input_gradient +
+           recompute_flops_per_sample(specs, in.config.recompute)) *
+              rows / gemm_rate +
           passes.elementwise_backward * rows / elementwise_rate + passes.moved_backward * rows / row_move_rate;
       work.forward_compute += chunk.times.forward;
       work.backward_compute += chunk.times.backward_input + chunk.times.backward_weight;
@@ -148,7 +152,7 @@ class StageModel {
     }
     const double updated = static_cast<double>(work.prediction.optimizer.bytes) /
                            static_cast<double>(in.config.precision().optimizer_bytes());
-    work.optimizer = updated / (in.cluster.optimizer_parameters_per_s * share_);
+    work.optimizer = updated / (in.cluster.optimizer_parameters_per_s * memory_share);
   }
 
   // Seconds for `bytes` of `op` over the rank's group of `kind`, in `operations` operations; the
@@ -177,7 +181,8 @@ class StageModel {
                             collective(work, GroupKind::tensor, CommOp::reduce_scatter, 2 * per_pass) +
                             collective(work, GroupKind::tensor, CommOp::all_gather, 3 * per_pass) +
                             collective(work, GroupKind::expert, CommOp::all_to_all, 4 * per_pass) +
-                            collective(work, GroupKind::pipeline, CommOp::send, 2 * micro_batches);
+                            collective(work, GroupKind::pipeline, CommOp::send,
+                                       2 * micro_batches * static_cast<double>(layout.layers.chunks.size()));
     collective(work, GroupKind::pipeline, CommOp::recv, 0);  // counted on the link, timed as the send
     const double statistics = zero == 0 ? collective(work, GroupKind::data, CommOp::all_gather, per_pass) : 0;
     work.forward_comm = (blocking / 2 + statistics) / micro_batches;

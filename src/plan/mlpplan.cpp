@@ -54,7 +54,9 @@ void plan(int argc, char** argv) {
     Config alone = config;
     alone.dp = alone.tp = alone.pp = alone.ep = 1;
     alone.zero = alone.zero_shard_size = 0;
-    alone.offload = false;
+    alone.offload = alone.sequence_parallel = false;
+    alone.schedule = PipelineKind::one_f_one_b;
+    alone.virtual_stages = 1;
     validate_options(alone, 1);
   }
   const Cluster cluster = request.calibration_files.empty() ? load_cluster(request.cluster)
@@ -74,10 +76,15 @@ void plan(int argc, char** argv) {
                                                          config.top_k);
   std::vector<Config> layouts;
   if (request.layouts == LayoutChoice::all) {
-    const LayoutChoices choices{
+    LayoutChoices choices{
         .micro_batches = request.micro_batch_choices.empty() ? std::vector<int>{config.micro_batches}
                                                              : request.micro_batch_choices,
         .virtual_stages = request.virtual_stage_choices};
+    if (choices.virtual_stages.empty()) {
+      choices.virtual_stages = {2, 4};
+      if (config.virtual_stages > 1 && std::ranges::count(choices.virtual_stages, config.virtual_stages) == 0)
+        choices.virtual_stages.push_back(config.virtual_stages);
+    }
     layouts = every_layout(config, request.world, ranks_per_node, choices);
     if (layouts.empty())
       throw UsageError(fmt::format("no layout of {} ranks is valid for this model and batch", request.world));

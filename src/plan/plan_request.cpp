@@ -1,6 +1,7 @@
 // Parsing mlpplan's own options (see plan_request.hpp).
 #include "plan/plan_request.hpp"
 
+#include <algorithm>
 #include <fmt/format.h>
 
 #include "core/error.hpp"
@@ -16,7 +17,7 @@ const char* const plan_options_help =
     "  --layouts given|all      the layout of the options given (default), or every valid layout\n"
     "  --micro-batch-choices L  micro-batch counts --layouts all tries (default: --micro-batches)\n"
     "  --virtual-stage-choices L  model chunks per stage --layouts all tries with --schedule\n"
-    "                           interleaved (default 2,4; each at least 2)\n"
+    "                           interleaved (each at least 2; default 2, 4 and --virtual-stages)\n"
     "  --top K                  rows --layouts all prints (default 10; 0: all)\n"
     "  --json                   one JSON object per layout\n";
 
@@ -43,6 +44,9 @@ std::vector<int> number_list(const std::string& option, const std::string& text,
     numbers.push_back(positive_number(option, text.substr(start, end - start), least));
     start = end + 1;
   }
+  // A value given twice is one choice, not two layouts alike.
+  std::sort(numbers.begin(), numbers.end());
+  numbers.erase(std::unique(numbers.begin(), numbers.end()), numbers.end());
   return numbers;
 }
 

@@ -20,7 +20,7 @@ struct PlanRequest {
   LayoutChoice layouts = LayoutChoice::given;
   int top = 10;                                // rows printed with --layouts all
   std::vector<int> micro_batch_choices;        // --layouts all; default: the trainer's value
-  std::vector<int> virtual_stage_choices = {2, 4};  // --layouts all: interleaved's chunks per stage
+  std::vector<int> virtual_stage_choices;      // --layouts all; default: 2, 4 and the trainer's value
   bool json = false;
   bool help = false;
 };
