@@ -52,19 +52,21 @@ def run(command, environment=None):
 
 
 def calibrate(scratch, worlds):
-    """The files mlpplan --calibrate reads, by world: layerbench at the model's shape, its GEMMs
-    also timed in a step's sequence, on the GEMM threads each rank of that world runs (the
-    trainer gives a rank its share of the cores; mlpplan scales the bench's rate per thread to
-    the cores, and GEMMs on several threads do not run quite that many times faster), and
-    commbench at that world size."""
+    """The files mlpplan --calibrate reads, by world: layerbench at the model's shape, run as that
+    world's ranks run (as many processes side by side, up to the cores, each on its share of
+    the cores' GEMM threads: mlpplan scales the bench's rate per thread to the cores, and GEMMs
+    on several threads do not run quite that many times faster; memory-bound kernels of ranks
+    side by side share the memory), its GEMMs also timed in a step's sequence and AdamW over
+    more parameters than the caches hold, as a rank's update is; and commbench at that world."""
     cores = os.cpu_count() or 1
     files = {}
     for world in worlds:
-        threads = max(1, cores // world)
-        layer = os.path.join(scratch, f"layerbench_{threads}_threads.jsonl")
+        ranks, threads = min(world, cores), max(1, cores // world)
+        layer = os.path.join(scratch, f"layerbench_{ranks}_ranks_{threads}_threads.jsonl")
         if not os.path.exists(layer):
             with open(layer, "w") as handle:
-                handle.write(run([LAYERBENCH, 256, 1024, 1024, 10, "--dtype", "fp32", "--sequence", 6],
+                handle.write(run(["mpiexec.mpich", "-n", ranks, LAYERBENCH, 256, 1024, 1024, 10, "--dtype", "fp32",
+                                  "--sequence", 6, "--optimizer-parameters", 8_000_000],
                                  environment=dict(ENVIRONMENT, OMP_NUM_THREADS=str(threads))))
         comm = os.path.join(scratch, f"commbench_{world}.jsonl")
         with open(comm, "w") as handle:

@@ -1,6 +1,7 @@
 // layerbench: times one Linear layer's kernels as the trainer calls them (forward GEMM, the two
 // backward GEMMs, bias+GELU forward and backward, a gather of its rows as MoE layers move them,
-// AdamW over the layer's parameters) on a device
+// AdamW over the layer's parameters, or over --optimizer-parameters N where a rank updates more
+// than the caches hold) on a device
 // (the CPU by default; --device cuda [--tf32] or loopback), and prints one JSON object per GEMM
 // param type (--dtype fp32,bf16,fp16: activations and weights of that type, fp32 accumulation,
 // fp32 weight gradients and optimizer state). On the CPU each object also holds the same GEMMs
@@ -10,7 +11,7 @@
 // training steps measured in the same run.
 //
 // usage: layerbench [ROWS IN OUT [REPEATS]] [--device cpu|cuda|loopback] [--tf32] [--dtype LIST]
-//                   [--sequence LAYERS]
+//                   [--sequence LAYERS] [--optimizer-parameters N]
 #include <cstdio>
 #include <cstdlib>
 #include <optional>
@@ -64,7 +65,7 @@ void run(const std::vector<std::string>& arguments) {
   std::size_t position = 0;
   Config config;
   std::vector<DataType> inputs;
-  long sequence = 0;
+  long sequence = 0, optimizer_parameters = 0;
   for (std::size_t index = 0; index < arguments.size(); ++index) {
     const std::string& argument = arguments[index];
     if (argument == "--device" && index + 1 < arguments.size()) {
@@ -79,19 +80,21 @@ void run(const std::vector<std::string>& arguments) {
         inputs.push_back(gemm_input(list.substr(0, comma)));
     } else if (argument == "--sequence" && index + 1 < arguments.size()) {
       sequence = std::stol(arguments[++index]);
+    } else if (argument == "--optimizer-parameters" && index + 1 < arguments.size()) {
+      optimizer_parameters = std::stol(arguments[++index]);
     } else if (position < numbers.size() && !argument.empty() &&
                argument.find_first_not_of("0123456789") == std::string::npos) {
       numbers[position++] = std::stol(argument);
     } else {
       throw UsageError("usage: layerbench [ROWS IN OUT [REPEATS]] [--device cpu|cuda|loopback] [--tf32] "
-                       "[--dtype fp32,bf16,fp16] [--sequence LAYERS]");
+                       "[--dtype fp32,bf16,fp16] [--sequence LAYERS] [--optimizer-parameters N]");
     }
   }
   if (inputs.empty()) inputs.push_back(DataType::float32);
   if (config.tf32 && config.device != Device::cuda) throw UsageError("--tf32 needs --device cuda");
   const long rows = numbers[0], in = numbers[1], out = numbers[2];
   const int repeats = static_cast<int>(numbers[3]);
-  if (rows < 1 || in < 1 || out < 1 || repeats < 1 || sequence < 0)
+  if (rows < 1 || in < 1 || out < 1 || repeats < 1 || sequence < 0 || optimizer_parameters < 0)
     throw UsageError("sizes and repeats must be positive");
   if (sequence > 0 && in != out) throw UsageError("--sequence chains layers: it needs IN equal to OUT");
 
@@ -113,7 +116,7 @@ void run(const std::vector<std::string>& arguments) {
   };
   const auto time = [&](auto&& body) { return best_ms(repeats, body, finish); };
   const double flops = 2.0 * static_cast<double>(rows) * static_cast<double>(in) * static_cast<double>(out);
-  const auto parameters = static_cast<std::size_t>(out * in);
+  const auto parameters = static_cast<std::size_t>(optimizer_parameters > 0 ? optimizer_parameters : out * in);
 
   for (DataType type : inputs) {
     // Activations, weights and their GEMM outputs of the param type `type`; gradients of the
@@ -122,10 +125,14 @@ void run(const std::vector<std::string>& arguments) {
     Buffer x = filled(rows * in, 0.5f, type), w = filled(out * in, 0.01f, type), pre = filled(rows * out, 0.1f, type),
            act = filled(rows * out, 0, type), grad = filled(rows * out, 0.2f, type),
            grad_pre = filled(rows * out, 0, type), grad_x = filled(rows * in, 0, type),
-           grad_w = filled(out * in, 0, fp32), bias = filled(out, 0.1f, type), bias_grad = filled(out, 0, fp32),
-           master = filled(out * in, 0.01f, fp32), m = filled(out * in, 0, fp32), v = filled(out * in, 0, fp32);
+           grad_w = filled(out * in, 0, fp32), bias = filled(out, 0.1f, type), bias_grad = filled(out, 0, fp32);
+    // The optimizer's own buffers, of the parameters it updates.
+    const auto updated = static_cast<long>(parameters);
+    Buffer values = filled(updated, 0.01f, type), gradients = filled(updated, 0.001f, fp32),
+           master = filled(updated, 0.01f, fp32), m = filled(updated, 0, fp32), v = filled(updated, 0, fp32);
     nlohmann::json result = {{"device", choice_name(config.device)}, {"tf32", config.tf32}, {"dtype", data_type_name(type)},
-                             {"rows", rows}, {"in", in}, {"out", out}, {"kernels", kernels.description()}};
+                             {"rows", rows}, {"in", in}, {"out", out}, {"adamw_parameters", updated},
+                             {"kernels", kernels.description()}};
     // The elementwise kernels and AdamW as the trainer runs them at this param type (a 16-bit
     // one updates fp32 masters and writes their rounded copy).
     result["bias_gelu_forward_ms"] = time([&] {
@@ -148,8 +155,8 @@ void run(const std::vector<std::string>& arguments) {
     }
     const bool half = type != fp32;
     const double adamw = time([&] {
-      kernels.adamw(half ? master.floats() : w.floats(), grad_w.as<void>(), fp32, m.floats(), v.floats(), parameters,
-                    AdamWStep{}, half ? w.as<void>() : nullptr, type);
+      kernels.adamw(half ? master.floats() : values.floats(), gradients.as<void>(), fp32, m.floats(), v.floats(),
+                    parameters, AdamWStep{}, half ? values.as<void>() : nullptr, type);
     });
     // Bytes AdamW moves per parameter: weights, gradients and two moments read, weights and
     // moments written, and a 16-bit run's compute copy written.

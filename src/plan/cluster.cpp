@@ -179,7 +179,9 @@ Cluster calibrated_cluster(const std::vector<std::string>& files) {
                        : dtype == "fp16" ? cluster.gemm_fp16_flops_per_s
                                          : cluster.gemm_fp32_flops_per_s;
         slot = std::max(slot, rate);
-        const double parameters = row.value("in", 0.0) * row.value("out", 0.0) + row.value("out", 0.0);
+        // AdamW over the parameters the bench updated (older benches: the layer's).
+        const double parameters = row.value("adamw_parameters", row.value("in", 0.0) * row.value("out", 0.0) +
+                                                                    row.value("out", 0.0));
         if (dtype == "fp32" && row.value("adamw_ms", 0.0) > 0)
           cluster.optimizer_parameters_per_s = parameters / (row.value("adamw_ms", 0.0) * 1e-3);
         if (dtype == "fp32" && row.value("bias_gelu_forward_ms", 0.0) > 0)
