@@ -36,6 +36,14 @@ struct LayerPasses {
   double elementwise_backward = 0;
   double moved_forward = 0;
   double moved_backward = 0;
+
+  LayerPasses& operator+=(const LayerPasses& other) {
+    elementwise_forward += other.elementwise_forward;
+    elementwise_backward += other.elementwise_backward;
+    moved_forward += other.moved_forward;
+    moved_backward += other.moved_backward;
+    return *this;
+  }
 };
 LayerPasses layer_passes(const LayerSpec& layer, int expert_ranks, int tensor_ranks);
 

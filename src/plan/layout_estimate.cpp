@@ -131,11 +131,7 @@ class StageModel {
         if (!specs.back().moe()) split_multiply_adds += cost;
         // Nothing needs the gradient of the model's inputs: the first layer does not compute it.
         if (layer == 0) unneeded_input_gradient = cost;
-        const LayerPasses layer_pass = layer_passes(specs.back(), layout.shape.ep, layout.shape.tp);
-        passes.elementwise_forward += layer_pass.elementwise_forward;
-        passes.elementwise_backward += layer_pass.elementwise_backward;
-        passes.moved_forward += layer_pass.moved_forward;
-        passes.moved_backward += layer_pass.moved_backward;
+        passes += layer_passes(specs.back(), layout.shape.ep, layout.shape.tp);
       }
       ChunkCompute chunk{.layers = range.count() / stage_layers};
       chunk.times.forward = 2 * multiply_adds * rows / gemm_rate + passes.elementwise_forward * rows / elementwise_rate +
