@@ -13,7 +13,7 @@ import shutil
 import subprocess
 import sys
 
-from bench_cpu import cpu_model
+from benchlib import cpu_model
 from benchlib import BUILD, ROOT, run_json, write_result
 
 MPIEXEC = shutil.which("mpiexec.mpich") or "mpiexec"

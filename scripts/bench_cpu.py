@@ -23,7 +23,7 @@ import os
 import statistics
 import sys
 
-from benchlib import BUILD, ROOT, arguments, cpu_model, run_json, train, write_result
+from benchlib import BUILD, ROOT, arguments, run_json, train, write_result
 
 GEMMS = ("forward", "weight_grad", "input_grad")
 
@@ -127,7 +127,6 @@ def main():
     forward_gemm_ms = hidden_fp32["library_forward_gemm_ms"] * (args.layers - 1) + last["library_forward_gemm_ms"]
     ours_1, ours_2 = statistics.median(samples["ours_1"]), statistics.median(samples["ours_2"])
     result = {
-        "cpu": cpu_model(),
         "kernels": samples["hidden"][0]["fp32"]["kernels"],
         "model": {"layers": args.layers, "width": width, "input": width, "classes": 10, "batch_per_rank": rows},
         "onednn_fp32_gflops_layer_shapes": hidden_fp32["library_gemm_gflops"],

@@ -18,7 +18,6 @@ import os
 import statistics
 import subprocess
 
-from bench_cpu import cpu_model
 from benchlib import BUILD, arguments, interleaved_rounds, train, write_result
 
 NODES = 2
@@ -115,7 +114,6 @@ def main():
     plain = layouts["plain DP"]
     zero3, hybrid3 = layouts["ZeRO-3"], layouts["hybrid ZeRO-3"]
     result = {
-        "cpu": cpu_model(),
         "setup": f"{RANKS} ranks on {os.cpu_count()} cores, {NODES} simulated nodes of {RANKS_PER_NODE} "
                  f"(mpiexec {' '.join(LAUNCH)}, UCX_TLS=tcp,self)",
         "model": " ".join(map(str, MODEL)),

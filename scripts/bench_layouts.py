@@ -9,7 +9,7 @@ predicted and as measured, and its bytes per step by group and operation (over t
 by its steps). Writes results/layouts.json."""
 import statistics
 
-from bench_cpu import cpu_model
+from benchlib import cpu_model
 from benchlib import arguments, train, write_result
 
 DENSE = ["--dataset", "teacher", "--layers", 8, "--hidden", 512, "--input-dim", 512, "--output-dim", 16,
@@ -54,7 +54,7 @@ def main():
             "comm_buffers_bytes_measured": summary["peak_mem_bytes"]["comm_buffers"],
             "bytes_per_step_by_group": summary["comm_bytes_by_group"],
             "samples": times[name]})
-    write_result(args.output, dict(cpu=cpu_model(), dense_model=" ".join(map(str, DENSE)),
+    write_result(args.output, dict(dense_model=" ".join(map(str, DENSE)),
                                    moe_model=" ".join(map(str, MOE)), layouts=rows))
     print(f"cpu: {cpu_model()}")
     for row in rows:

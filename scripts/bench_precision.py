@@ -18,7 +18,7 @@ Runs are interleaved over --rounds rounds and medians reported. Writes
 results/precision_speed.json."""
 import statistics
 
-from bench_cpu import (GEMMS, cpu_model, layer_gemms, mlptrain_step_ms, model_arguments, model_parser,
+from bench_cpu import (GEMMS, layer_gemms, mlptrain_step_ms, model_arguments, model_parser,
                        torch_peer_available, torch_step_ms, traced_phases)
 from benchlib import read_records, train, write_result
 
@@ -71,7 +71,6 @@ def main():
     sequence_gemm_ms = median_field("hidden", "library_sequence_gemm_ms") * hidden_gemms + last_ms
     step = {key: statistics.median(samples[key]) for key in ("fp32_1", "bf16_1", "bf16_2", "fp16_1")}
     result = {
-        "cpu": cpu_model(),
         "kernels": samples["hidden"][0]["kernels"],
         "model": {"layers": args.layers, "width": args.width, "input": args.width, "classes": 10,
                   "batch_per_rank": 256},

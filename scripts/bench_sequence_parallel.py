@@ -15,7 +15,6 @@ results/sequence_parallel.png."""
 import os
 import statistics
 
-from bench_cpu import cpu_model
 from benchlib import arguments, interleaved_rounds, read_records, train, write_result
 
 LAYERS, HIDDEN, BATCH = 8, 2048, 512
@@ -124,8 +123,7 @@ def main():
         ratios[f"T={size}: replicated part held, split over whole"] = (replicated - saved) / replicated
         ratios[f"T={size}: activation peak, split over plain"] = split["activation_peak_bytes"] / plain["activation_peak_bytes"]
         ratios[f"T={size}: step time, split over plain"] = split["step_ms"] / plain["step_ms"]
-    result = {"cpu": cpu_model(),
-              "setup": f"T ranks on {os.cpu_count()} cores, one micro-batch of {BATCH} rows",
+    result = {"setup": f"T ranks on {os.cpu_count()} cores, one micro-batch of {BATCH} rows",
               "model": " ".join(map(str, MODEL)),
               "replicated_bytes_under_plain_tensor_parallelism": replicated,
               "layouts": rows,

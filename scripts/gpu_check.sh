@@ -22,7 +22,7 @@ output=${OUT:-results/gpu/check}
 phases=()
 while [ $# -gt 0 ]; do
   case "$1" in
-    --output) output=$2; shift 2 ;;
+    --output) output=${2:?--output needs a folder}; shift 2 ;;
     build|tests|bench) phases+=("$1"); shift ;;
     *) echo "gpu_check: unknown argument '$1' (usage: scripts/gpu_check.sh [--output DIR] [build] [tests] [bench])" >&2; exit 2 ;;
   esac

@@ -20,7 +20,7 @@ import sys
 import tempfile
 
 import benchlib
-from bench_cpu import cpu_model
+from benchlib import cpu_model
 
 ROOT = benchlib.ROOT
 PLAN = os.path.join(benchlib.BUILD, "mlpplan")
