@@ -19,6 +19,9 @@ enum class Transpose { no, yes };
 // c [m, n] (leading dimensions in elements). a and b hold `input` elements: fp32, or bf16 or fp16,
 // whose products are exact in fp32. Products are accumulated in fp32 whatever the input; c holds
 // `output` elements: fp32, or the input's half type, the fp32 result rounded once to nearest even.
+// A `bias` (n elements of the `input` type, for beta = 0 only) is added to every row of the fp32
+// accumulator before that rounding: a Linear layer's pre-activation is rounded once (DESIGN.md
+// §2.7), not once as a product and again with its bias.
 struct Gemm {
   Transpose transpose_a = Transpose::no;
   Transpose transpose_b = Transpose::no;
@@ -35,6 +38,7 @@ struct Gemm {
   std::int64_t ldc = 0;
   DataType input = DataType::float32;
   DataType output = DataType::float32;
+  const void* bias = nullptr;
 };
 
 // One AdamW update, as torch.optim.AdamW computes it (hyper-parameters in double, as Python
@@ -82,9 +86,9 @@ class Kernels {
   virtual void convert(const void* source, DataType source_type, void* destination,
                        DataType destination_type, std::size_t count) = 0;
 
-  // pre[r, :] += bias; activated = GELU(pre) (exact, erf form); pre, bias and activated of `type`.
-  virtual void bias_gelu_forward(void* pre, const void* bias, void* activated, std::int64_t rows,
-                                 std::int64_t cols, DataType type) = 0;
+  // activated = GELU(pre) (exact, erf form, in fp32 on the stored pre-activation), both of `type`.
+  virtual void gelu_forward(const void* pre, void* activated, std::int64_t rows, std::int64_t cols,
+                            DataType type) = 0;
   // data[r, :] += bias, both of `type`.
   virtual void bias_add(void* data, const void* bias, std::int64_t rows, std::int64_t cols, DataType type) = 0;
   // grad_pre = grad_activated * GELU'(pre) (all of `type`); bias_grad (of `bias_grad_type`) = (or
@@ -140,8 +144,8 @@ class Kernels {
   }
 
   // The fp32 forms.
-  void bias_gelu_forward(float* pre, const float* bias, float* activated, std::int64_t rows, std::int64_t cols) {
-    bias_gelu_forward(pre, bias, activated, rows, cols, DataType::float32);
+  void gelu_forward(const float* pre, float* activated, std::int64_t rows, std::int64_t cols) {
+    gelu_forward(pre, activated, rows, cols, DataType::float32);
   }
   void bias_add(float* data, const float* bias, std::int64_t rows, std::int64_t cols) {
     bias_add(data, bias, rows, cols, DataType::float32);

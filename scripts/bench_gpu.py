@@ -66,7 +66,7 @@ def step_figures(args, precision):
     # Layer 0 needs no input gradient; the last layer maps to the 10 classes (no GELU).
     gemm_ms = (sum(hidden[k] for k in gemms) * (layers - 1) - hidden["input_grad_gemm_ms"] +
                sum(last[k] for k in gemms))
-    other_ms = ((hidden["bias_gelu_forward_ms"] + hidden["gelu_backward_ms"] + hidden["adamw_ms"]) * (layers - 1)
+    other_ms = ((hidden["gelu_forward_ms"] + hidden["gelu_backward_ms"] + hidden["adamw_ms"]) * (layers - 1)
                 + last["adamw_ms"])
     step_ms, summary = train(1, ["--dataset", "mixture", "--layers", layers, "--hidden", width, "--input-dim", width,
                                  "--output-dim", 10, "--global-batch", rows, "--steps", args.steps,

@@ -10,6 +10,8 @@ only: these machines are shared and noisy, and the CPU behind them changes):
   * the PyTorch peer under torch.autocast("cpu", torch.bfloat16) on the same model, at 1 and 2
     ranks;
   * one traced bf16 run: where its step's time goes;
+  * with --baseline PROGRAM: another build of mlptrain (an earlier commit's, say) at bf16 and 1
+    rank in the same rounds, and this build's bf16 step over its;
   * unless --no-convergence: --convergence-steps steps of the classification data (the mixture
     dataset, the same model) at fp32 and at bf16, the final test loss and the mean training loss of
     the last 100 steps of each.
@@ -20,7 +22,7 @@ import statistics
 
 from bench_cpu import (GEMMS, layer_gemms, mlptrain_step_ms, model_arguments, model_parser,
                        torch_peer_available, torch_step_ms, traced_phases)
-from benchlib import read_records, train, write_result
+from benchlib import cpu_model, read_records, train, write_result
 
 BF16, FP16 = ["--param-dtype", "bf16"], ["--param-dtype", "fp16"]
 
@@ -42,10 +44,11 @@ def main():
     parser = model_parser(__doc__, "precision_speed.json")
     parser.add_argument("--convergence-steps", type=int, default=2000)
     parser.add_argument("--no-convergence", action="store_true")
+    parser.add_argument("--baseline", help="another mlptrain build to time beside this one at bf16, 1 rank")
     args = parser.parse_args()
     have_torch = torch_peer_available(args)
 
-    keys = ("hidden", "last", "fp32_1", "bf16_1", "bf16_2", "fp16_1", "torch_bf16_1", "torch_bf16_2")
+    keys = ("hidden", "last", "fp32_1", "bf16_1", "bf16_2", "fp16_1", "torch_bf16_1", "torch_bf16_2", "baseline_bf16_1")
     samples = {key: [] for key in keys}
     for round_index in range(args.rounds):
         print(f"bench: round {round_index + 1} of {args.rounds}", flush=True)
@@ -55,6 +58,9 @@ def main():
         samples["bf16_1"].append(mlptrain_step_ms(1, args, BF16, name="precision-bf16"))
         samples["bf16_2"].append(mlptrain_step_ms(2, args, BF16, name="precision-bf16"))
         samples["fp16_1"].append(mlptrain_step_ms(1, args, FP16, name="precision-fp16"))
+        if args.baseline:
+            samples["baseline_bf16_1"].append(mlptrain_step_ms(1, args, BF16, name="precision-baseline",
+                                                               program=args.baseline))
         if have_torch:
             samples["torch_bf16_1"].append(torch_step_ms(1, args, ["--autocast", "bf16"]))
             samples["torch_bf16_2"].append(torch_step_ms(2, args, ["--autocast", "bf16"]))
@@ -83,7 +89,7 @@ def main():
         "bf16_step_over_gemm_time_in_step_order": step["bf16_1"] / sequence_gemm_ms,
         "bf16_data_parallel_speedup_2_ranks": 2 * step["bf16_1"] / step["bf16_2"],
         "bf16_phases_ms_1_rank": {"traced": traced_phases(args, BF16, "precision-trace"),
-                                  "bias_gelu_forward_per_layer": median_field("hidden", "bias_gelu_forward_ms"),
+                                  "gelu_forward_per_layer": median_field("hidden", "gelu_forward_ms"),
                                   "gelu_backward_per_layer": median_field("hidden", "gelu_backward_ms"),
                                   "adamw_per_million_parameters": median_field("hidden", "adamw_ms")},
         "targets": {"bf16_over_fp32_1_rank": "<= 0.55", "bf16_step_over_gemm_time": "<= 1.2",
@@ -91,6 +97,10 @@ def main():
                     "bf16 final loss within 2 % of fp32's after the convergence run": "<= 0.02"},
         "samples": samples,
     }
+    if args.baseline:
+        baseline = statistics.median(samples["baseline_bf16_1"])
+        result.update({"baseline": args.baseline, "baseline_bf16_step_ms_1_rank": baseline,
+                       "bf16_step_over_baseline_1_rank": step["bf16_1"] / baseline})
     if have_torch:
         torch_1, torch_2 = statistics.median(samples["torch_bf16_1"]), statistics.median(samples["torch_bf16_2"])
         import torch
@@ -109,7 +119,7 @@ def main():
                 abs(runs["bf16"]["mean_loss_last_100_steps"] - runs["fp32"]["mean_loss_last_100_steps"]) /
                 runs["fp32"]["mean_loss_last_100_steps"]}
     write_result(args.output, result)
-    print(f"cpu: {result['cpu']}\nkernels: {result['kernels']}")
+    print(f"cpu: {cpu_model()}\nkernels: {result['kernels']}")
     for key, value in result.items():
         if isinstance(value, float):
             print(f"{key:48s} {value:10.3f}")

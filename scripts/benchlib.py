@@ -39,9 +39,9 @@ def read_records(name):
 
 
 def train(ranks, arguments, name, warm_up_steps=2, bind_to_cores=False, launch=(), environment=None,
-          teardown_limit_s=None):
-    """Runs mlptrain at `ranks` ranks (each pinned to a core if asked; `launch`: more mpiexec
-    options, `environment`: variables added to the benchmarks'); returns (median step_ms after
+          teardown_limit_s=None, program=PROGRAM):
+    """Runs mlptrain (or another build of it, `program`) at `ranks` ranks (each pinned to a core if
+    asked; `launch`: more mpiexec options, `environment`: variables added to the benchmarks'); returns (median step_ms after
     the warm-up steps, or None when there are none, and the final summary record). A failing run
     ends the script with mlptrain's own output. With `teardown_limit_s`, a run still going that
     long after it started is ended, and counts as done if its summary was written: UCX's TCP
@@ -50,7 +50,7 @@ def train(ranks, arguments, name, warm_up_steps=2, bind_to_cores=False, launch=(
     if os.path.exists(metrics):
         os.remove(metrics)
     binding = ["-bind-to", "core"] if bind_to_cores else []
-    launcher = subprocess.Popen(["mpiexec.mpich"] + binding + list(launch) + ["-n", str(ranks), PROGRAM] +
+    launcher = subprocess.Popen(["mpiexec.mpich"] + binding + list(launch) + ["-n", str(ranks), program] +
                                 [str(a) for a in arguments] + ["--log-every", "0", "--metrics", metrics],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 env=dict(ENVIRONMENT, **(environment or {})))

@@ -53,7 +53,7 @@ struct StrategyContext {
 // grad_input in its after-hook. Likewise a before-hook may give the layer's outputs other rows
 // than it computes on (`output_rows`: a sum over a group split into row blocks, say): the product
 // x W^T then goes to `product` ([layer_rows, out], transient) and the substituting strategy fills
-// `pre` ([output_rows, out]) from it in after_layer_matmul; bias and activation apply to the
+// `pre` ([output_rows, out]) from it in after_layer_matmul; the activation applies to the
 // output rows, the next layer receives them, and in backward the strategy fills `grad_product`
 // ([layer_rows, out]) from `grad_pre` ([output_rows, out]) in before_layer_matmul_backward.
 // Without such a substitution product is pre and grad_product is null (grad_pre serves).
@@ -93,8 +93,11 @@ struct LayerEvent {
   const LinearLayer* parameters = nullptr;
   bool accumulate_grads = false;  // add into the gradients (later micro-batches) or overwrite
   std::int64_t output_rows = 0;   // the rows of the layer's outputs (0: layer_rows)
-  void* product = nullptr;        // x W^T ([layer_rows, out])
-  void* pre = nullptr;            // x W^T, then + b ([output_rows, out])
+  void* product = nullptr;        // x W^T ([layer_rows, out]), + b unless the bias comes after a sum
+  void* pre = nullptr;            // x W^T + b ([output_rows, out])
+  // Set by a before-hook whose after_layer_matmul sums partial products: the GEMM leaves the
+  // bias out and that hook adds it to the sum, in fp32 before the sum is rounded (§2.7).
+  BiasPlace bias = BiasPlace::in_product;
   void* output = nullptr;         // the layer's output (GELU(pre) or pre); forward only
   const void* grad_output = nullptr;  // backward: d loss / d output ([output_rows, out])
   const void* grad_pre = nullptr;     // backward: d loss / d pre ([output_rows, out])
@@ -137,9 +140,9 @@ class LayerHooks {
   virtual ~LayerHooks() = default;
   virtual void before_step(const StepEvent&) {}
   virtual void before_layer_forward(LayerEvent&) {}
-  // Between the matrix product and bias/activation: product holds x W^T (an MoE layer's: its
-  // experts' combined output), and pre must hold what the bias and activation apply to when the
-  // hooks return (they are the same memory unless a before-hook changed the output rows).
+  // Between the matrix product and the activation: product holds x W^T (+ b; an MoE layer's: its
+  // experts' combined output), and pre must hold what the activation applies to, bias included,
+  // when the hooks return (they are the same memory unless a before-hook changed the output rows).
   virtual void after_layer_matmul(LayerEvent&) {}
   virtual void after_layer_forward(LayerEvent&) {}
   // Backward hooks run for each part of a split backward (LayerEvent::part says which).

@@ -5,7 +5,10 @@
 //     slice of the outputs and applies GELU to it, with no communication in forward;
 //   row-parallel layer (the next one): W split on its input dimension, so each rank's product is a
 //     partial sum of the outputs; the partial sums are all-reduced (Megatron's g) before the bias,
-//     which every rank holds whole, is added once.
+//     which every rank holds whole, is added once. With a 16-bit param type the sum is formed
+//     as DESIGN.md §2.7 has it: each rank's partial rounded (what travels), the partials
+//     gathered and summed in fp32 in rank order, the bias added to that sum, rounded once (an
+//     all-reduce would round the sum before the bias joins it).
 // In backward the conjugates: the row-parallel layer's input gradient is already this rank's
 // slice (g's backward is the identity), while the column-parallel layer's input gradient is a
 // partial sum over the output slices and is all-reduced (f's backward; f's forward is the
@@ -48,6 +51,11 @@ PairPart part_of(int layer, const std::vector<LayerSpec>& model) {
 }
 
 bool sums_output(PairPart part) { return part == PairPart::row || part == PairPart::experts; }
+// Whether the summed partials travel whole to every rank that sums them (a row-parallel layer's
+// with a 16-bit param type: its bias joins the fp32 sum) rather than through a reduction.
+bool gathers_partials(PairPart part, DataType param_type) {
+  return part == PairPart::row && param_type != DataType::float32;
+}
 bool starts_whole(PairPart part) { return part == PairPart::column || part == PairPart::experts; }
 
 // Whether sequence parallelism splits the layer's output rows: a sum whose next layer runs here,
@@ -69,25 +77,34 @@ class TensorParallel final : public Strategy, public LayerHooks {
  public:
   explicit TensorParallel(const StrategyContext& context)
       : model_(context.layers), local_(context.local), sequence_parallel_(context.config.sequence_parallel),
-        allocator_(context.allocator), group_(context.groups.group(GroupKind::tensor)) {}
+        kernels_(context.kernels), allocator_(context.allocator), group_(context.groups.group(GroupKind::tensor)) {}
 
   // A split output has a block of the rows; a gathered input (in forward, for the layer's
   // products) has every block.
+  // A row-parallel layer's bias joins the sum of the partial products, here.
   void before_layer_forward(LayerEvent& event) override {
     if (gathers(event)) gather_input(event, nullptr);
     if (splits(event)) event.output_rows = event.layer_rows / group_.size();
+    if (part_of(event.layer, model_) == PairPart::row) event.bias = BiasPlace::after_sum;
   }
 
   // g: the partial products of a row-parallel (or MoE) layer are summed before the bias, into
   // this rank's block of rows when split.
   void after_layer_matmul(LayerEvent& event) override {
-    if (!sums_output(part_of(event.layer, model_))) return;
-    const std::int64_t out = event.parameters->spec.out_features;
-    if (splits(event)) {
-      group_.reduce_scatter(event.product, event.pre, elements(event.output_row_count(), out), event.activation_type);
-    } else {
-      group_.all_reduce(event.pre, elements(event.layer_rows, out), event.activation_type);
+    const PairPart part = part_of(event.layer, model_);
+    if (!sums_output(part)) return;
+    const std::int64_t out = event.parameters->spec.out_features, rows = event.output_row_count();
+    if (gathers_partials(part, event.activation_type)) {
+      sum_partials_with_bias(event);
+      return;
     }
+    if (splits(event)) {
+      group_.reduce_scatter(event.product, event.pre, elements(rows, out), event.activation_type);
+    } else {
+      group_.all_reduce(event.pre, elements(rows, out), event.activation_type);
+    }
+    if (event.bias == BiasPlace::after_sum)
+      kernels_.bias_add(event.pre, event.parameters->bias, rows, out, event.activation_type);
   }
 
   void after_layer_forward(LayerEvent&) override { gathered_input_ = Buffer{}; }
@@ -145,6 +162,34 @@ class TensorParallel final : public Strategy, public LayerHooks {
   Buffer allocate(std::int64_t rows, std::int64_t columns, const LayerEvent& event) {
     return allocator_.allocate_elements(MemoryState::workspace, elements(rows, columns), event.activation_type);
   }
+  // The half-precision g: every rank's rounded partial products of this rank's output rows (all
+  // of them, or its block when split), summed in fp32 in rank order, plus the bias, rounded once
+  // into pre. Same as one process up to the order of fp32 sums.
+  void sum_partials_with_bias(LayerEvent& event) {
+    const DataType type = event.activation_type;
+    const std::int64_t out = event.parameters->spec.out_features, rows = event.output_row_count();
+    const std::size_t count = elements(rows, out);
+    const auto ranks = static_cast<std::size_t>(group_.size());
+    Buffer partials = allocator_.allocate_elements(MemoryState::workspace, count * ranks, type);
+    if (splits(event)) {  // block r of every rank's product to rank r
+      group_.run({.op = CommOp::all_to_all, .send = event.product, .receive = partials.as<void>(), .count = count,
+                  .type = type});
+    } else {
+      group_.all_gather(event.product, partials.as<void>(), count, type);
+    }
+    Buffer sums = allocator_.allocate_floats(MemoryState::workspace, count);
+    Buffer widened = allocator_.allocate_floats(MemoryState::workspace, std::max(count, static_cast<std::size_t>(out)));
+    kernels_.convert(partials.as<void>(), type, sums.floats(), DataType::float32, count);
+    for (std::size_t rank = 1; rank < ranks; ++rank) {
+      kernels_.convert(advance(partials.as<void>(), rank * count, type), type, widened.floats(), DataType::float32,
+                       count);
+      kernels_.add(sums.floats(), widened.floats(), count);
+    }
+    kernels_.convert(event.parameters->bias, type, widened.floats(), DataType::float32, static_cast<std::size_t>(out));
+    kernels_.bias_add(sums.floats(), widened.floats(), rows, out);
+    kernels_.convert(sums.floats(), DataType::float32, event.pre, type, count);
+  }
+
   // Every rank's block of the layer's input rows, which the layer then computes on.
   void gather_input(LayerEvent& event, void* grad_rows) {
     const std::int64_t in = event.parameters->spec.in_features, rows = event.rows * group_.size();
@@ -156,6 +201,7 @@ class TensorParallel final : public Strategy, public LayerHooks {
   const std::vector<LayerSpec>& model_;
   const RankLayers local_;
   const bool sequence_parallel_;
+  Kernels& kernels_;
   Allocator& allocator_;
   Communicator& group_;
   Buffer gathered_input_;  // the current layer's gathered input
@@ -213,17 +259,22 @@ void predict(const RankLayout& layout, Prediction& prediction) {
   // sum of its input gradient [rows, in] unless it starts the model (all-reduce, or when it
   // gathers its input: the gathers in forward and backward and the reduce-scatter of the
   // gradient). Recomputation runs a GELU layer's forward again, with its forward operations.
-  // An MoE layer also sums (in fp32) the router's probability gradients [rows, E].
-  std::int64_t all_reduce = 0, reduce_scatter = 0, all_gather = 0, float_elements = 0;
+  // A row-parallel layer with a 16-bit param type gathers its partials instead (all-gather of
+  // every rank's [rows, out], or all-to-all of the row blocks when split). An MoE layer also
+  // sums (in fp32) the router's probability gradients [rows, E].
+  std::int64_t all_reduce = 0, reduce_scatter = 0, all_gather = 0, all_to_all = 0, float_elements = 0;
   const bool sequence_parallel = config.sequence_parallel;
   for (int index : layout.layers.list()) {  // this rank's layers
     const LayerSpec& layer = layout.model[static_cast<std::size_t>(index)];
     const PairPart part = part_of(layer.index, layout.model);
     const std::int64_t forwards = config.recompute && layer.gelu ? 2 : 1;
     const std::int64_t output = layout.rows * layer.out_features, input = layout.rows * layer.in_features;
+    const bool gathered = gathers_partials(part, config.param_dtype);
     if (splits_output(index, layout.model, layout.layers, sequence_parallel)) {
-      reduce_scatter += forwards * output;
+      (gathered ? all_to_all : reduce_scatter) += forwards * output;
       all_gather += output;
+    } else if (gathered) {
+      all_gather += forwards * output * layout.shape.tp;
     } else if (sums_output(part)) {
       all_reduce += forwards * output;
     }
@@ -241,6 +292,7 @@ void predict(const RankLayout& layout, Prediction& prediction) {
   prediction.add_comm(GroupKind::tensor, CommOp::all_reduce, bytes(all_reduce) + config.micro_batches * 4 * float_elements);
   if (reduce_scatter > 0) prediction.add_comm(GroupKind::tensor, CommOp::reduce_scatter, bytes(reduce_scatter));
   if (all_gather > 0) prediction.add_comm(GroupKind::tensor, CommOp::all_gather, bytes(all_gather));
+  if (all_to_all > 0) prediction.add_comm(GroupKind::tensor, CommOp::all_to_all, bytes(all_to_all));
 }
 
 std::string describe(const RankLayout& layout) {

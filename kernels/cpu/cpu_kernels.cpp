@@ -75,14 +75,10 @@ using Row = typename E::Storage* __restrict;
 template <typename E>
 using ConstRow = const typename E::Storage* __restrict;
 
-// pre += bias (rounded), activated = GELU of the pre-activation as stored.
+// activated = GELU of the pre-activation as stored.
 template <typename E>
-[[gnu::noinline]] void bias_gelu_row(Row<E> pre, ConstRow<E> bias, Row<E> activated, std::int64_t cols) {
-  for (std::int64_t col = 0; col < cols; ++col) {
-    const auto stored = E::store(E::load(pre[col]) + E::load(bias[col]));
-    pre[col] = stored;
-    activated[col] = E::store(gelu(E::load(stored)));
-  }
+[[gnu::noinline]] void gelu_row(ConstRow<E> pre, Row<E> activated, std::int64_t cols) {
+  for (std::int64_t col = 0; col < cols; ++col) activated[col] = E::store(gelu(E::load(pre[col])));
 }
 
 template <typename E>
@@ -126,7 +122,7 @@ void column_sums_into(void* sums, DataType sums_type, bool accumulate, std::int6
 
 class CpuKernels final : public Kernels {
  public:
-  using Kernels::bias_gelu_forward, Kernels::bias_add, Kernels::gelu_backward, Kernels::column_sums,
+  using Kernels::gelu_forward, Kernels::bias_add, Kernels::gelu_backward, Kernels::column_sums,
       Kernels::gather_rows, Kernels::scatter_add_rows, Kernels::row_dots, Kernels::adamw,
       Kernels::sum_of_squares, Kernels::scale, Kernels::fill, Kernels::add;
 
@@ -157,12 +153,10 @@ class CpuKernels final : public Kernels {
     convert_elements(source, source_type, destination, destination_type, count);
   }
 
-  void bias_gelu_forward(void* pre, const void* bias, void* activated, std::int64_t rows, std::int64_t cols,
-                         DataType type) override {
+  void gelu_forward(const void* pre, void* activated, std::int64_t rows, std::int64_t cols, DataType type) override {
     with_element(type, [&](auto element) {
       using E = decltype(element);
-      for (std::int64_t row = 0; row < rows; ++row)
-        bias_gelu_row<E>(elements<E>(pre) + row * cols, elements<E>(bias), elements<E>(activated) + row * cols, cols);
+      gelu_row<E>(elements<E>(pre), elements<E>(activated), rows * cols);
     });
   }
 

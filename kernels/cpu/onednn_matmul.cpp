@@ -67,7 +67,7 @@ struct OneDnnMatmul::Library {
 
 struct OneDnnMatmul::Primitive {
   dnnl::matmul matmul;
-  memory::desc a, b, c;
+  memory::desc a, b, c, bias;
   std::string implementation;
 };
 
@@ -80,6 +80,7 @@ std::size_t OneDnnMatmul::ProblemHash::operator()(const Problem& problem) const 
   mix(static_cast<std::size_t>(problem.input) << 8 | static_cast<std::size_t>(problem.output));
   mix(std::hash<float>{}(problem.alpha));
   mix(std::hash<float>{}(problem.beta));
+  mix(std::hash<bool>{}(problem.bias));
   return hash;
 }
 
@@ -97,6 +98,10 @@ OneDnnMatmul::Primitive* OneDnnMatmul::find(const Problem& problem) {
     const memory::desc a = matrix(problem.m, problem.k, problem.lda, problem.transpose_a, problem.input);
     const memory::desc b = matrix(problem.k, problem.n, problem.ldb, problem.transpose_b, problem.input);
     const memory::desc c = matrix(problem.m, problem.n, problem.ldc, Transpose::no, problem.output);
+    // The bias joins the fp32 accumulator (a [1, n] row broadcast over the rows) before the
+    // output is converted, so a half output is rounded once.
+    const memory::desc bias = problem.bias ? matrix(1, problem.n, problem.n, Transpose::no, problem.input)
+                                           : memory::desc();
     dnnl::primitive_attr attributes;
     if (problem.alpha != 1.0f) attributes.set_output_scales(0, {problem.alpha});
     if (problem.beta != 0.0f) {
@@ -105,10 +110,10 @@ OneDnnMatmul::Primitive* OneDnnMatmul::find(const Problem& problem) {
       attributes.set_post_ops(accumulate);
     }
     try {
-      const dnnl::matmul::primitive_desc description(dnnl::matmul::desc(a, b, c), attributes,
-                                                     library_->engine);
+      const dnnl::matmul::primitive_desc description(
+          problem.bias ? dnnl::matmul::desc(a, b, bias, c) : dnnl::matmul::desc(a, b, c), attributes, library_->engine);
       primitive = std::make_unique<Primitive>(
-          Primitive{dnnl::matmul(description), a, b, c, description.impl_info_str()});
+          Primitive{dnnl::matmul(description), a, b, c, bias, description.impl_info_str()});
     } catch (const dnnl::error&) {
       // No implementation for these element types here: run_widened takes over (cached too).
     }
@@ -123,7 +128,9 @@ OneDnnMatmul::Primitive* OneDnnMatmul::find(const Problem& problem) {
 
 void OneDnnMatmul::run(const Gemm& gemm) {
   const Problem problem{gemm.transpose_a, gemm.transpose_b, gemm.m, gemm.n, gemm.k, gemm.lda, gemm.ldb,
-                        gemm.ldc, gemm.input, gemm.output, gemm.alpha, gemm.beta};
+                        gemm.ldc, gemm.input, gemm.output, gemm.alpha, gemm.beta, gemm.bias != nullptr};
+  if (gemm.bias != nullptr && gemm.beta != 0.0f)
+    throw std::logic_error("a GEMM's bias is for beta = 0 (it would be added to the old output too)");
   Primitive* primitive = find(problem);
   if (primitive == nullptr) {
     run_widened(gemm);
@@ -133,7 +140,10 @@ void OneDnnMatmul::run(const Gemm& gemm) {
   memory a(primitive->a, library_->engine, const_cast<void*>(gemm.a));
   memory b(primitive->b, library_->engine, const_cast<void*>(gemm.b));
   memory c(primitive->c, library_->engine, gemm.c);
-  primitive->matmul.execute(library_->stream, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}});
+  std::unordered_map<int, memory> arguments{{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}};
+  if (gemm.bias != nullptr)
+    arguments.emplace(DNNL_ARG_BIAS, memory(primitive->bias, library_->engine, const_cast<void*>(gemm.bias)));
+  primitive->matmul.execute(library_->stream, arguments);
   library_->stream.wait();
 }
 
@@ -146,6 +156,10 @@ void OneDnnMatmul::run_widened(const Gemm& gemm) {
     widen(gemm.b, gemm.input, span(b_rows, b_columns, gemm.ldb), widened_b_);
     widened.a = widened_a_.data();
     widened.b = widened_b_.data();
+    if (gemm.bias != nullptr) {
+      widen(gemm.bias, gemm.input, static_cast<std::size_t>(gemm.n), widened_bias_);
+      widened.bias = widened_bias_.data();
+    }
     widened.input = DataType::float32;
   }
   const std::size_t c_elements = span(gemm.m, gemm.n, gemm.ldc);

@@ -1,7 +1,7 @@
 // The CPU backend's GEMMs through oneDNN's matmul primitive, which picks its kernel from the
 // instruction sets the CPU reports at run time (AVX-512, AVX512_BF16, AMX, ...) rather than from a
 // table of CPU models. A primitive is made for one exact problem (shape, strides, element types,
-// alpha, beta) and making one costs far more than running a small GEMM, so primitives are cached
+// alpha, beta, bias or none) and making one costs far more than running a small GEMM, so primitives are cached
 // by problem, least recently used first out (MoE experts see a new row count with each routing).
 // Element types the library cannot multiply on this CPU (fp16 without AVX512_FP16) are widened to
 // fp32 first: a product of two 16-bit floats is exact in fp32, so the result is the same GEMM
@@ -40,6 +40,7 @@ class OneDnnMatmul {
     std::int64_t m, n, k, lda, ldb, ldc;
     DataType input, output;
     float alpha, beta;
+    bool bias;
     bool operator==(const Problem&) const = default;
   };
   struct ProblemHash {
@@ -58,7 +59,7 @@ class OneDnnMatmul {
   std::unique_ptr<Library> library_;
   std::unordered_map<Problem, std::pair<std::unique_ptr<Primitive>, Order::iterator>, ProblemHash> cache_;
   Order order_;  // most recently used first
-  std::vector<float> widened_a_, widened_b_, widened_c_;
+  std::vector<float> widened_a_, widened_b_, widened_c_, widened_bias_;
 };
 
 }  // namespace mlptrain

@@ -33,7 +33,7 @@ namespace {
 
 class CudaKernels final : public Kernels {
  public:
-  using Kernels::bias_gelu_forward, Kernels::bias_add, Kernels::gelu_backward, Kernels::column_sums,
+  using Kernels::gelu_forward, Kernels::bias_add, Kernels::gelu_backward, Kernels::column_sums,
       Kernels::gather_rows, Kernels::scatter_add_rows, Kernels::row_dots, Kernels::adamw,
       Kernels::sum_of_squares, Kernels::scale, Kernels::fill, Kernels::add;
   CudaKernels(int device, bool tf32) : tf32_(tf32) {
@@ -48,6 +48,7 @@ class CudaKernels final : public Kernels {
     check(cudaMallocHost(&totals_host_, 2 * sizeof(double)), "cudaMallocHost");
   }
   ~CudaKernels() override {
+    if (sums_ != nullptr) cudaFreeAsync(sums_, stream_);
     cudaStreamSynchronize(stream_);
     cudaFreeHost(totals_host_);
     cudaFree(totals_device_);
@@ -68,18 +69,28 @@ class CudaKernels final : public Kernels {
 
   void gemm(const Gemm& gemm) override {
     if (gemm.m == 0 || gemm.n == 0) return;
-    // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: swap the operands.
-    const auto operation = [](Transpose t) { return t == Transpose::yes ? CUBLAS_OP_T : CUBLAS_OP_N; };
-    // Products accumulate in fp32 whatever the inputs; fp32 inputs may use TF32 when asked.
-    const cublasComputeType_t compute = gemm.input == DataType::float32 && tf32_
-                                            ? CUBLAS_COMPUTE_32F_FAST_TF32
-                                            : CUBLAS_COMPUTE_32F;
-    check(cublasGemmEx(blas_, operation(gemm.transpose_b), operation(gemm.transpose_a),
-                       static_cast<int>(gemm.n), static_cast<int>(gemm.m), static_cast<int>(gemm.k),
-                       &gemm.alpha, gemm.b, library_type(gemm.input), static_cast<int>(gemm.ldb), gemm.a,
-                       library_type(gemm.input), static_cast<int>(gemm.lda), &gemm.beta, gemm.c,
-                       library_type(gemm.output), static_cast<int>(gemm.ldc), compute, CUBLAS_GEMM_DEFAULT),
-          "cublasGemmEx");
+    if (gemm.bias == nullptr) {
+      gemm_into(gemm, gemm.c, gemm.output, gemm.ldc);
+      return;
+    }
+    if (gemm.beta != 0.0f) throw std::logic_error("a GEMM's bias is for beta = 0");
+    // With a bias: the fp32 result first (in place for an fp32 output), then one pass adds the
+    // bias in fp32 and rounds once into the output.
+    float* sums = static_cast<float*>(gemm.c);
+    std::int64_t sums_leading = gemm.ldc;
+    if (gemm.output != DataType::float32) {
+      sums = reserve_sums(static_cast<std::size_t>(gemm.m * gemm.n));
+      sums_leading = gemm.n;
+    }
+    gemm_into(gemm, sums, DataType::float32, sums_leading);
+    with_device_element(gemm.input, [&](auto bias_element) {
+      with_device_element(gemm.output, [&](auto out_element) {
+        using B = decltype(bias_element);
+        using Out = decltype(out_element);
+        launch(bias_round_kernel<B, Out>, gemm.m * gemm.n, static_cast<const float*>(sums), sums_leading,
+               static_cast<const Stored<B>*>(gemm.bias), static_cast<Stored<Out>*>(gemm.c), gemm.ldc, gemm.m, gemm.n);
+      });
+    });
   }
 
   void convert(const void* source, DataType source_type, void* destination, DataType destination_type,
@@ -100,12 +111,11 @@ class CudaKernels final : public Kernels {
     });
   }
 
-  void bias_gelu_forward(void* pre, const void* bias, void* activated, std::int64_t rows, std::int64_t cols,
-                         DataType type) override {
+  void gelu_forward(const void* pre, void* activated, std::int64_t rows, std::int64_t cols, DataType type) override {
     with_device_element(type, [&](auto element) {
       using E = decltype(element);
-      launch(bias_gelu_forward_kernel<E>, rows * cols, static_cast<Stored<E>*>(pre), static_cast<const Stored<E>*>(bias),
-             static_cast<Stored<E>*>(activated), rows, cols);
+      launch(gelu_forward_kernel<E>, rows * cols, static_cast<const Stored<E>*>(pre), static_cast<Stored<E>*>(activated),
+             rows * cols);
     });
   }
   void bias_add(void* data, const void* bias, std::int64_t rows, std::int64_t cols, DataType type) override {
@@ -241,6 +251,32 @@ class CudaKernels final : public Kernels {
   }
 
  private:
+  // c = op(a) op(b) (alpha, beta as given) into `c` of `output` elements, leading dimension `ldc`.
+  void gemm_into(const Gemm& gemm, void* c, DataType output, std::int64_t ldc) {
+    // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: swap the operands.
+    const auto operation = [](Transpose t) { return t == Transpose::yes ? CUBLAS_OP_T : CUBLAS_OP_N; };
+    // Products accumulate in fp32 whatever the inputs; fp32 inputs may use TF32 when asked.
+    const cublasComputeType_t compute = gemm.input == DataType::float32 && tf32_
+                                            ? CUBLAS_COMPUTE_32F_FAST_TF32
+                                            : CUBLAS_COMPUTE_32F;
+    check(cublasGemmEx(blas_, operation(gemm.transpose_b), operation(gemm.transpose_a),
+                       static_cast<int>(gemm.n), static_cast<int>(gemm.m), static_cast<int>(gemm.k),
+                       &gemm.alpha, gemm.b, library_type(gemm.input), static_cast<int>(gemm.ldb), gemm.a,
+                       library_type(gemm.input), static_cast<int>(gemm.lda), &gemm.beta, c,
+                       library_type(output), static_cast<int>(ldc), compute, CUBLAS_GEMM_DEFAULT),
+          "cublasGemmEx");
+  }
+  // fp32 scratch of at least `count` elements for a biased GEMM's sums, kept and grown as needed
+  // (the stream orders its uses).
+  float* reserve_sums(std::size_t count) {
+    if (count > sums_capacity_) {
+      if (sums_ != nullptr) check(cudaFreeAsync(sums_, stream_), "cudaFreeAsync");
+      check(cudaMallocAsync(reinterpret_cast<void**>(&sums_), count * sizeof(float), stream_), "cudaMallocAsync");
+      sums_capacity_ = count;
+    }
+    return sums_;
+  }
+
   // Launches `kernel` over `count` work items (elements, rows or columns) on the compute stream.
   template <typename... Parameters, typename... Arguments>
   void launch(void (*kernel)(Parameters...), std::int64_t count, Arguments... arguments) {
@@ -269,6 +305,8 @@ class CudaKernels final : public Kernels {
   cublasHandle_t blas_ = nullptr;
   double* totals_device_ = nullptr;  // the reductions' sums
   double* totals_host_ = nullptr;    // pinned, for reading them back
+  float* sums_ = nullptr;            // a biased GEMM's fp32 sums before rounding
+  std::size_t sums_capacity_ = 0;
 };
 
 }  // namespace

@@ -80,14 +80,22 @@ __device__ void block_sum_into(double value, double* total) {
   for (std::int64_t index = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; \
        index < (count); index += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
 
+// GELU of the pre-activation as stored.
 template <typename E>
-__global__ void bias_gelu_forward_kernel(Stored<E>* pre, const Stored<E>* bias, Stored<E>* activated,
-                                         std::int64_t rows, std::int64_t cols) {
-  GRID_STRIDE(i, rows * cols) {
-    const Stored<E> stored = E::store(E::load(pre[i]) + E::load(bias[i % cols]));
-    pre[i] = stored;
-    const float value = E::load(stored);  // GELU of the pre-activation as stored
+__global__ void gelu_forward_kernel(const Stored<E>* pre, Stored<E>* activated, std::int64_t count) {
+  GRID_STRIDE(i, count) {
+    const float value = E::load(pre[i]);
     activated[i] = E::store(value * normal_cdf(value));
+  }
+}
+
+// c[r, j] = (sums[r, j] + bias[j]) added in fp32 and rounded once into c's type.
+template <typename B, typename Out>
+__global__ void bias_round_kernel(const float* sums, std::int64_t sums_leading, const Stored<B>* bias, Stored<Out>* c,
+                                  std::int64_t c_leading, std::int64_t rows, std::int64_t cols) {
+  GRID_STRIDE(i, rows * cols) {
+    const std::int64_t row = i / cols, col = i % cols;
+    c[row * c_leading + col] = Out::store(sums[row * sums_leading + col] + B::load(bias[col]));
   }
 }
 

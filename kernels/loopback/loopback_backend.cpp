@@ -95,7 +95,7 @@ class LoopbackAllocator final : public HostAllocator {
 
 class LoopbackKernels final : public Kernels {
  public:
-  using Kernels::bias_gelu_forward, Kernels::bias_add, Kernels::gelu_backward, Kernels::column_sums,
+  using Kernels::gelu_forward, Kernels::bias_add, Kernels::gelu_backward, Kernels::column_sums,
       Kernels::gather_rows, Kernels::scatter_add_rows, Kernels::row_dots, Kernels::adamw,
       Kernels::sum_of_squares, Kernels::scale, Kernels::fill, Kernels::add;
   Device device() const override { return Device::loopback; }
@@ -106,15 +106,15 @@ class LoopbackKernels final : public Kernels {
     on_host.a = host(gemm.a);
     on_host.b = host(gemm.b);
     on_host.c = host(gemm.c);
+    on_host.bias = host(gemm.bias);
     cpu_->gemm(on_host);
   }
   void convert(const void* source, DataType source_type, void* destination,
                DataType destination_type, std::size_t count) override {
     cpu_->convert(host(source), source_type, host(destination), destination_type, count);
   }
-  void bias_gelu_forward(void* pre, const void* bias, void* activated, std::int64_t rows, std::int64_t cols,
-                         DataType type) override {
-    cpu_->bias_gelu_forward(host(pre), host(bias), host(activated), rows, cols, type);
+  void gelu_forward(const void* pre, void* activated, std::int64_t rows, std::int64_t cols, DataType type) override {
+    cpu_->gelu_forward(host(pre), host(activated), rows, cols, type);
   }
   void bias_add(void* data, const void* bias, std::int64_t rows, std::int64_t cols, DataType type) override {
     cpu_->bias_add(host(data), host(bias), rows, cols, type);

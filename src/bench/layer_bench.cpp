@@ -135,9 +135,7 @@ void run(const std::vector<std::string>& arguments) {
                              {"kernels", kernels.description()}};
     // The elementwise kernels and AdamW as the trainer runs them at this param type (a 16-bit
     // one updates fp32 masters and writes their rounded copy).
-    result["bias_gelu_forward_ms"] = time([&] {
-      kernels.bias_gelu_forward(pre.as<void>(), bias.as<void>(), act.as<void>(), rows, out, type);
-    });
+    result["gelu_forward_ms"] = time([&] { kernels.gelu_forward(pre.as<void>(), act.as<void>(), rows, out, type); });
     result["gelu_backward_ms"] = time([&] {
       kernels.gelu_backward(grad.as<void>(), pre.as<void>(), grad_pre.as<void>(), type, bias_grad.as<void>(), fp32,
                             false, rows, out);

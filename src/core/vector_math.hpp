@@ -86,10 +86,26 @@ inline void sincos_turns(float u, float& sine, float& cosine) {
   sine = rotated_sin;
 }
 
-// erfc(z) for z >= 0 with relative error below 1.2e-7 (the Chebyshev-fitted form of
-// Numerical Recipes' erfcc), so the Gaussian tail keeps its relative accuracy.
-inline float erfc_nonnegative(float z) {
-  const float t = 1.0f / (1.0f + 0.5f * z);
+// exp(c - x^2 / 2) for a moderate c, accurate to a few float ulps however large x^2 / 2 is: exp
+// turns an absolute error of its argument into a relative error of its result (one float ulp of
+// x^2 / 2 at |x| = 4 is 1e-6 of the result, which a 16-bit rounding of GELU then shows), so the
+// rounding errors of x^2 (kept by an FMA) and of the sum (kept by TwoSum) are applied after exp,
+// to first order.
+inline float exp_minus_half_square(float x, float c = 0.0f) {
+  const float square = x * x;
+  const float square_error = std::fma(x, x, -square);
+  const float half_square = -0.5f * square;  // exact
+  const float sum = c + half_square;
+  const float c_part = sum - half_square;
+  const float sum_error = (c - c_part) + (half_square - (sum - c_part));
+  return exp(sum) * (1.0f + (sum_error - 0.5f * square_error));
+}
+
+// erfc(|x| / sqrt(2)) with relative error below 1.2e-7 (the Chebyshev-fitted form of Numerical
+// Recipes' erfcc, erfc(z) = t exp(-z^2 + P(t))), so the Gaussian tail keeps its relative accuracy.
+inline float erfc_of_scaled(float x) {
+  const float a = std::abs(x);
+  const float t = 1.0f / (1.0f + 0.5f * (a * inverse_sqrt_two));
   float p = 0.17087277f;
   p = p * t - 0.82215223f;
   p = p * t + 1.48851587f;
@@ -100,16 +116,16 @@ inline float erfc_nonnegative(float z) {
   p = p * t + 0.37409196f;
   p = p * t + 1.00002368f;
   p = p * t - 1.26551223f;
-  return t * exp(p - z * z);
+  return t * exp_minus_half_square(a, p);
 }
 
 // The standard normal CDF Phi(x) = erfc(-x/sqrt(2))/2, exact to float precision in both tails.
 inline float normal_cdf(float x) {
-  const float half_tail = 0.5f * erfc_nonnegative(std::abs(x) * inverse_sqrt_two);
+  const float half_tail = 0.5f * erfc_of_scaled(x);
   return x >= 0.0f ? 1.0f - half_tail : half_tail;
 }
 
 // The standard normal density.
-inline float normal_pdf(float x) { return inverse_sqrt_two_pi * exp(-0.5f * x * x); }
+inline float normal_pdf(float x) { return inverse_sqrt_two_pi * exp_minus_half_square(x); }
 
 }  // namespace mlptrain::vector_math

@@ -19,21 +19,17 @@ LinearLayer linear_layer_view(const ParameterStore& store, const LayerSpec& spec
 }
 
 void linear_forward_matmul(Kernels& kernels, const LinearLayer& layer, const void* input,
-                           std::int64_t rows, void* pre) {
+                           std::int64_t rows, void* pre, BiasPlace bias) {
   const std::int64_t in = layer.spec.in_features, out = layer.spec.out_features;
   const DataType type = layer.precision.param;
   kernels.gemm({.transpose_b = Transpose::yes, .m = rows, .n = out, .k = in, .a = input, .lda = in,
-                .b = layer.weight, .ldb = in, .c = pre, .ldc = out, .input = type, .output = type});
+                .b = layer.weight, .ldb = in, .c = pre, .ldc = out, .input = type, .output = type,
+                .bias = bias == BiasPlace::in_product ? layer.bias : nullptr});
 }
 
 void linear_forward_finish(Kernels& kernels, const LinearLayer& layer, std::int64_t rows,
-                           void* pre, void* activated) {
-  const std::int64_t out = layer.spec.out_features;
-  if (layer.spec.gelu) {
-    kernels.bias_gelu_forward(pre, layer.bias, activated, rows, out, layer.precision.param);
-  } else {
-    kernels.bias_add(pre, layer.bias, rows, out, layer.precision.param);
-  }
+                           const void* pre, void* activated) {
+  if (layer.spec.gelu) kernels.gelu_forward(pre, activated, rows, layer.spec.out_features, layer.precision.param);
 }
 
 void linear_backward(Kernels& kernels, const LinearLayer& layer, const void* input,

@@ -1,7 +1,8 @@
 // A Linear layer y = x W^T + b (W [out, in], PyTorch's convention) with an optional exact GELU,
 // as explicit forward and backward pieces. The pieces are separate so that the training loop can
-// run strategy hooks between the matrix product and the bias/activation (where tensor parallelism
-// reduces partial sums) without the layer knowing about any strategy.
+// run strategy hooks between the matrix product and the activation (where tensor parallelism
+// reduces partial sums, and adds the bias to their sum) without the layer knowing about any
+// strategy.
 #pragma once
 
 #include <cstdint>
@@ -27,11 +28,14 @@ struct LinearLayer {
 LinearLayer linear_layer_view(const ParameterStore& store, const LayerSpec& spec,
                               const std::string& base_path);
 
-// pre [rows, out] = input [rows, in] W^T (no bias yet).
+// Whether the forward GEMM adds the bias: yes, unless the product is a partial sum whose
+// summing adds it (the bias joins a sum before that sum is rounded, DESIGN.md §2.7).
+enum class BiasPlace { in_product, after_sum };
+// pre [rows, out] = input [rows, in] W^T (+ b, in the fp32 accumulator), rounded once.
 void linear_forward_matmul(Kernels& kernels, const LinearLayer& layer, const void* input,
-                           std::int64_t rows, void* pre);
-// pre += b; activated = GELU(pre) when the layer has one (activated may be null otherwise).
-void linear_forward_finish(Kernels& kernels, const LinearLayer& layer, std::int64_t rows, void* pre,
+                           std::int64_t rows, void* pre, BiasPlace bias = BiasPlace::in_product);
+// activated = GELU(pre) when the layer has one (nothing to do otherwise).
+void linear_forward_finish(Kernels& kernels, const LinearLayer& layer, std::int64_t rows, const void* pre,
                            void* activated);
 
 // From grad_output (d loss / d output of the layer: of the GELU if it has one, else of pre):

@@ -86,20 +86,22 @@ Buffer reorder(const MoeLayer::Pass& pass, Buffer rows, const Buffer& order, std
   return result;
 }
 
-// output [rows, width] = the sum over each row's kept assignments of scale x source row, summed
-// in fp32 and rounded once into `type` (in place when that is fp32).
+// Where the fp32 sums of rows bound for `output` (of `type`) are formed: the output itself when
+// it is fp32, else a workspace buffer (`sums`) that round_sums rounds once into the output.
+float* fp32_sums(const MoeLayer::Pass& pass, DataType type, void* output, std::size_t count, Buffer& sums) {
+  if (type == DataType::float32) return static_cast<float*>(output);
+  sums = pass.allocator.allocate_floats(MemoryState::workspace, count);
+  return sums.floats();
+}
+void round_sums(const MoeLayer::Pass& pass, const Buffer& sums, void* output, DataType type, std::size_t count) {
+  if (!sums.empty()) pass.kernels.convert(sums.floats(), DataType::float32, output, type, count);
+}
+
+// sums [rows, width] (fp32) = the sum over each row's kept assignments of scale x source row.
 void combine(const MoeLayer::Pass& pass, const Buffer& source, DataType type, const std::int32_t* token,
-             const float* scales, void* output, std::int64_t rows, std::int64_t kept, std::int64_t width) {
-  const auto count = static_cast<std::size_t>(rows * width);
-  Buffer sums;
-  float* into = static_cast<float*>(output);
-  if (type != DataType::float32) {
-    sums = pass.allocator.allocate_floats(MemoryState::workspace, count);
-    into = sums.floats();
-  }
-  pass.kernels.fill(into, count, 0.0f);
-  pass.kernels.scatter_add_rows(source.as<void>(), type, token, scales, into, kept, width);
-  if (type != DataType::float32) pass.kernels.convert(into, DataType::float32, output, type, count);
+             const float* scales, float* sums, std::int64_t rows, std::int64_t kept, std::int64_t width) {
+  pass.kernels.fill(sums, static_cast<std::size_t>(rows * width), 0.0f);
+  pass.kernels.scatter_add_rows(source.as<void>(), type, token, scales, sums, kept, width);
 }
 
 }  // namespace
@@ -153,20 +155,26 @@ void MoeLayer::forward(const Pass& pass, const void* input, std::int64_t rows, v
     const std::int64_t count = routing.rows_per_local_expert[local];
     if (count == 0) continue;
     void* pre = advance(saved.expert_pre.as<void>(), static_cast<std::size_t>(offset * hidden), type);
+    // pre = x W_e^T + b_e, rounded once; then its GELU.
     kernels.gemm({.transpose_b = Transpose::yes, .m = count, .n = hidden, .k = hidden,
                   .a = advance(saved.expert_input.as<void>(), static_cast<std::size_t>(offset * hidden), type),
                   .lda = hidden, .b = advance(parameters.weight, static_cast<std::size_t>(local * hidden * hidden), type),
-                  .ldb = hidden, .c = pre, .ldc = hidden, .input = type, .output = type});
-    kernels.bias_gelu_forward(pre, advance(parameters.bias, static_cast<std::size_t>(local * hidden), type),
-                              advance(expert_output.as<void>(), static_cast<std::size_t>(offset * hidden), type), count,
-                              hidden, type);
+                  .ldb = hidden, .c = pre, .ldc = hidden, .input = type, .output = type,
+                  .bias = advance(parameters.bias, static_cast<std::size_t>(local * hidden), type)});
+    kernels.gelu_forward(pre, advance(expert_output.as<void>(), static_cast<std::size_t>(offset * hidden), type), count,
+                         hidden, type);
     offset += count;
   }
 
-  // Combine: the outputs come back in packed order and are summed into their tokens' rows.
+  // Combine: the outputs come back in packed order and are summed into their tokens' rows, in
+  // fp32, rounded once.
   saved.returned = exchange(pass, reorder(pass, std::move(expert_output), tables.ungrouping, hidden, type, passing),
                             routing.receive_rows, routing.send_rows, hidden, type, kept);
-  combine(pass, saved.returned, type, token, tables.weight.floats(), output, rows, routing.kept(), hidden);
+  const auto count = static_cast<std::size_t>(rows * hidden);
+  Buffer sums;
+  combine(pass, saved.returned, type, token, tables.weight.floats(), fp32_sums(pass, type, output, count, sums), rows,
+          routing.kept(), hidden);
+  round_sums(pass, sums, output, type, count);
 }
 
 void MoeLayer::backward(const Pass& pass, const void* input, const void* grad_output, std::int64_t rows,
@@ -224,9 +232,15 @@ void MoeLayer::backward(const Pass& pass, const void* input, const void* grad_ou
   pre_grads.reset();
   saved.expert_pre.reset();
   saved.expert_input.reset();
+  // The input gradient: the experts' rows (rounded: they travel back to their tokens' ranks)
+  // and below the router's part, summed in fp32 and rounded once.
   Buffer token_grads = exchange(pass, reorder(pass, std::move(input_grads), tables.ungrouping, hidden, type, passing),
                                 routing.receive_rows, routing.send_rows, hidden, type, passing);
-  combine(pass, token_grads, type, token, nullptr, grad_input, rows, kept, hidden);
+  const auto grad_count = static_cast<std::size_t>(rows * hidden);
+  Buffer grad_sums;
+  float* grad_input_sums = fp32_sums(pass, type, grad_input, grad_count, grad_sums);
+  combine(pass, token_grads, type, token, nullptr, grad_input_sums, rows, kept, hidden);
+  token_grads.reset();
 
   // Through the router: d loss / d p_te is the dot product of the kept assignment (scattered on
   // the host, where the routing is; a tensor rank holds only its own experts' assignments, so
@@ -262,7 +276,9 @@ void MoeLayer::backward(const Pass& pass, const void* input, const void* grad_ou
   // The router's part of the input gradient, once over the tensor group (which sums it).
   if (pass.exchange.tensor_rank() == 0)
     kernels.gemm({.m = rows, .n = hidden, .k = experts, .a = logits_grad, .lda = experts, .b = parameters.router,
-                  .ldb = hidden, .beta = 1.0f, .c = grad_input, .ldc = hidden, .input = type, .output = type});
+                  .ldb = hidden, .beta = 1.0f, .c = grad_input_sums, .ldc = hidden, .input = type,
+                  .output = DataType::float32});
+  round_sums(pass, grad_sums, grad_input, type, grad_count);
   kernels.gemm({.transpose_a = Transpose::yes, .m = experts, .n = hidden, .k = rows, .a = logits_grad, .lda = experts,
                 .b = input, .ldb = hidden, .beta = accumulate ? 1.0f : 0.0f, .c = parameters.router_grad, .ldc = hidden,
                 .input = type, .output = grad_type});

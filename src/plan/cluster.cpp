@@ -184,9 +184,10 @@ Cluster calibrated_cluster(const std::vector<std::string>& files) {
                                                                     row.value("out", 0.0));
         if (dtype == "fp32" && row.value("adamw_ms", 0.0) > 0)
           cluster.optimizer_parameters_per_s = parameters / (row.value("adamw_ms", 0.0) * 1e-3);
-        if (dtype == "fp32" && row.value("bias_gelu_forward_ms", 0.0) > 0)
-          cluster.elementwise_elements_per_s =
-              row.value("rows", 0.0) * row.value("out", 0.0) / (row.value("bias_gelu_forward_ms", 0.0) * 1e-3);
+        // GELU's pass (files from before the bias moved into the GEMM name it with the bias).
+        const double gelu_ms = row.value("gelu_forward_ms", row.value("bias_gelu_forward_ms", 0.0));
+        if (dtype == "fp32" && gelu_ms > 0)
+          cluster.elementwise_elements_per_s = row.value("rows", 0.0) * row.value("out", 0.0) / (gelu_ms * 1e-3);
         if (dtype == "fp32" && row.value("gather_rows_ms", 0.0) > 0)
           cluster.row_move_elements_per_s =
               row.value("rows", 0.0) * row.value("out", 0.0) / (row.value("gather_rows_ms", 0.0) * 1e-3);

@@ -141,7 +141,7 @@ void ModelRunner::layer_forward(MicroBatchActivations& activations, std::size_t 
     strategies_.after_layer_matmul(event);
     event.output = event.pre;
   } else {
-    linear_forward_matmul(kernels_, view, event.layer_input, event.layer_rows, event.product);
+    linear_forward_matmul(kernels_, view, event.layer_input, event.layer_rows, event.product, event.bias);
     strategies_.after_layer_matmul(event);
     event.output = layer.spec.gelu ? output : event.pre;
     linear_forward_finish(kernels_, view, output_rows, event.pre, event.output);

@@ -15,8 +15,12 @@ EPSILON = 2^-8 between neighbouring values.
   of about a third of a step), which the broken-variant test shows falls outside.
 - Layouts that round more by design: tensor parallelism rounds each rank's partial product before
   the sum (Megatron-LM's bf16 all-reduce), a 16-bit reduction rounds each rank's gradients before
-  theirs. One extra rounding of those tensors each pass, carried through the steps: BY_DESIGN = 2
-  EPSILON. Around tensor parallelism (against its own one-layout reference) the other layouts,
+  theirs (and a 16-bit gradient buffer each micro-batch's addition). One extra rounding of those
+  tensors each pass, carried through 20 steps in which Adam moves an element by lr per gradient
+  sign wherever |g| >> eps (a sign the extra rounding flips moves it by 2 lr): measured 0.7
+  EPSILON (tensor parallelism) to 2.9 EPSILON (two micro-batches into a bf16 buffer), held to
+  BY_DESIGN = 4 EPSILON. The rounding contract itself is checked step by step against an
+  independent emulation in test_precision_reference.py. Around tensor parallelism (against its own one-layout reference) the other layouts,
   sequence parallelism too, round alike again: SAME_ROUNDING."""
 import os
 import unittest
@@ -28,7 +32,7 @@ from common import TrainingTestCase, read_checkpoint, read_metrics, run
 
 EPSILON = 2.0 ** -8
 SAME_ROUNDING = EPSILON / 16
-BY_DESIGN = 2 * EPSILON
+BY_DESIGN = 4 * EPSILON
 
 MODEL = ["--dataset", "teacher", "--input-dim", "16", "--output-dim", "4", "--layers", "6", "--hidden", "32",
          "--global-batch", "32", "--log-every", "0", "--lr", "3e-3"]

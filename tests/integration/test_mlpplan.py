@@ -176,9 +176,11 @@ class Mlpplan(TrainingTestCase):
     def test_sequence_parallelism_divides_the_replicated_rows(self):
         """Four layers of 8192 at tp 8: layer 1 (row-parallel, followed by a column-parallel
         layer) holds its pre-activation and GELU output [R, 8192] in bf16 whole on every rank;
-        split, an eighth of them. Its all-reduce becomes a reduce-scatter of the same size, and
-        the gathers of [R, 8192] run before layer 2 in forward and backward and for layer 1's
-        gradient: the tensor group's bus bytes per step rise by those gathers."""
+        split, an eighth of them. In bf16 its partial products travel whole to every rank (an
+        all-gather of 8 x [R, 8192]: the bias joins their fp32 sum, DESIGN.md §2.7); split, each
+        rank receives its block of rows from every rank (an all-to-all of [R, 8192]). Layer 2's
+        input-gradient all-reduce becomes a reduce-scatter of the same size, and the gathers of
+        [R, 8192] run before layer 2 in forward and backward and for layer 1's gradient."""
         rows, hidden = 64, 8192
         model = ["--layers", 4, "--hidden", hidden, "--input-dim", 1024, "--output-dim", 1024, "--global-batch", rows,
                  "--world", 8, "--tp", 8, "--param-dtype", "bf16"]
@@ -188,9 +190,11 @@ class Mlpplan(TrainingTestCase):
         self.assertEqual(plain["memory_bytes"]["activations"] - split["memory_bytes"]["activations"],
                          replicated - replicated // 8)
         boundary = rows * hidden * 2
-        self.assertEqual(split["comm_bytes_per_step"]["all_reduce"], plain["comm_bytes_per_step"]["all_reduce"] - 2 * boundary)
-        self.assertEqual(split["comm_bytes_per_step"]["reduce_scatter"], 2 * boundary)
-        self.assertEqual(split["comm_bytes_per_step"]["all_gather"], 3 * boundary)
+        plain_bytes, split_bytes = plain["comm_bytes_per_step"], split["comm_bytes_per_step"]
+        self.assertEqual(split_bytes["all_reduce"], plain_bytes["all_reduce"] - boundary)
+        self.assertEqual(split_bytes["reduce_scatter"], boundary)
+        self.assertEqual(split_bytes["all_to_all"], boundary)
+        self.assertEqual(split_bytes["all_gather"] - plain_bytes["all_gather"], 3 * boundary - 8 * boundary)
         self.assertTrue(split["layout"]["sequence_parallel"])
 
     def test_step_time_from_a_calibration(self):
@@ -200,7 +204,7 @@ class Mlpplan(TrainingTestCase):
         gemm_gflops, threads, adamw_ms, gelu_ms = 50.0, 1, 2.0, 0.5
         bench = self.path("bench.jsonl")
         rows = [{"dtype": "fp32", "gemm_gflops": gemm_gflops, "kernels": f"test; {threads} GEMM thread(s)",
-                 "adamw_ms": adamw_ms, "bias_gelu_forward_ms": gelu_ms, "rows": 100, "in": 99, "out": 100},
+                 "adamw_ms": adamw_ms, "gelu_forward_ms": gelu_ms, "rows": 100, "in": 99, "out": 100},
                 {"collective": "all_reduce", "path": "mpi-host", "dtype": "fp32", "bytes": 8, "time_us": 10.0,
                  "busbw_gbps": 1.0, "correct": True}]
         with open(bench, "w") as handle:
@@ -267,7 +271,7 @@ class Mlpplan(TrainingTestCase):
         (P-1)/(M+P-1) for GPipe and 1F1B, (P-1)/(VM+P-1) interleaved, (P-1)/(3M+P-1) ZB-H1."""
         bench = self.path("free_transfers.jsonl")
         rows = [{"dtype": "fp32", "gemm_gflops": 1.0, "kernels": "test; 1 GEMM thread(s)", "adamw_ms": 1e-9,
-                 "bias_gelu_forward_ms": 1e-9, "rows": 100, "in": 99, "out": 100},
+                 "gelu_forward_ms": 1e-9, "rows": 100, "in": 99, "out": 100},
                 *({"collective": collective, "path": "mpi-host", "dtype": "fp32", "bytes": 8, "time_us": 0.0,
                    "busbw_gbps": 1e9, "correct": True} for collective in ("send_recv", "all_reduce"))]
         with open(bench, "w") as handle:

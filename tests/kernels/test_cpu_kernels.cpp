@@ -59,18 +59,27 @@ TEST_F(CpuKernelsTest, GemmWithEmptyInnerDimensionScalesOutput) {
   EXPECT_EQ(c, (std::vector<float>{0, 0, 0, 0}));
 }
 
-TEST_F(CpuKernelsTest, BiasGeluForwardMatchesErfForm) {
+TEST_F(CpuKernelsTest, GeluForwardMatchesErfForm) {
   const std::int64_t rows = 13, cols = 37;
-  auto pre = random_values(rows * cols, 4, -7.0f, 7.0f);
-  const auto original = pre;
-  const auto bias = random_values(cols, 5);
+  const auto pre = random_values(rows * cols, 4, -7.0f, 7.0f);
   std::vector<float> out(rows * cols);
-  kernels->bias_gelu_forward(pre.data(), bias.data(), out.data(), rows, cols);
-  for (std::int64_t i = 0; i < rows * cols; ++i) {
-    const double x = static_cast<double>(original[i]) + bias[i % cols];
-    EXPECT_NEAR(pre[i], x, 1e-6);
-    EXPECT_NEAR(out[i], gelu_reference(pre[i]), 1e-6 * std::max(1.0, std::abs(x)));
-  }
+  kernels->gelu_forward(pre.data(), out.data(), rows, cols);
+  for (std::int64_t i = 0; i < rows * cols; ++i)
+    EXPECT_NEAR(out[i], gelu_reference(pre[i]), 1e-6 * std::max(1.0, std::abs(static_cast<double>(pre[i]))));
+}
+
+TEST_F(CpuKernelsTest, GemmAddsItsBiasToEveryRow) {
+  const std::int64_t m = 7, n = 13, k = 21;
+  const auto a = random_values(m * k, 11), b = random_values(n * k, 12), bias = random_values(n, 13);
+  std::vector<float> c(m * n);
+  kernels->gemm({.transpose_b = Transpose::yes, .m = m, .n = n, .k = k, .a = a.data(), .lda = k, .b = b.data(),
+                 .ldb = k, .c = c.data(), .ldc = n, .bias = bias.data()});
+  for (std::int64_t row = 0; row < m; ++row)
+    for (std::int64_t col = 0; col < n; ++col) {
+      double expected = bias[col];
+      for (std::int64_t i = 0; i < k; ++i) expected += static_cast<double>(a[row * k + i]) * b[col * k + i];
+      EXPECT_NEAR(c[row * n + col], expected, 1e-5) << row << "," << col;
+    }
 }
 
 TEST_F(CpuKernelsTest, GeluBackwardAndBiasGradient) {
