@@ -29,7 +29,7 @@
 #include "comm/mpi_program.hpp"
 #include "core/error.hpp"
 #include "core/timer.hpp"
-#include "train/compute_device.hpp"
+#include "device/compute_device.hpp"
 
 namespace {
 

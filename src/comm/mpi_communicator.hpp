@@ -12,17 +12,13 @@
 
 #include "comm/communicator.hpp"
 #include "comm/host_staging.hpp"
+#include "comm/mpi_types.hpp"
 #include "comm/shared_window.hpp"
 
 namespace mlptrain {
 
 class MpiPending;
 
-// MPI's sum operations for the 16-bit floats (made with MPI_Op_create per communicator).
-struct MpiHalfSums {
-  MPI_Op bfloat16 = MPI_OP_NULL;
-  MPI_Op float16 = MPI_OP_NULL;
-};
 
 class MpiCommunicator final : public Communicator {
  public:

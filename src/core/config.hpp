@@ -1,5 +1,5 @@
 // The run's configuration as plain data: every option of DESIGN.md §2.3, closed sets of choices
-// as enums with the names users write. Parsing and validation live in src/train/options.*;
+// as enums with the names users write. Parsing and validation live in src/layout/options.*;
 // everything else reads this struct.
 #pragma once
 

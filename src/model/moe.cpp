@@ -10,19 +10,6 @@
 
 namespace mlptrain {
 
-void SingleProcessExchange::gather_statistics(const double* local, double* all, std::size_t count) {
-  std::copy_n(local, count, all);
-}
-
-void SingleProcessExchange::exchange_rows(const void* send, const std::vector<std::size_t>& send_elements,
-                                          void* receive, const std::vector<std::size_t>&, DataType type) {
-  std::memcpy(receive, send, send_elements.at(0) * size_of(type));
-}
-
-std::int64_t MoeRouting::received() const {
-  return std::accumulate(rows_per_local_expert.begin(), rows_per_local_expert.end(), std::int64_t{0});
-}
-
 MoeLayer::MoeLayer(const ParameterStore& store, const LayerSpec& spec, const std::string& base_path,
                    const MoeSettings& settings)
     : spec_(spec), settings_(settings), precision_(store.precision()) {

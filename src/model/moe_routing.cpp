@@ -4,10 +4,15 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <numeric>
 
 #include "model/moe.hpp"
 
 namespace mlptrain {
+
+std::int64_t MoeRouting::received() const {
+  return std::accumulate(rows_per_local_expert.begin(), rows_per_local_expert.end(), std::int64_t{0});
+}
 
 namespace {
 

@@ -1,6 +1,6 @@
 // One layout's answer from the planner: the memory by state of the rank that needs the most, its
 // communication per step by operation and by link class, and the step time, from the trainer's
-// own pure functions (train/rank_plan.hpp) and a cluster's rates. Pure arithmetic: nothing of
+// own pure functions (layout/rank_plan.hpp) and a cluster's rates. Pure arithmetic: nothing of
 // the model is allocated, no MPI, and the work is flat in the world size (ranks that differ only
 // in their data- or tensor-parallel coordinate hold and move the same amounts, so one rank per
 // pipeline stage stands for the world).
@@ -11,7 +11,7 @@
 
 #include "model/loss.hpp"
 #include "plan/cluster.hpp"
-#include "train/rank_plan.hpp"
+#include "layout/rank_plan.hpp"
 
 namespace mlptrain {
 

@@ -2,7 +2,7 @@
 #include "plan/layout_search.hpp"
 
 #include "core/error.hpp"
-#include "train/options.hpp"
+#include "layout/options.hpp"
 
 namespace mlptrain {
 

@@ -17,7 +17,7 @@
 #include "plan/layout_search.hpp"
 #include "plan/plan_report.hpp"
 #include "plan/plan_request.hpp"
-#include "train/options.hpp"
+#include "layout/options.hpp"
 
 namespace {
 

@@ -6,7 +6,7 @@
 #include <cmath>
 
 #include "core/error.hpp"
-#include "train/options.hpp"
+#include "layout/options.hpp"
 
 namespace mlptrain {
 

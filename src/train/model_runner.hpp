@@ -16,30 +16,10 @@
 #include "model/loss.hpp"
 #include "model/moe.hpp"
 #include "model/recompute_plan.hpp"
+#include "train/micro_batch.hpp"
 #include "train/strategy_stack.hpp"
 
 namespace mlptrain {
-
-// What one micro-batch's forward keeps for its backward (charged as activations), and the
-// gradients that cross a stage boundary (charged as comm_buffers: they exist for a transfer).
-// Activations and their gradients are of the param type; targets and labels as read.
-struct MicroBatchActivations {
-  std::int64_t rows = 0;
-  Buffer input;               // the first local layer's input
-  std::vector<Buffer> pre;    // per local layer: x W^T + b
-  std::vector<Buffer> output; // per local layer with a GELU: GELU(pre)
-  Buffer targets;             // regression targets (where the loss is computed)
-  Buffer labels;              // class labels (where the loss is computed)
-  Buffer loss_grad;           // d loss / d model output (training only)
-  Buffer output_grad;         // d loss / d local output, received from the next stage
-  Buffer input_grad;          // d loss / d local input, for the previous stage
-  std::vector<MoeActivations> moe;  // per local layer (used by MoE layers)
-  std::vector<std::int64_t> layer_rows;   // per local layer: the rows it computed on
-  std::vector<std::int64_t> output_rows;  // per local layer: the rows of its outputs
-  // Per Linear layer, between a backward's B and W: d loss / d product ([layer_rows, out]),
-  // which the weight gradients need.
-  std::vector<Buffer> product_grad;
-};
 
 // Runs one model chunk (a contiguous range of layers; a rank holding several has one runner each).
 class ModelRunner {
@@ -81,7 +61,7 @@ class ModelRunner {
   // else from output_grad (both scaled by `loss_scale`, as the MoE layers' auxiliary loss is
   // here). Frees the micro-batch's activations; input_grad holds d loss / d input afterwards
   // unless the local layers start the model.
-  // Split (a zero-bubble schedule's B and W, train/split_backward.cpp): `input` computes the
+  // Split (a zero-bubble schedule's B and W, train/model_backward.cpp): `input` computes the
   // input gradients and keeps every activation and each Linear layer's d loss / d product (an
   // MoE layer runs its whole backward here: its experts' products and their gradients are one
   // exchange); `weight` then computes the Linear layers' weight and bias gradients and frees the
@@ -123,7 +103,7 @@ class ModelRunner {
   // into event.layer_grad_input; `grad_pre` is workspace for d loss / d pre of layer_rows rows.
   void layer_backward(MicroBatchActivations& activations, std::size_t local, LayerEvent& event,
                       void* grad_pre, int micro_batches, float loss_scale);
-  // A Linear layer's B and W (split_backward.cpp).
+  // A Linear layer's B and W (model_backward.cpp).
   void layer_backward_input(MicroBatchActivations& activations, std::size_t local, LayerEvent& event);
   void layer_backward_weight(MicroBatchActivations& activations, std::size_t local, int micro_batch, int micro_batches);
   // The event of layer `local`'s backward, its input and gradients placed.

@@ -12,7 +12,7 @@
 #include "core/config.hpp"
 #include "kernels/kernels.hpp"
 #include "model/state_runs.hpp"
-#include "train/compute_device.hpp"
+#include "device/compute_device.hpp"
 #include "train/offloaded_update.hpp"
 
 namespace mlptrain {

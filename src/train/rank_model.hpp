@@ -13,10 +13,10 @@
 
 #include "model/parameter_store.hpp"
 #include "model/state_runs.hpp"
-#include "train/compute_device.hpp"
+#include "device/compute_device.hpp"
 #include "train/model_runner.hpp"
 #include "train/optimizer.hpp"
-#include "train/rank_plan.hpp"
+#include "layout/rank_plan.hpp"
 #include "train/strategy_stack.hpp"
 
 namespace mlptrain {

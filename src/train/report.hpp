@@ -17,6 +17,7 @@
 #include "core/memory_ledger.hpp"
 #include "core/precision.hpp"
 #include "cost/prediction.hpp"
+#include "train/run_summary.hpp"
 
 namespace mlptrain {
 
@@ -51,36 +52,6 @@ struct StepRecord {
 };
 
 nlohmann::json step_json(const StepRecord& record);
-
-// What the end-of-run summary needs of the steps, kept compact: a long run adds 32 bytes a step.
-struct RunSummary {
-  std::int64_t steps = 0;
-  std::vector<double> step_ms;
-  std::vector<double> samples_per_s;
-  std::vector<double> model_tflops;
-  std::vector<double> mfu;
-  std::array<double, comm_op_count> comm_bytes_sum{};
-  double final_loss = 0;
-  double routed_all_to_all_bytes_sum = 0;
-  std::vector<MemoryByState> peak_memory_by_rank;
-  MemoryByState peak_memory{};       // rank 0's, over the whole run
-  MemoryByState peak_host_memory{};  // rank 0's offloaded memory, over the whole run
-  Prediction prediction;
-  Precision precision;
-  std::int64_t parameters = 0;  // the whole model's
-  // Rank 0's bytes by group and operation over the run (evaluation included), per training step.
-  std::map<std::string, std::array<double, comm_op_count>> comm_bytes_by_group;
-
-  void add(const StepRecord& record);
-  std::array<double, comm_op_count> mean_comm_bytes() const;
-  // Rank 0's measured peak of a placed state: in host memory when it is offloaded.
-  std::int64_t measured_bytes(MemoryState state) const;
-};
-
-nlohmann::json summary_json(const RunSummary& summary);
-
-// The predicted-vs-measured tables as text (measured columns omitted when `measured` is null).
-std::string placement_table(const Prediction& prediction, const RunSummary* measured);
 
 class Reporter {
  public:

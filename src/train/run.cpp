@@ -8,8 +8,8 @@
 #include "comm/consensus.hpp"
 #include "core/timer.hpp"
 #include "io/checkpoint.hpp"
-#include "train/options.hpp"
-#include "train/rank_plan.hpp"
+#include "layout/options.hpp"
+#include "layout/rank_plan.hpp"
 #include "train/trace_file.hpp"
 
 namespace mlptrain {

@@ -16,7 +16,7 @@
 #include "core/trace.hpp"
 #include "data/dataset.hpp"
 #include "data/sample_order.hpp"
-#include "train/compute_device.hpp"
+#include "device/compute_device.hpp"
 #include "train/rank_model.hpp"
 #include "train/report.hpp"
 #include "train/sample_feed.hpp"

@@ -6,7 +6,7 @@
 #include <cmath>
 
 #include "comm/consensus.hpp"
-#include "train/rank_plan.hpp"
+#include "layout/rank_plan.hpp"
 #include "train/trace_file.hpp"
 
 namespace mlptrain {

@@ -13,7 +13,7 @@
 #include "train/checkpointer.hpp"
 #include "train/loss_scaler.hpp"
 #include "train/run.hpp"
-#include "train/rank_plan.hpp"
+#include "layout/rank_plan.hpp"
 #include "train/run_report.hpp"
 #include "train/step_totals.hpp"
 #include "train/watchdog.hpp"

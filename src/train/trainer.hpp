@@ -6,7 +6,7 @@
 #include <mpi.h>
 
 #include "core/config.hpp"
-#include "train/compute_device.hpp"
+#include "device/compute_device.hpp"
 
 namespace mlptrain {
 

@@ -1,5 +1,5 @@
 // The table of known GPUs' peaks (see device_peaks.hpp).
-#include "train/device_peaks.hpp"
+#include "device/device_peaks.hpp"
 
 #include <array>
 

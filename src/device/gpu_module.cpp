@@ -3,7 +3,7 @@
 // communicator interfaces, the ledgers) it finds in the program that loads it.
 #include "comm/nccl_communicator.hpp"
 #include "kernels/cuda/cuda_backend.hpp"
-#include "train/gpu_backend.hpp"
+#include "device/gpu_backend.hpp"
 
 extern "C" const mlptrain::GpuFunctions* mlptrain_gpu_functions() {
   using namespace mlptrain;

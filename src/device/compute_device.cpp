@@ -1,5 +1,5 @@
 // Opening the run's compute device (see compute_device.hpp).
-#include "train/compute_device.hpp"
+#include "device/compute_device.hpp"
 
 #include <fmt/format.h>
 #include <sched.h>
@@ -10,7 +10,7 @@
 #include "comm/mpi_communicator.hpp"
 #include "core/error.hpp"
 #include "kernels/loopback/loopback_backend.hpp"
-#include "train/device_peaks.hpp"
+#include "device/device_peaks.hpp"
 
 namespace mlptrain {
 

@@ -1,5 +1,5 @@
 // Option parsing and validation (see options.hpp).
-#include "train/options.hpp"
+#include "layout/options.hpp"
 
 #include <boost/program_options.hpp>
 #include <fmt/format.h>

@@ -1,5 +1,5 @@
 // Loading the GPU backend module (see gpu_backend.hpp).
-#include "train/gpu_backend.hpp"
+#include "device/gpu_backend.hpp"
 
 #include <dlfcn.h>
 

@@ -16,7 +16,7 @@
 #include "core/buffer.hpp"
 #include "core/config.hpp"
 #include "kernels/kernels.hpp"
-#include "train/gpu_backend.hpp"
+#include "device/gpu_backend.hpp"
 
 namespace mlptrain {
 
