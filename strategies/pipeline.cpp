@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "strategies/strategy.hpp"
+#include "schedule/schedule_table.hpp"
 
 namespace mlptrain {
 
@@ -23,7 +24,7 @@ std::vector<std::int64_t> layer_costs(const std::vector<LayerSpec>& model) {
 
 // Model chunks per stage: V under the interleaved schedule, else one.
 int chunks_per_stage(const Config& config) {
-  return config.schedule == PipelineKind::interleaved ? config.virtual_stages : 1;
+  return schedule_named(config.schedule).chunked ? config.virtual_stages : 1;
 }
 
 PipelineShape pipeline_shape(const Config& config, const GridShape& shape, int micro_batches) {
@@ -82,7 +83,7 @@ RankLayers stage_layers(const Config& config, const std::vector<LayerSpec>& mode
 
 std::vector<Action> schedule(const Config& config, const GridShape& shape, const GridCoordinates& place,
                              int micro_batches, bool training) {
-  return stage_schedule(config.schedule, pipeline_shape(config, shape, micro_batches), place.pp, training);
+  return stage_schedule(schedule_named(config.schedule), pipeline_shape(config, shape, micro_batches), place.pp, training);
 }
 
 // The loop predicts the transfers and the activations from the schedule it executes; each stage
@@ -100,9 +101,9 @@ std::string describe(const RankLayout& layout) {
     ranges += fmt::format("{}{}-{}", ranges.empty() ? "" : ", ", range.first, range.last - 1);
   return fmt::format("pipeline of {} stages x {} chunk(s) (layers {}, chunk c on stage c mod {}), {} schedule over "
                      "{} micro-batch(es): ideal bubble {} = {:.3f}",
-                     shape.stages, shape.chunks, ranges, shape.stages, choice_name(layout.config.schedule),
-                     shape.micro_batches, bubble_formula(layout.config.schedule),
-                     theoretical_bubble(layout.config.schedule, shape));
+                     shape.stages, shape.chunks, ranges, shape.stages, layout.config.schedule,
+                     shape.micro_batches, schedule_named(layout.config.schedule).bubble_formula,
+                     schedule_named(layout.config.schedule).bubble(shape));
 }
 
 constexpr Role roles[] = {Role::owns_schedule};

@@ -20,23 +20,6 @@ enum class LearningRateSchedule { constant, cosine };
 enum class OnNonFinite { stop, skip };  // a non-finite loss or gradient: stop, or skip the update
 enum class CommBackend { mpi, nccl };
 
-// The pipeline schedules as the literature names them (their orders: schedule/pipeline_orders.cpp).
-enum class PipelineKind {
-  // Narayanan et al. (PipeDream-Flush, 2021) as Megatron-LM runs it: stage s does
-  // min(P - s - 1, M) warm-up forwards, then alternates one forward and one backward, then
-  // drains the remaining backwards, so it never holds more than min(P - s, M) micro-batches
-  // (past stage 0, plus the next one's received input).
-  one_f_one_b,
-  // Huang et al. (GPipe, 2019): every forward, then every backward; all M micro-batches alive.
-  gpipe,
-  // Megatron-LM's interleaved 1F1B (Narayanan et al., SC'21): V chunks of layers per stage,
-  // which divides the bubble by V.
-  interleaved,
-  // Zero-bubble H1 (Qi et al., 2023): backward split into B and W, W deferred into the bubble,
-  // at 1F1B's activation memory.
-  zero_bubble_h1,
-};
-
 // The names of each closed set's choices, as options and INI files spell them.
 template <typename Choice>
 struct ChoiceNames;
@@ -55,13 +38,6 @@ template <> struct ChoiceNames<OnNonFinite> {
 template <> struct ChoiceNames<CommBackend> {
   static constexpr std::array<std::pair<CommBackend, std::string_view>, 2> names = {
       {{CommBackend::mpi, "mpi"}, {CommBackend::nccl, "nccl"}}};
-};
-template <> struct ChoiceNames<PipelineKind> {
-  static constexpr std::array<std::pair<PipelineKind, std::string_view>, 4> names = {
-      {{PipelineKind::one_f_one_b, "1f1b"},
-       {PipelineKind::gpipe, "gpipe"},
-       {PipelineKind::interleaved, "interleaved"},
-       {PipelineKind::zero_bubble_h1, "zb-h1"}}};
 };
 template <> struct ChoiceNames<DataType> {  // the training types
   static constexpr std::array<std::pair<DataType, std::string_view>, 3> names = {
@@ -133,7 +109,7 @@ struct Config {
   int zero = 0;
   int zero_shard_size = 0;  // ZeRO's shards over groups of this many data-parallel ranks (0: all)
   bool sequence_parallel = false;  // split the rows tensor parallelism replicates over its group
-  PipelineKind schedule = PipelineKind::one_f_one_b;
+  std::string schedule = "1f1b";  // a pipeline schedule's name (schedule/schedule_table.hpp)
   int virtual_stages = 1;  // interleaved: model chunks per pipeline stage
   bool recompute = false;
   bool offload = false;

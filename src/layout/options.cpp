@@ -9,7 +9,7 @@
 #include <sstream>
 
 #include "core/error.hpp"
-#include "schedule/schedule.hpp"
+#include "schedule/schedule_table.hpp"
 
 namespace mlptrain {
 
@@ -60,7 +60,7 @@ void visit_options(Config_& c, Visit&& visit) {
   visit(S::parallelism, "sequence-parallel", c.sequence_parallel,
         "with --tp: split the rows every tensor rank would hold whole between a row-parallel layer "
         "and the next column-parallel (or MoE) layer over the tensor group");
-  visit(S::parallelism, "schedule", c.schedule, "pipeline schedule: 1f1b | gpipe | interleaved | zb-h1");
+  visit(S::parallelism, "schedule", c.schedule, "pipeline schedule: " + schedule_names());
   visit(S::parallelism, "virtual-stages", c.virtual_stages,
         "interleaved: model chunks per pipeline stage (the layers split into pp x V chunks)");
   visit(S::parallelism, "recompute", c.recompute, "recompute activations in backward");
@@ -131,7 +131,8 @@ struct Descriptions {
     all.add(general);
     for (int index = 0; index <= static_cast<int>(Section::output); ++index)
       sections.emplace_back(section_title(static_cast<Section>(index)));
-    visit_options(config, [&](Section section, const char* name, auto& field, const char* help) {
+    visit_options(config, [&](Section section, const char* name, auto& field, const std::string& help_text) {
+      const char* help = help_text.c_str();
       using T = std::remove_reference_t<decltype(field)>;
       auto& description = sections[static_cast<int>(section)];
       if constexpr (std::is_enum_v<T>) {
@@ -321,14 +322,17 @@ void validate_options(Config& c, int world_size) {
   require(c.layers >= c.pp, fmt::format("--pp {} needs at least one layer per stage (got --layers {})",
                                         c.pp, c.layers));
   at_least("virtual-stages", c.virtual_stages, 1);
-  require(c.virtual_stages == 1 || c.schedule == PipelineKind::interleaved,
-          "--virtual-stages splits each pipeline stage into model chunks: it needs --schedule interleaved");
+  const ScheduleEntry* schedule = find_schedule(c.schedule);
+  require(schedule != nullptr, fmt::format("--schedule: unknown value '{}' (choose {})", c.schedule, schedule_names()));
+  require(c.virtual_stages == 1 || schedule->chunked,
+          fmt::format("--virtual-stages splits each pipeline stage into model chunks: --schedule {} holds one chunk "
+                      "a stage", c.schedule));
   require(c.layers >= c.pp * c.virtual_stages,
           fmt::format("--pp {} x --virtual-stages {} needs at least one layer per chunk (got --layers {})", c.pp,
                       c.virtual_stages, c.layers));
   const std::string shape_problem = schedule_shape_problem(
-      c.schedule, {.stages = c.pp, .chunks = c.virtual_stages, .micro_batches = c.micro_batches});
-  require(shape_problem.empty(), fmt::format("--schedule {}: {}", choice_name(c.schedule), shape_problem));
+      *schedule, {.stages = c.pp, .chunks = c.virtual_stages, .micro_batches = c.micro_batches});
+  require(shape_problem.empty(), fmt::format("--schedule {}: {}", c.schedule, shape_problem));
   require(c.hidden % c.tp == 0,
           fmt::format("--hidden {} is not divisible by --tp {}", c.hidden, c.tp));
 
@@ -363,7 +367,7 @@ GridShape grid_shape(const Config& config, int world_size) {
 
 std::string to_ini(const Config& config) {
   std::string text = "# mlptrain configuration\n";
-  visit_options(config, [&](Section, const char* name, const auto& field, const char*) {
+  visit_options(config, [&](Section, const char* name, const auto& field, const std::string&) {
     text += fmt::format("{} = {}\n", name, ini_value(field));
   });
   return text;

@@ -3,6 +3,7 @@
 
 #include "core/error.hpp"
 #include "layout/options.hpp"
+#include "schedule/schedule_table.hpp"
 
 namespace mlptrain {
 
@@ -35,14 +36,17 @@ std::vector<Sharding> sharding_choices(int dp, int tp, int ranks_per_node) {
 
 // The pipeline schedules of `pp` stages with their model chunks per stage.
 struct ScheduleChoice {
-  PipelineKind schedule = PipelineKind::one_f_one_b;
+  std::string_view schedule = schedule_table().front().name;
   int virtual_stages = 1;
 };
 std::vector<ScheduleChoice> schedule_choices(int pp, const std::vector<int>& virtual_stages) {
   if (pp == 1) return {{}};  // no pipeline, no schedule
-  std::vector<ScheduleChoice> choices = {
-      {.schedule = PipelineKind::one_f_one_b}, {.schedule = PipelineKind::gpipe}, {.schedule = PipelineKind::zero_bubble_h1}};
-  for (int chunks : virtual_stages) choices.push_back({.schedule = PipelineKind::interleaved, .virtual_stages = chunks});
+  std::vector<ScheduleChoice> choices;
+  for (const ScheduleEntry& schedule : schedule_table()) {
+    if (!schedule.chunked) choices.push_back({.schedule = schedule.name});
+    else
+      for (int chunks : virtual_stages) choices.push_back({.schedule = schedule.name, .virtual_stages = chunks});
+  }
   return choices;
 }
 
@@ -71,7 +75,7 @@ std::vector<Config> every_layout(const Config& base, int world, int ranks_per_no
                     config.ep = ep;
                     config.zero = zero;
                     config.zero_shard_size = shard_size;
-                    config.schedule = schedule;
+                    config.schedule = std::string(schedule);
                     config.virtual_stages = virtual_stages;
                     config.micro_batches = micro_batches;
                     config.recompute = recompute;

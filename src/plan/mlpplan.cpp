@@ -18,6 +18,7 @@
 #include "plan/plan_report.hpp"
 #include "plan/plan_request.hpp"
 #include "layout/options.hpp"
+#include "schedule/schedule_table.hpp"
 
 namespace {
 
@@ -55,7 +56,7 @@ void plan(int argc, char** argv) {
     alone.dp = alone.tp = alone.pp = alone.ep = 1;
     alone.zero = alone.zero_shard_size = 0;
     alone.offload = alone.sequence_parallel = false;
-    alone.schedule = PipelineKind::one_f_one_b;
+    alone.schedule = schedule_table().front().name;
     alone.virtual_stages = 1;
     validate_options(alone, 1);
   }

@@ -10,7 +10,7 @@ namespace {
 std::string layout_name(const Config& config) {
   std::string name = fmt::format("dp{} tp{}{} pp{}", config.dp, config.tp, config.sequence_parallel ? "sp" : "", config.pp);
   if (config.ep > 1) name += fmt::format(" ep{}", config.ep);
-  if (config.pp > 1) name += fmt::format(" {}", choice_name(config.schedule));
+  if (config.pp > 1) name += fmt::format(" {}", config.schedule);
   if (config.virtual_stages > 1) name += fmt::format("/{}", config.virtual_stages);
   name += fmt::format(" zero{}", config.zero);
   if (config.zero_shard_size > 0) name += fmt::format("/{}", config.zero_shard_size);
@@ -45,7 +45,7 @@ nlohmann::json plan_json(const PlannedLayout& planned, int world, int ranks_per_
                                  {"zero", config.zero},
                                  {"zero_shard_size", config.zero_shard_size},
                                  {"sequence_parallel", config.sequence_parallel},
-                                 {"schedule", config.pp > 1 ? std::string(choice_name(config.schedule)) : "none"},
+                                 {"schedule", config.pp > 1 ? config.schedule : "none"},
                                  {"virtual_stages", config.virtual_stages},
                                  {"micro_batches", config.micro_batches},
                                  {"recompute", config.recompute},

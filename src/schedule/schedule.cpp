@@ -4,7 +4,9 @@
 #include <algorithm>
 #include <numeric>
 
-#include "schedule/pipeline_orders.hpp"
+#include <stdexcept>
+
+#include "schedule/schedule_table.hpp"
 
 namespace mlptrain {
 
@@ -38,12 +40,14 @@ std::vector<Action> forward_only_schedule(int micro_batches) {
   return actions;
 }
 
-std::vector<Action> stage_schedule(ScheduleKind kind, const PipelineShape& shape, int stage, bool training) {
+std::vector<Action> stage_schedule(const ScheduleEntry& schedule, const PipelineShape& shape, int stage, bool training) {
   // Evaluating, the forwards alone, each micro-batch through the stage's chunks in turn (which
   // needs no rule on the number of micro-batches: an evaluation's last one may be short).
   std::vector<Action> order;
   if (training) {
-    order = computation_order(kind, shape, stage);
+    if (const std::string problem = schedule_shape_problem(schedule, shape); !problem.empty())
+      throw std::logic_error("pipeline schedule " + std::string(schedule.name) + ": " + problem);
+    order = schedule.order(shape, stage);
   } else {
     for (int micro_batch = 0; micro_batch < shape.micro_batches; ++micro_batch)
       for (int chunk = 0; chunk < shape.chunks; ++chunk) order.push_back({ActionKind::forward, micro_batch, chunk});

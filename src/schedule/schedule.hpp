@@ -14,7 +14,6 @@
 #include <string_view>
 #include <vector>
 
-#include "core/config.hpp"
 
 namespace mlptrain {
 
@@ -36,9 +35,7 @@ struct Action {
   bool operator==(const Action&) const = default;
 };
 
-// The pipeline schedules (core/config.hpp names their sources).
-using ScheduleKind = PipelineKind;
-inline std::string_view schedule_kind_name(ScheduleKind kind) { return choice_name(kind); }
+struct ScheduleEntry;  // a pipeline schedule (schedule_table.hpp)
 
 struct PipelineShape {
   int stages = 1;
@@ -46,33 +43,14 @@ struct PipelineShape {
   int micro_batches = 1;
 };
 
-// Why a shape does not suit a schedule (empty when it does): interleaved needs P >= 2 and, with
-// V >= 2, M a multiple of P (Megatron's rule: micro-batches go round the stages in groups of
-// P); the other schedules hold one chunk per stage.
-std::string schedule_shape_problem(ScheduleKind kind, const PipelineShape& shape);
-
-// Stage `stage`'s list under `kind` (the shape must suit it when training): the computations in
+// Stage `stage`'s list under `schedule` (the shape must suit it when training): the computations in
 // the schedule's order, each receive posted one computation ahead of the one that needs it (so
 // the transfer overlaps the computation before), each send right after the computation that
 // produced its data. Each chunk's backwards run in micro-batch order under every schedule, so
 // gradients accumulate in the same order as without a pipeline. Without training, the forward
 // passes alone, each micro-batch through the chunks in turn.
-std::vector<Action> stage_schedule(ScheduleKind kind, const PipelineShape& shape, int stage, bool training = true);
-
-// The most (chunk, micro-batch) pairs whose activations a stage keeps at once (forward done, the
-// weight gradient not yet) by each schedule's theory: GPipe M; 1F1B min(M, P - s); ZB-H1
-// min(M, P), 1F1B's peak (its first stage's) on every stage; interleaved with V >= 2
-// min(MV, 2(P - s - 1) + (V - 1)P + 1), Megatron's warm-up plus one (with V = 1 it is 1F1B).
-int theoretical_peak_in_flight(ScheduleKind kind, const PipelineShape& shape, int stage);
-
-// The idle fraction of a step by each schedule's theory, every stage taking the same time per
-// micro-batch and chunk, transfers free: GPipe and 1F1B (P - 1) / (M + P - 1) (Huang et al.;
-// Narayanan et al. 2021), interleaved (P - 1) / (VM + P - 1) (its bubble divided by V:
-// Narayanan et al., SC'21, section 2.2), ZB-H1 (P - 1) / (3M + P - 1) when F, B and W take
-// equal time (Qi et al. 2023, section 3.1: a bubble of (P - 1)(T_F + T_B - T_W) against 1F1B's
-// (P - 1)(T_F + T_B + T_W)). The formula as text, for reports.
-double theoretical_bubble(ScheduleKind kind, const PipelineShape& shape);
-std::string_view bubble_formula(ScheduleKind kind);
+std::vector<Action> stage_schedule(const ScheduleEntry& schedule, const PipelineShape& shape, int stage,
+                                   bool training = true);
 
 std::string_view action_name(ActionKind kind);
 

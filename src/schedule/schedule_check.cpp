@@ -186,9 +186,10 @@ std::string check_schedule(const std::vector<std::vector<Action>>& lists, const 
   return Simulation(lists, shape, training).run();
 }
 
-std::vector<std::vector<Action>> all_stage_schedules(ScheduleKind kind, const PipelineShape& shape, bool training) {
+std::vector<std::vector<Action>> all_stage_schedules(const ScheduleEntry& schedule, const PipelineShape& shape,
+                                                     bool training) {
   std::vector<std::vector<Action>> lists;
-  for (int stage = 0; stage < shape.stages; ++stage) lists.push_back(stage_schedule(kind, shape, stage, training));
+  for (int stage = 0; stage < shape.stages; ++stage) lists.push_back(stage_schedule(schedule, shape, stage, training));
   return lists;
 }
 

@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "schedule/schedule.hpp"
+#include "schedule/schedule_table.hpp"
 
 namespace mlptrain {
 
@@ -27,7 +27,7 @@ namespace mlptrain {
 std::string check_schedule(const std::vector<std::vector<Action>>& lists, const PipelineShape& shape, bool training);
 
 // Every stage's list for one schedule and shape.
-std::vector<std::vector<Action>> all_stage_schedules(ScheduleKind kind, const PipelineShape& shape, bool training);
+std::vector<std::vector<Action>> all_stage_schedules(const ScheduleEntry& schedule, const PipelineShape& shape, bool training);
 
 // Times of a chunk's computations (a whole backward takes B + W).
 struct ComputeTimes {

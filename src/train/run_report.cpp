@@ -117,7 +117,7 @@ void write_trace_file(Run& run) {
       {"world", shape.world}, {"dp", shape.dp}, {"tp", shape.tp}, {"pp", shape.pp}, {"ep", shape.ep},
       {"zero", config.zero}, {"zero_shard_size", config.zero_shard_size},
       {"strategies", run.model->strategies->names()},
-      {"schedule", choice_name(config.schedule)}, {"virtual_stages", config.virtual_stages},
+      {"schedule", config.schedule}, {"virtual_stages", config.virtual_stages},
       {"micro_batches", config.micro_batches},
       {"global_batch", config.global_batch}, {"layers", config.layers}};
   agree_or_throw(run.world(), [&] {

@@ -12,26 +12,23 @@
 
 #include <fmt/format.h>
 
-#include "schedule/schedule.hpp"
+#include "schedule/schedule_table.hpp"
 #include "schedule/schedule_check.hpp"
 
 using namespace mlptrain;
 
 namespace {
 
-constexpr ScheduleKind all_kinds[] = {ScheduleKind::gpipe, ScheduleKind::one_f_one_b, ScheduleKind::interleaved,
-                                      ScheduleKind::zero_bubble_h1};
-
 // Every (kind, shape) the tests cover that suits its schedule.
 template <typename Check>
 void for_every_valid_shape(Check check) {
-  for (ScheduleKind kind : all_kinds)
+  for (const ScheduleEntry& kind : schedule_table())
     for (int stages = 1; stages <= 8; ++stages)
-      for (int chunks = 1; chunks <= (kind == ScheduleKind::interleaved ? 4 : 1); ++chunks)
+      for (int chunks = 1; chunks <= (kind.chunked ? 4 : 1); ++chunks)
         for (int micro_batches = 1; micro_batches <= 32; ++micro_batches) {
           const PipelineShape shape{.stages = stages, .chunks = chunks, .micro_batches = micro_batches};
           if (!schedule_shape_problem(kind, shape).empty()) continue;
-          SCOPED_TRACE(fmt::format("{} P {} V {} M {}", schedule_kind_name(kind), stages, chunks, micro_batches));
+          SCOPED_TRACE(fmt::format("{} P {} V {} M {}", kind.name, stages, chunks, micro_batches));
           check(kind, shape);
         }
 }
@@ -40,7 +37,7 @@ void for_every_valid_shape(Check check) {
 
 TEST(PipelineSchedules, EveryScheduleRunsToTheEndWithoutDeadlock) {
   int checked = 0;
-  for_every_valid_shape([&](ScheduleKind kind, const PipelineShape& shape) {
+  for_every_valid_shape([&](const ScheduleEntry& kind, const PipelineShape& shape) {
     for (bool training : {true, false}) EXPECT_EQ(check_schedule(all_stage_schedules(kind, shape, training), shape, training), "");
     ++checked;
   });
@@ -53,7 +50,7 @@ TEST(PipelineSchedules, EvaluationRunsThroughTheChunksForAnyMicroBatches) {
     for (int chunks = 1; chunks <= 4; ++chunks)
       for (int micro_batches = 1; micro_batches <= 9; ++micro_batches) {
         const PipelineShape shape{.stages = stages, .chunks = chunks, .micro_batches = micro_batches};
-        EXPECT_EQ(check_schedule(all_stage_schedules(ScheduleKind::interleaved, shape, false), shape, false), "")
+        EXPECT_EQ(check_schedule(all_stage_schedules(schedule_named("interleaved"), shape, false), shape, false), "")
             << stages << " " << chunks << " " << micro_batches;
       }
 }
@@ -78,10 +75,10 @@ TEST(PipelineSchedules, ChunksGoRoundTheStages) {
 }
 
 TEST(PipelineSchedules, PeakInFlightEqualsTheTheory) {
-  for_every_valid_shape([&](ScheduleKind kind, const PipelineShape& shape) {
+  for_every_valid_shape([&](const ScheduleEntry& kind, const PipelineShape& shape) {
     for (int stage = 0; stage < shape.stages; ++stage)
       EXPECT_EQ(peak_micro_batches_in_flight(stage_schedule(kind, shape, stage)),
-                theoretical_peak_in_flight(kind, shape, stage))
+                kind.peak_in_flight(shape, stage))
           << "stage " << stage;
   });
 }
@@ -91,8 +88,8 @@ TEST(PipelineSchedules, InterleavedWithOneChunkIsOneFOneB) {
     for (int micro_batches = 1; micro_batches <= 16; ++micro_batches)
       for (int stage = 0; stage < stages; ++stage) {
         const PipelineShape shape{.stages = stages, .chunks = 1, .micro_batches = micro_batches};
-        EXPECT_EQ(stage_schedule(ScheduleKind::interleaved, shape, stage),
-                  stage_schedule(ScheduleKind::one_f_one_b, shape, stage));
+        EXPECT_EQ(stage_schedule(schedule_named("interleaved"), shape, stage),
+                  stage_schedule(schedule_named("1f1b"), shape, stage));
       }
 }
 
@@ -104,17 +101,25 @@ TEST(PipelineSchedules, BubblesAtEqualCostsMatchTheFormulas) {
   for (int stages = 1; stages <= 8; ++stages)
     for (int micro_batches = stages; micro_batches <= 24; micro_batches += stages) {
       SCOPED_TRACE(fmt::format("P {} M {}", stages, micro_batches));
-      const auto makespan = [&](ScheduleKind kind, int chunks) {
+      const auto makespan = [&](const ScheduleEntry& kind, int chunks) {
         const PipelineShape shape{.stages = stages, .chunks = chunks, .micro_batches = micro_batches};
         const double part = 1.0 / chunks;
         return schedule_timeline(all_stage_schedules(kind, shape, true), shape, {part, part, part}).makespan;
       };
       const double work = 3.0 * micro_batches, idle = stages - 1.0;
-      EXPECT_DOUBLE_EQ(makespan(ScheduleKind::one_f_one_b, 1), work + 3 * idle);
-      EXPECT_DOUBLE_EQ(makespan(ScheduleKind::gpipe, 1), work + 3 * idle);
-      EXPECT_DOUBLE_EQ(makespan(ScheduleKind::zero_bubble_h1, 1), work + idle);
+      EXPECT_DOUBLE_EQ(makespan(schedule_named("1f1b"), 1), work + 3 * idle);
+      EXPECT_DOUBLE_EQ(makespan(schedule_named("gpipe"), 1), work + 3 * idle);
+      EXPECT_DOUBLE_EQ(makespan(schedule_named("zb-h1"), 1), work + idle);
       for (int chunks = 2; chunks <= 4 && stages > 1; ++chunks)
-        EXPECT_NEAR(makespan(ScheduleKind::interleaved, chunks), work + 3 * idle / chunks, 1e-9) << chunks;
+        EXPECT_NEAR(makespan(schedule_named("interleaved"), chunks), work + 3 * idle / chunks, 1e-9) << chunks;
+      // Each table entry's own bubble is the idle fraction of its timeline.
+      for (const ScheduleEntry& schedule : schedule_table())
+        for (int chunks = 1; chunks <= (schedule.chunked && stages > 1 ? 4 : 1); ++chunks) {
+          const double span = makespan(schedule, chunks);
+          EXPECT_NEAR(schedule.bubble({.stages = stages, .chunks = chunks, .micro_batches = micro_batches}),
+                      (span - work) / span, 1e-9)
+              << schedule.name << " V " << chunks;
+        }
     }
 }
 
@@ -131,22 +136,22 @@ TEST(PipelineSchedules, CheckerRejectsWBeforeBAndGradientsOutOfOrder) {
             std::string::npos);
   // A ZB-H1 list that loses a W no longer covers every (chunk, micro-batch).
   const PipelineShape shape{.stages = 4, .chunks = 1, .micro_batches = 8};
-  auto lists = all_stage_schedules(ScheduleKind::zero_bubble_h1, shape, true);
+  auto lists = all_stage_schedules(schedule_named("zb-h1"), shape, true);
   std::erase(lists[2], Action{ActionKind::backward_weight, 5});
   EXPECT_NE(check_schedule(lists, shape, true).find("every (chunk, micro-batch) once"), std::string::npos);
 }
 
 TEST(PipelineSchedules, UnsuitableShapesAreRefusedWithTheirReason) {
-  EXPECT_NE(schedule_shape_problem(ScheduleKind::interleaved, {.stages = 4, .chunks = 2, .micro_batches = 6})
+  EXPECT_NE(schedule_shape_problem(schedule_named("interleaved"), {.stages = 4, .chunks = 2, .micro_batches = 6})
                 .find("a multiple of the stages (4)"),
             std::string::npos);
-  EXPECT_NE(schedule_shape_problem(ScheduleKind::interleaved, {.stages = 1, .chunks = 2, .micro_batches = 4})
+  EXPECT_NE(schedule_shape_problem(schedule_named("interleaved"), {.stages = 1, .chunks = 2, .micro_batches = 4})
                 .find("at least 2 stages"),
             std::string::npos);
-  EXPECT_NE(schedule_shape_problem(ScheduleKind::zero_bubble_h1, {.stages = 2, .chunks = 2, .micro_batches = 4})
+  EXPECT_NE(schedule_shape_problem(schedule_named("zb-h1"), {.stages = 2, .chunks = 2, .micro_batches = 4})
                 .find("one chunk per stage"),
             std::string::npos);
-  EXPECT_EQ(schedule_shape_problem(ScheduleKind::interleaved, {.stages = 4, .chunks = 3, .micro_batches = 8}), "");
-  EXPECT_THROW(stage_schedule(ScheduleKind::interleaved, {.stages = 4, .chunks = 2, .micro_batches = 6}, 0),
+  EXPECT_EQ(schedule_shape_problem(schedule_named("interleaved"), {.stages = 4, .chunks = 3, .micro_batches = 8}), "");
+  EXPECT_THROW(stage_schedule(schedule_named("interleaved"), {.stages = 4, .chunks = 2, .micro_batches = 6}, 0),
                std::logic_error);
 }

@@ -8,7 +8,7 @@
 #include <fmt/format.h>
 #include <numeric>
 
-#include "schedule/schedule.hpp"
+#include "schedule/schedule_table.hpp"
 #include "schedule/schedule_check.hpp"
 
 using namespace mlptrain;
@@ -16,12 +16,12 @@ using namespace mlptrain;
 namespace {
 
 // Stage `stage`'s list of a one-chunk schedule.
-std::vector<Action> pipeline_schedule(PipelineKind kind, int stages, int stage, int micro_batches,
+std::vector<Action> pipeline_schedule(const ScheduleEntry& kind, int stages, int stage, int micro_batches,
                                       bool training = true) {
   return stage_schedule(kind, {.stages = stages, .chunks = 1, .micro_batches = micro_batches}, stage, training);
 }
 
-std::vector<std::vector<Action>> all_stages(PipelineKind kind, int stages, int micro_batches,
+std::vector<std::vector<Action>> all_stages(const ScheduleEntry& kind, int stages, int micro_batches,
                                             bool training) {
   std::vector<std::vector<Action>> lists;
   for (int stage = 0; stage < stages; ++stage)
@@ -55,11 +55,11 @@ TEST(Schedule, SequentialRunsEachMicroBatchForwardThenBackward) {
 }
 
 TEST(Schedule, EveryPipelineScheduleRunsToTheEndWithMatchedTransfers) {
-  for (PipelineKind kind : {PipelineKind::one_f_one_b, PipelineKind::gpipe})
+  for (const ScheduleEntry& kind : {schedule_named("1f1b"), schedule_named("gpipe")})
     for (int stages = 1; stages <= 8; ++stages)
       for (int micro_batches = 1; micro_batches <= 32; ++micro_batches)
         for (bool training : {true, false}) {
-          SCOPED_TRACE(fmt::format("kind {} P {} M {} training {}", static_cast<int>(kind), stages,
+          SCOPED_TRACE(fmt::format("kind {} P {} M {} training {}", kind.name, stages,
                                    micro_batches, training));
           EXPECT_EQ(simulate(all_stages(kind, stages, micro_batches, training), training), "");
         }
@@ -69,10 +69,10 @@ TEST(Schedule, SimulationFindsBrokenSchedules) {
   std::vector<std::vector<Action>> lists = {{{ActionKind::backward, 0}, {ActionKind::forward, 0}}};
   EXPECT_NE(simulate(lists, true).find("before its forward"), std::string::npos);
   // A receive never posted, a send never made.
-  lists = all_stages(PipelineKind::one_f_one_b, 2, 2, true);
+  lists = all_stages(schedule_named("1f1b"), 2, 2, true);
   std::erase(lists[1], Action{ActionKind::receive_activations, 1});
   EXPECT_NE(simulate(lists, true).find("deadlock"), std::string::npos);
-  lists = all_stages(PipelineKind::one_f_one_b, 3, 4, true);
+  lists = all_stages(schedule_named("1f1b"), 3, 4, true);
   std::erase(lists[2], Action{ActionKind::send_gradients, 3});
   EXPECT_NE(simulate(lists, true).find("deadlock"), std::string::npos);
 }
@@ -92,11 +92,11 @@ TEST(Schedule, OneFOneBWarmsUpThenAlternatesThenDrains) {
         }
         for (int index = micro_batches - warmup; index < micro_batches; ++index)
           expected.push_back({ActionKind::backward, index});
-        const auto actions = pipeline_schedule(PipelineKind::one_f_one_b, stages, stage, micro_batches);
+        const auto actions = pipeline_schedule(schedule_named("1f1b"), stages, stage, micro_batches);
         EXPECT_EQ(computations(actions), expected);
         EXPECT_EQ(peak_micro_batches_in_flight(actions), std::min(stages - stage, micro_batches));
         EXPECT_EQ(peak_micro_batches_in_flight(
-                      pipeline_schedule(PipelineKind::gpipe, stages, stage, micro_batches)),
+                      pipeline_schedule(schedule_named("gpipe"), stages, stage, micro_batches)),
                   micro_batches);
       }
 }
@@ -104,7 +104,7 @@ TEST(Schedule, OneFOneBWarmsUpThenAlternatesThenDrains) {
 TEST(Schedule, ReceivesArePostedOneComputationAhead) {
   // Stage 1 of 3, GPipe, two micro-batches: both inputs are awaited before the first forward,
   // the first gradients before the last forward.
-  EXPECT_EQ(pipeline_schedule(PipelineKind::gpipe, 3, 1, 2),
+  EXPECT_EQ(pipeline_schedule(schedule_named("gpipe"), 3, 1, 2),
             (std::vector<Action>{{ActionKind::receive_activations, 0}, {ActionKind::receive_activations, 1},
                                  {ActionKind::forward, 0}, {ActionKind::send_activations, 0},
                                  {ActionKind::receive_gradients, 0}, {ActionKind::forward, 1},
@@ -116,17 +116,17 @@ TEST(Schedule, ReceivesArePostedOneComputationAhead) {
 TEST(Schedule, PeakActivationBytesFollowsAllocationsAndFrees) {
   // Received inputs (3 bytes each) are allocated when posted, the rest (10 in all) in forward.
   const ActivationProfile stored{.received = 3, .forward_peak = 10, .kept = 10, .backward_peak = 10};
-  const auto actions = pipeline_schedule(PipelineKind::one_f_one_b, 2, 1, 4);
+  const auto actions = pipeline_schedule(schedule_named("1f1b"), 2, 1, 4);
   EXPECT_EQ(peak_activation_bytes(actions, stored), 13);  // one micro-batch and the next input
   EXPECT_EQ(peak_activation_bytes(sequential_schedule(4), stored), 10);
-  EXPECT_EQ(peak_activation_bytes(pipeline_schedule(PipelineKind::gpipe, 2, 0, 4), stored), 40);
+  EXPECT_EQ(peak_activation_bytes(pipeline_schedule(schedule_named("gpipe"), 2, 0, 4), stored), 40);
   // Recomputation: 4 bytes kept between forward and backward, 7 at most during either.
   const ActivationProfile recomputed{.received = 3, .forward_peak = 6, .kept = 4, .backward_peak = 7};
   EXPECT_EQ(peak_activation_bytes(sequential_schedule(4), recomputed), 7);
-  EXPECT_EQ(peak_activation_bytes(pipeline_schedule(PipelineKind::gpipe, 2, 0, 4), recomputed),
+  EXPECT_EQ(peak_activation_bytes(pipeline_schedule(schedule_named("gpipe"), 2, 0, 4), recomputed),
             3 * 4 + 7);  // three micro-batches kept while the last one's backward runs
   // Stage 0 of two under 1F1B keeps two micro-batches: the second's forward peaks over the first.
-  EXPECT_EQ(peak_activation_bytes(pipeline_schedule(PipelineKind::one_f_one_b, 2, 0, 4), recomputed),
+  EXPECT_EQ(peak_activation_bytes(pipeline_schedule(schedule_named("1f1b"), 2, 0, 4), recomputed),
             4 + 7);
 }
 

@@ -1,0 +1,181 @@
+// The table of pipeline schedules (see schedule_table.hpp): each schedule's order of a stage's
+// computations and its theory. Transfers are placed among the computations by schedule.cpp.
+#include "schedule/schedule_table.hpp"
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
+namespace mlptrain {
+
+namespace {
+
+std::vector<Action> gpipe_order(const PipelineShape& shape) {
+  std::vector<Action> order;
+  for (int micro_batch = 0; micro_batch < shape.micro_batches; ++micro_batch)
+    order.push_back({ActionKind::forward, micro_batch});
+  for (int micro_batch = 0; micro_batch < shape.micro_batches; ++micro_batch)
+    order.push_back({ActionKind::backward, micro_batch});
+  return order;
+}
+
+std::vector<Action> one_f_one_b_order(const PipelineShape& shape, int stage) {
+  std::vector<Action> order;
+  const int micro_batches = shape.micro_batches;
+  const int warmup = one_f_one_b_warmup(shape.stages, stage, micro_batches);
+  for (int micro_batch = 0; micro_batch < warmup; ++micro_batch) order.push_back({ActionKind::forward, micro_batch});
+  for (int steady = 0; steady < micro_batches - warmup; ++steady) {
+    order.push_back({ActionKind::forward, warmup + steady});
+    order.push_back({ActionKind::backward, steady});
+  }
+  for (int micro_batch = micro_batches - warmup; micro_batch < micro_batches; ++micro_batch)
+    order.push_back({ActionKind::backward, micro_batch});
+  return order;
+}
+
+// Megatron-LM's interleaved order (forward_backward_pipelining_with_interleaving): the k-th
+// forward of a stage works on micro-batch (k / PV) P + k mod P of chunk (k mod PV) / P, the k-th
+// backward on the same micro-batch of chunk V - 1 - (k mod PV) / P; 2(P - s - 1) + (V - 1)P
+// forwards warm up, then one forward and one backward alternate, then the backwards drain.
+// Megatron's warm-up plus one: min(MV, 2(P - s - 1) + (V - 1)P + 1); with V = 1, 1F1B's.
+int interleaved_peak(const PipelineShape& shape, int stage) {
+  const int stages = shape.stages, micro_batches = shape.micro_batches;
+  if (shape.chunks == 1) return std::min(micro_batches, stages - stage);
+  return std::min(micro_batches * shape.chunks, 2 * (stages - stage - 1) + (shape.chunks - 1) * stages + 1);
+}
+
+std::vector<Action> interleaved_order(const PipelineShape& shape, int stage) {
+  if (shape.chunks == 1) return one_f_one_b_order(shape, stage);
+  const int stages = shape.stages, chunks = shape.chunks;
+  const int total = shape.micro_batches * chunks;
+  const auto micro_batch_of = [&](int k) { return k / (stages * chunks) * stages + k % stages; };
+  const auto forward = [&](int k) { return Action{ActionKind::forward, micro_batch_of(k), k % (stages * chunks) / stages}; };
+  const auto backward = [&](int k) {
+    return Action{ActionKind::backward, micro_batch_of(k), chunks - 1 - k % (stages * chunks) / stages};
+  };
+  const int warmup = std::min(total, interleaved_peak(shape, stage) - 1);
+  std::vector<Action> order;
+  for (int k = 0; k < warmup; ++k) order.push_back(forward(k));
+  for (int k = 0; k < total - warmup; ++k) {
+    order.push_back(forward(warmup + k));
+    order.push_back(backward(k));
+  }
+  for (int k = total - warmup; k < total; ++k) order.push_back(backward(k));
+  return order;
+}
+
+// Zero-bubble H1 (Qi et al., 2023, section 3.1): 1F1B's warm-up, then F, B and W in turn with
+// each stage's W running s micro-batches behind its B (stage s defers s W's), then the remaining
+// B's and W's. Deferring W lets each B, the critical path, run as soon as its gradient arrives,
+// and the deferred W's fill the tail where 1F1B idles; a stage then keeps at most P micro-batches
+// in flight (forward done, W not yet): 1F1B's peak, that of its first stage. Every kind runs in
+// micro-batch order.
+std::vector<Action> zero_bubble_h1_order(const PipelineShape& shape, int stage) {
+  const int micro_batches = shape.micro_batches;
+  const int warmup = one_f_one_b_warmup(shape.stages, stage, micro_batches);
+  std::vector<Action> order;
+  for (int micro_batch = 0; micro_batch < warmup; ++micro_batch) order.push_back({ActionKind::forward, micro_batch});
+  for (int k = 0; k < micro_batches; ++k) {
+    if (warmup + k < micro_batches) order.push_back({ActionKind::forward, warmup + k});
+    order.push_back({ActionKind::backward_input, k});
+    if (k >= stage) order.push_back({ActionKind::backward_weight, k - stage});
+  }
+  for (int micro_batch = std::max(0, micro_batches - stage); micro_batch < micro_batches; ++micro_batch)
+    order.push_back({ActionKind::backward_weight, micro_batch});
+  return order;
+}
+
+std::string interleaved_shape_problem(const PipelineShape& shape) {
+  if (shape.chunks > 1 && shape.stages < 2) return "interleaving chunks needs at least 2 stages";
+  if (shape.chunks > 1 && shape.micro_batches % shape.stages != 0)
+    return "the micro-batches (" + std::to_string(shape.micro_batches) + ") must be a multiple of the stages (" +
+           std::to_string(shape.stages) + "): they go round the stages in groups of P (Megatron-LM's rule)";
+  return "";
+}
+
+// GPipe and 1F1B idle alike: (P - 1) / (M + P - 1).
+double one_chunk_bubble(const PipelineShape& shape) {
+  const double idle = shape.stages - 1;
+  return idle / (shape.micro_batches + idle);
+}
+
+constexpr ScheduleEntry table[] = {
+    // Narayanan et al. (PipeDream-Flush, 2021) as Megatron-LM runs it: stage s does
+    // min(P - s - 1, M) warm-up forwards, then alternates one forward and one backward, then
+    // drains the remaining backwards, so it never holds more than min(P - s, M) micro-batches.
+    {.name = "1f1b",
+     .source = "1F1B (PipeDream-Flush, Narayanan et al. 2021)",
+     .order = one_f_one_b_order,
+     .peak_in_flight = [](const PipelineShape& shape, int stage) {
+       return std::min(shape.micro_batches, shape.stages - stage);
+     },
+     .bubble = one_chunk_bubble,
+     .bubble_formula = "(P-1)/(M+P-1)"},
+    // Huang et al. (GPipe, 2019): every forward, then every backward; all M micro-batches alive.
+    {.name = "gpipe",
+     .source = "GPipe (Huang et al. 2019)",
+     .order = [](const PipelineShape& shape, int) { return gpipe_order(shape); },
+     .peak_in_flight = [](const PipelineShape& shape, int) { return shape.micro_batches; },
+     .bubble = one_chunk_bubble,
+     .bubble_formula = "(P-1)/(M+P-1)"},
+    // Megatron-LM's interleaved 1F1B (Narayanan et al., SC'21): V chunks of layers per stage,
+    // which divides the bubble by V (section 2.2).
+    {.name = "interleaved",
+     .source = "interleaved 1F1B (Narayanan et al. SC'21), --virtual-stages chunks a stage",
+     .chunked = true,
+     .shape_problem = interleaved_shape_problem,
+     .order = interleaved_order,
+     .peak_in_flight = interleaved_peak,
+     .bubble = [](const PipelineShape& shape) {
+       const double idle = shape.stages - 1;
+       return idle / (shape.chunks * shape.micro_batches + idle);
+     },
+     .bubble_formula = "(P-1)/(VM+P-1)"},
+    // Zero-bubble H1 (Qi et al., 2023): backward split into B and W, W deferred into the bubble,
+    // at 1F1B's activation memory. Its bubble is (P - 1)(T_F + T_B - T_W) against 1F1B's
+    // (P - 1)(T_F + T_B + T_W) (section 3.1): (P - 1) / (3M + P - 1) with F = B = W.
+    {.name = "zb-h1",
+     .source = "zero-bubble H1 (Qi et al. 2023)",
+     .order = zero_bubble_h1_order,
+     .peak_in_flight = [](const PipelineShape& shape, int) { return std::min(shape.micro_batches, shape.stages); },
+     .bubble = [](const PipelineShape& shape) {
+       const double idle = shape.stages - 1;
+       return idle / (3 * shape.micro_batches + idle);
+     },
+     .bubble_formula = "(P-1)/(3M+P-1) with F = B = W"},
+};
+
+}  // namespace
+
+int one_f_one_b_warmup(int stages, int stage, int micro_batches) {
+  return std::min(stages - stage - 1, micro_batches);
+}
+
+std::span<const ScheduleEntry> schedule_table() { return table; }
+
+const ScheduleEntry* find_schedule(std::string_view name) {
+  for (const ScheduleEntry& entry : table)
+    if (entry.name == name) return &entry;
+  return nullptr;
+}
+
+const ScheduleEntry& schedule_named(std::string_view name) {
+  const ScheduleEntry* entry = find_schedule(name);
+  if (entry == nullptr) throw std::logic_error("no pipeline schedule named '" + std::string(name) + "'");
+  return *entry;
+}
+
+std::string schedule_names() {
+  std::string names;
+  for (const ScheduleEntry& entry : table) names += (names.empty() ? "" : " | ") + std::string(entry.name);
+  return names;
+}
+
+std::string schedule_shape_problem(const ScheduleEntry& schedule, const PipelineShape& shape) {
+  if (shape.stages < 1 || shape.chunks < 1 || shape.micro_batches < 1)
+    return "stages, chunks and micro-batches must be at least 1";
+  if (!schedule.chunked && shape.chunks != 1) return std::string(schedule.name) + " holds one chunk per stage";
+  return schedule.shape_problem != nullptr ? schedule.shape_problem(shape) : "";
+}
+
+}  // namespace mlptrain

@@ -1,0 +1,52 @@
+// The pipeline schedules as one table. An entry is everything the rest of the project knows of a
+// schedule: its name as --schedule spells it, where it comes from, whether it places several
+// model chunks on a stage, what it needs of a pipeline's shape, the order of a stage's
+// computations, and its theory (the most micro-batches a stage keeps in flight and the idle
+// fraction). Options, validation, the pipeline strategy, the cost model and the planner's
+// choices all read this table; a new schedule is an entry and its order function.
+#pragma once
+
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "schedule/schedule.hpp"
+
+namespace mlptrain {
+
+struct ScheduleEntry {
+  std::string_view name;    // as --schedule and INI files spell it
+  std::string_view source;  // the literature it follows, for --help
+  // Several model chunks a stage (--virtual-stages V); the others hold one.
+  bool chunked = false;
+  // What the shape must satisfy beyond one chunk a stage for an unchunked schedule (empty: it
+  // suits); null: nothing more.
+  std::string (*shape_problem)(const PipelineShape& shape) = nullptr;
+  // The computations alone of stage `stage`'s training list, in the schedule's order (the
+  // transfers are placed among them by stage_schedule).
+  std::vector<Action> (*order)(const PipelineShape& shape, int stage) = nullptr;
+  // The most (chunk, micro-batch) pairs a stage keeps in flight, by the schedule's theory.
+  int (*peak_in_flight)(const PipelineShape& shape, int stage) = nullptr;
+  // The idle fraction of a step by the schedule's theory (equal stages, free transfers), and
+  // its formula as text for reports.
+  double (*bubble)(const PipelineShape& shape) = nullptr;
+  std::string_view bubble_formula;
+
+  bool operator==(const ScheduleEntry& other) const { return name == other.name; }
+};
+
+// Every schedule, the default (1F1B) first.
+std::span<const ScheduleEntry> schedule_table();
+// The entry named `name`, or null.
+const ScheduleEntry* find_schedule(std::string_view name);
+// The entry named `name`; a logic_error when there is none (names are validated on input).
+const ScheduleEntry& schedule_named(std::string_view name);
+// "1f1b | gpipe | ...": the names, for help and messages.
+std::string schedule_names();
+
+// Why a shape does not suit `schedule` (empty when it does): every count at least 1, one chunk a
+// stage unless the schedule is chunked, and the schedule's own rule.
+std::string schedule_shape_problem(const ScheduleEntry& schedule, const PipelineShape& shape);
+
+}  // namespace mlptrain
