@@ -67,6 +67,14 @@ class ExpertParallel final : public Strategy, public ExpertExchange {
   Communicator& tensor_;
 };
 
+// The experts split evenly over an expert-parallel group carved out of the data-parallel one.
+void validate(const Config& c) {
+  require(c.dp % c.ep == 0, fmt::format("--ep {} does not divide dp {}", c.ep, c.dp));
+  require(c.ep == 1 || c.moe_every > 0, "--ep splits the experts of MoE layers: it needs --moe-every");
+  require(c.moe_every == 0 || c.experts % c.ep == 0,
+          fmt::format("--experts {} is not divisible by --ep {}", c.experts, c.ep));
+}
+
 bool wanted(const Config& config, const GridShape& shape) {
   return config.moe_every > 0 && (shape.dp > 1 || shape.tp > 1);
 }
@@ -120,6 +128,7 @@ constexpr Role roles[] = {Role::exchanges_experts, Role::splits_tensors};
 
 extern const StrategyRegistration expert_parallel_registration{.name = "expert_parallel",
                                                                .roles = roles,
+                                                               .validate = validate,
                                                                .wanted = wanted,
                                                                .create = create,
                                                                .plan = plan,

@@ -9,8 +9,8 @@
 // the loop's world-wide sums and collective writes, so nothing else here knows about stages.
 #include <fmt/format.h>
 
-#include "strategies/strategy.hpp"
 #include "schedule/schedule_table.hpp"
+#include "strategies/strategy.hpp"
 
 namespace mlptrain {
 
@@ -70,6 +70,31 @@ class Pipeline final : public Strategy, public StageTransfers {
   const int boundaries_;
 };
 
+constexpr StrategyOption options[] = {
+    {.name = "schedule", .field = &Config::schedule, .help = "pipeline schedule", .choices = schedule_names},
+    {.name = "virtual-stages",
+     .field = &Config::virtual_stages,
+     .help = "interleaved: model chunks per pipeline stage (the layers split into pp x V chunks)"},
+};
+
+// A layer for every chunk, and a shape the schedule suits (its table entry's rule).
+void validate(const Config& c) {
+  require(c.layers >= c.pp,
+          fmt::format("--pp {} needs at least one layer per stage (got --layers {})", c.pp, c.layers));
+  at_least("virtual-stages", c.virtual_stages, 1);
+  const ScheduleEntry* schedule = find_schedule(c.schedule);
+  require(schedule != nullptr, fmt::format("--schedule: unknown value '{}' (choose {})", c.schedule, schedule_names()));
+  require(c.virtual_stages == 1 || schedule->chunked,
+          fmt::format("--virtual-stages splits each pipeline stage into model chunks: --schedule {} holds one chunk "
+                      "a stage", c.schedule));
+  require(c.layers >= c.pp * c.virtual_stages,
+          fmt::format("--pp {} x --virtual-stages {} needs at least one layer per chunk (got --layers {})", c.pp,
+                      c.virtual_stages, c.layers));
+  const std::string problem =
+      schedule_shape_problem(*schedule, {.stages = c.pp, .chunks = c.virtual_stages, .micro_batches = c.micro_batches});
+  require(problem.empty(), fmt::format("--schedule {}: {}", c.schedule, problem));
+}
+
 bool wanted(const Config&, const GridShape& shape) { return shape.pp > 1; }
 
 std::unique_ptr<Strategy> create(const StrategyContext& context) {
@@ -112,6 +137,8 @@ constexpr Role roles[] = {Role::owns_schedule};
 
 extern const StrategyRegistration pipeline_registration{.name = "pipeline",
                                                         .roles = roles,
+                                                        .options = options,
+                                                        .validate = validate,
                                                         .wanted = wanted,
                                                         .create = create,
                                                         .layers = stage_layers,

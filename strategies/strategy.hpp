@@ -1,6 +1,6 @@
 // How a parallel strategy plugs into the common training loop. A strategy is a registration (what
-// it is called, when it takes part, the roles it plays, and pure functions the run asks before
-// anything is allocated: the parameter layout, the layers a rank runs, its terms of the cost model
+// it is called, its options and their rules, when it takes part, the roles it plays, and pure
+// functions the run asks before anything is allocated: the parameter layout, the layers a rank runs, its terms of the cost model
 // and a sentence for the start of the run) plus an object made once the parameters exist, which
 // implements the capabilities its roles need:
 //   LayerHooks      calls at fixed points around each layer and step (any number of strategies)
@@ -30,6 +30,7 @@
 #include "model/parameter_store.hpp"
 #include "model/state_runs.hpp"
 #include "schedule/schedule.hpp"
+#include "strategies/strategy_options.hpp"
 
 namespace mlptrain {
 
@@ -195,6 +196,11 @@ struct StrategyRegistration {
   // the order of their names.
   std::span<const std::string_view> replaces{};
   std::span<const std::string_view> runs_after{};
+  // The options the strategy owns (strategy_options.hpp), and its rules on the configuration
+  // once dp is known: it throws UsageError naming the offending option. Called for every
+  // registration, wanted or not.
+  std::span<const StrategyOption> options{};
+  void (*validate)(const Config& config) = nullptr;
   bool (*wanted)(const Config& config, const GridShape& shape);
   std::unique_ptr<Strategy> (*create)(const StrategyContext& context);
   // Pure, called before any memory exists (the planner calls them for layouts it never runs).

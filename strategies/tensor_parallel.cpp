@@ -208,6 +208,27 @@ class TensorParallel final : public Strategy, public LayerHooks {
   Buffer gathered_grad_;   // and the gradient of it, before its reduce-scatter
 };
 
+constexpr StrategyOption options[] = {
+    {.name = "sequence-parallel",
+     .field = &Config::sequence_parallel,
+     .help = "with --tp: split the rows every tensor rank would hold whole between a row-parallel layer and the "
+             "next column-parallel (or MoE) layer over the tensor group"},
+};
+
+// Slices need equal widths, and sequence parallelism equal row blocks.
+void validate(const Config& c) {
+  require(c.hidden % c.tp == 0, fmt::format("--hidden {} is not divisible by --tp {}", c.hidden, c.tp));
+  require(c.tp == 1 || c.moe_every == 0 || c.experts % (c.ep * c.tp) == 0,
+          fmt::format("--experts {} is not divisible by --ep x --tp = {} x {}: each tensor rank holds an equal "
+                      "slice of its expert-parallel rank's experts", c.experts, c.ep, c.tp));
+  if (!c.sequence_parallel) return;
+  const int rows = c.global_batch / c.micro_batches / c.dp;
+  require(c.tp > 1, "--sequence-parallel splits rows over the tensor-parallel group: it needs --tp 2 or more");
+  require(rows % c.tp == 0,
+          fmt::format("--sequence-parallel: the {} rows of a micro-batch on each data-parallel rank (--global-batch "
+                      "/ --micro-batches / dp) are not divisible by --tp {}", rows, c.tp));
+}
+
 bool wanted(const Config&, const GridShape& shape) { return shape.tp > 1; }
 
 void plan(const Config& config, const GridShape& shape, const GridCoordinates& place,
@@ -325,6 +346,8 @@ constexpr std::string_view runs_after[] = {"data_parallel", "expert_parallel", "
 extern const StrategyRegistration tensor_parallel_registration{.name = "tensor_parallel",
                                                                .roles = roles,
                                                                .runs_after = runs_after,
+                                                               .options = options,
+                                                               .validate = validate,
                                                                .wanted = wanted,
                                                                .create = create,
                                                                .plan = plan,

@@ -128,6 +128,27 @@ StatePlacement Zero::state_placement() const {
   return placement;
 }
 
+constexpr StrategyOption options[] = {
+    {.name = "zero", .field = &Config::zero, .help = "ZeRO stage 0..3 on the data-parallel group"},
+    {.name = "zero-shard-size",
+     .field = &Config::zero_shard_size,
+     .help = "hybrid sharding: ZeRO's shards span groups of this many consecutive data-parallel ranks (a node), "
+             "replicated across the groups (0: the whole data-parallel group)"},
+};
+
+// Shard groups must tile the data-parallel group and fall evenly on each expert's ranks.
+void validate(const Config& c) {
+  require(c.zero >= 0 && c.zero <= 3, fmt::format("--zero must be 0, 1, 2 or 3 (got {})", c.zero));
+  at_least("zero-shard-size", c.zero_shard_size, 0);
+  if (c.zero_shard_size == 0) return;
+  require(c.zero > 0, "--zero-shard-size shards ZeRO's state: it needs --zero 1, 2 or 3");
+  require(c.dp % c.zero_shard_size == 0,
+          fmt::format("--zero-shard-size {} does not divide dp {}", c.zero_shard_size, c.dp));
+  require(c.zero_shard_size % c.ep == 0 || c.ep % c.zero_shard_size == 0,
+          fmt::format("--zero-shard-size {} is neither a multiple nor a divisor of --ep {}: each expert's "
+                      "ranks must fall evenly into the shard groups", c.zero_shard_size, c.ep));
+}
+
 bool wanted(const Config& config, const GridShape&) { return config.zero > 0; }
 
 void plan(const Config& config, const GridShape& shape, const GridCoordinates&, ParameterPlan& plan) {
@@ -149,6 +170,8 @@ constexpr std::string_view replaces[] = {"data_parallel"};
 extern const StrategyRegistration zero_registration{.name = "zero",
                                                     .roles = roles,
                                                     .replaces = replaces,
+                                                    .options = options,
+                                                    .validate = validate,
                                                     .wanted = wanted,
                                                     .create = create,
                                                     .plan = plan,

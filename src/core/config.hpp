@@ -101,16 +101,19 @@ struct Config {
   LearningRateSchedule lr_schedule = LearningRateSchedule::constant;
   int warmup_steps = 0;
   std::int64_t seed = 1234;
-  // Parallelism
+  // Parallelism: the process grid's dimensions (layout/options.cpp)...
   int dp = 0;  // 0: world / (tp * pp)
   int tp = 1;
   int pp = 1;
   int ep = 1;
+  // ...and the values of the strategies' own options: each strategy's registration declares
+  // its options' names, help and rules (strategies/strategy_options.hpp) and binds them here.
   int zero = 0;
   int zero_shard_size = 0;  // ZeRO's shards over groups of this many data-parallel ranks (0: all)
   bool sequence_parallel = false;  // split the rows tensor parallelism replicates over its group
   std::string schedule = "1f1b";  // a pipeline schedule's name (schedule/schedule_table.hpp)
   int virtual_stages = 1;  // interleaved: model chunks per pipeline stage
+  // The memory options of the loop itself.
   bool recompute = false;
   bool offload = false;
   // Precision

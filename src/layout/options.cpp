@@ -7,9 +7,10 @@
 #include <cmath>
 #include <fstream>
 #include <sstream>
+#include <variant>
 
 #include "core/error.hpp"
-#include "schedule/schedule_table.hpp"
+#include "strategies/strategy.hpp"
 
 namespace mlptrain {
 
@@ -53,16 +54,13 @@ void visit_options(Config_& c, Visit&& visit) {
   visit(S::parallelism, "tp", c.tp, "tensor-parallel ranks");
   visit(S::parallelism, "pp", c.pp, "pipeline stages");
   visit(S::parallelism, "ep", c.ep, "expert-parallel ranks (divides dp)");
-  visit(S::parallelism, "zero", c.zero, "ZeRO stage 0..3 on the data-parallel group");
-  visit(S::parallelism, "zero-shard-size", c.zero_shard_size,
-        "hybrid sharding: ZeRO's shards span groups of this many consecutive data-parallel ranks "
-        "(a node), replicated across the groups (0: the whole data-parallel group)");
-  visit(S::parallelism, "sequence-parallel", c.sequence_parallel,
-        "with --tp: split the rows every tensor rank would hold whole between a row-parallel layer "
-        "and the next column-parallel (or MoE) layer over the tensor group");
-  visit(S::parallelism, "schedule", c.schedule, "pipeline schedule: " + schedule_names());
-  visit(S::parallelism, "virtual-stages", c.virtual_stages,
-        "interleaved: model chunks per pipeline stage (the layers split into pp x V chunks)");
+  // The strategies' own options (each registration declares them).
+  for (const StrategyRegistration& strategy : strategy_registry())
+    for (const StrategyOption& option : strategy.options) {
+      const std::string help =
+          option.choices != nullptr ? std::string(option.help) + ": " + option.choices() : std::string(option.help);
+      std::visit([&](auto member) { visit(S::parallelism, option.name.data(), c.*member, help); }, option.field);
+    }
   visit(S::parallelism, "recompute", c.recompute, "recompute activations in backward");
   visit(S::parallelism, "offload", c.offload, "optimizer state and its update in host memory (cuda, loopback)");
   visit(S::precision, "param-dtype", c.param_dtype,
@@ -200,15 +198,6 @@ ParsedOptions parse_options(const std::vector<std::string>& arguments) {
 
 namespace {
 
-void require(bool condition, const std::string& message) {
-  if (!condition) throw UsageError(message);
-}
-
-template <typename T>
-void at_least(const char* name, T value, T minimum) {
-  require(value >= minimum, fmt::format("--{} must be at least {} (got {})", name, minimum, value));
-}
-
 // The precision options: one 16-bit format per run, and loss scaling only where fp16 is used.
 void validate_precision(Config& c) {
   const Precision precision = c.precision();
@@ -279,8 +268,6 @@ void validate_options(Config& c, int world_size) {
   at_least("tp", c.tp, 1);
   at_least("pp", c.pp, 1);
   at_least("ep", c.ep, 1);
-  at_least("zero-shard-size", c.zero_shard_size, 0);
-  require(c.zero >= 0 && c.zero <= 3, fmt::format("--zero must be 0, 1, 2 or 3 (got {})", c.zero));
   at_least("log-every", c.log_every, 0);
   at_least("save-every", c.save_every, 0);
   at_least("timeout", c.timeout_s, 0.0);
@@ -295,15 +282,6 @@ void validate_options(Config& c, int world_size) {
   require(c.dp * model_parallel == world_size,
           fmt::format("dp x tp x pp = {} x {} x {} = {} does not match the world size {} "
                       "(mpiexec -n)", c.dp, c.tp, c.pp, c.dp * model_parallel, world_size));
-  require(c.dp % c.ep == 0, fmt::format("--ep {} does not divide dp {}", c.ep, c.dp));
-  if (c.zero_shard_size > 0) {
-    require(c.zero > 0, "--zero-shard-size shards ZeRO's state: it needs --zero 1, 2 or 3");
-    require(c.dp % c.zero_shard_size == 0,
-            fmt::format("--zero-shard-size {} does not divide dp {}", c.zero_shard_size, c.dp));
-    require(c.zero_shard_size % c.ep == 0 || c.ep % c.zero_shard_size == 0,
-            fmt::format("--zero-shard-size {} is neither a multiple nor a divisor of --ep {}: each expert's "
-                        "ranks must fall evenly into the shard groups", c.zero_shard_size, c.ep));
-  }
   require(c.global_batch % c.micro_batches == 0,
           fmt::format("--global-batch {} is not divisible by --micro-batches {}", c.global_batch,
                       c.micro_batches));
@@ -311,42 +289,15 @@ void validate_options(Config& c, int world_size) {
           fmt::format("the micro-batch of {} samples (--global-batch {} / --micro-batches {}) is "
                       "not divisible by dp {}", c.global_batch / c.micro_batches, c.global_batch,
                       c.micro_batches, c.dp));
-  if (c.sequence_parallel) {
-    const int rows = c.global_batch / c.micro_batches / c.dp;
-    require(c.tp > 1, "--sequence-parallel splits rows over the tensor-parallel group: it needs --tp 2 or more");
-    require(rows % c.tp == 0,
-            fmt::format("--sequence-parallel: the {} rows of a micro-batch on each data-parallel rank (--global-batch "
-                        "/ --micro-batches / dp) are not divisible by --tp {}", rows, c.tp));
-  }
   require(c.save_every == 0 || !c.checkpoint_dir.empty(), "--save-every needs --checkpoint-dir");
-  require(c.layers >= c.pp, fmt::format("--pp {} needs at least one layer per stage (got --layers {})",
-                                        c.pp, c.layers));
-  at_least("virtual-stages", c.virtual_stages, 1);
-  const ScheduleEntry* schedule = find_schedule(c.schedule);
-  require(schedule != nullptr, fmt::format("--schedule: unknown value '{}' (choose {})", c.schedule, schedule_names()));
-  require(c.virtual_stages == 1 || schedule->chunked,
-          fmt::format("--virtual-stages splits each pipeline stage into model chunks: --schedule {} holds one chunk "
-                      "a stage", c.schedule));
-  require(c.layers >= c.pp * c.virtual_stages,
-          fmt::format("--pp {} x --virtual-stages {} needs at least one layer per chunk (got --layers {})", c.pp,
-                      c.virtual_stages, c.layers));
-  const std::string shape_problem = schedule_shape_problem(
-      *schedule, {.stages = c.pp, .chunks = c.virtual_stages, .micro_batches = c.micro_batches});
-  require(shape_problem.empty(), fmt::format("--schedule {}: {}", c.schedule, shape_problem));
-  require(c.hidden % c.tp == 0,
-          fmt::format("--hidden {} is not divisible by --tp {}", c.hidden, c.tp));
+  for (const StrategyRegistration& strategy : strategy_registry())
+    if (strategy.validate != nullptr) strategy.validate(c);
 
   if (c.moe_every > 0) {
     require(c.moe_every <= c.layers - 2,
             fmt::format("--moe-every {} makes no layer MoE: only hidden layers 1..{} can be (--layers {})",
                         c.moe_every, c.layers - 2, c.layers));
-    require(c.experts % c.ep == 0,
-            fmt::format("--experts {} is not divisible by --ep {}", c.experts, c.ep));
   }
-  require(c.ep == 1 || c.moe_every > 0, "--ep splits the experts of MoE layers: it needs --moe-every");
-  require(c.moe_every == 0 || c.experts % (c.ep * c.tp) == 0,
-          fmt::format("--experts {} is not divisible by --ep x --tp = {} x {}: each tensor rank holds an equal "
-                      "slice of its expert-parallel rank's experts", c.experts, c.ep, c.tp));
   require(!c.offload || c.device != Device::cpu,
           "--offload moves the optimizer state from GPU memory to host memory: it needs --device cuda "
           "(or loopback; with --device cpu the state is in host memory already)");

@@ -10,7 +10,8 @@
 #include "core/half_float.hpp"
 #include "train/loss_scaler.hpp"
 #include "train/optimizer.hpp"
-#include "train/options.hpp"
+#include "layout/options.hpp"
+#include "strategies/strategy.hpp"
 
 using namespace mlptrain;
 
@@ -50,6 +51,31 @@ TEST(Options, HelpListsEveryOption) {
   for (const char* name : {"--layers", "--capacity-factor", "--data-path", "--grad-clip",
                            "--zero", "--comm", "--predict", "--config"})
     EXPECT_NE(options.help_text.find(name), std::string::npos) << name;
+}
+
+// What a strategy's registration declares reaches --help, INI text and its field, and its rules run.
+TEST(Options, EveryStrategysOwnOptionsAreParsedAndWrittenBack) {
+  const ParsedOptions help = parse_options({"--help"});
+  int declared = 0;
+  for (const StrategyRegistration& strategy : strategy_registry())
+    for (const StrategyOption& option : strategy.options) {
+      ++declared;
+      const std::string name(option.name);
+      EXPECT_NE(help.help_text.find("--" + name + " "), std::string::npos) << name;
+      EXPECT_NE(to_ini(Config{}).find("\n" + name + " = "), std::string::npos) << name;
+    }
+  EXPECT_GE(declared, 5);  // ZeRO's two, sequence parallelism, the pipeline's schedule and chunks
+  const Config config = parsed({"--pp", "2", "--schedule", "interleaved", "--virtual-stages", "2", "--micro-batches",
+                                "4", "--zero", "2", "--zero-shard-size", "1", "--sequence-parallel", "--tp", "2",
+                                "--global-batch", "64", "--layers", "8"}, 8);
+  EXPECT_EQ(config.schedule, "interleaved");
+  EXPECT_EQ(config.virtual_stages, 2);
+  EXPECT_EQ(config.zero, 2);
+  EXPECT_EQ(config.zero_shard_size, 1);
+  EXPECT_TRUE(config.sequence_parallel);
+  // Each strategy's rules: the pipeline's schedule table, ZeRO's stage range.
+  EXPECT_THROW(parsed({"--pp", "2", "--schedule", "zb-v2"}, 2), UsageError);
+  EXPECT_THROW(parsed({"--zero", "4"}, 2), UsageError);
 }
 
 TEST(Options, IniFileIsReadAndCommandLineWins) {
