@@ -16,7 +16,7 @@
 #include "core/half_float.hpp"
 #include "core/rng.hpp"
 #include "train/rank_model.hpp"
-#include "train/rank_plan.hpp"
+#include "layout/rank_plan.hpp"
 #include "train/schedule_executor.hpp"
 
 namespace mlptrain::test {

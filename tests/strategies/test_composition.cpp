@@ -10,7 +10,7 @@
 #include <stdexcept>
 
 #include "core/error.hpp"
-#include "train/rank_plan.hpp"
+#include "layout/rank_plan.hpp"
 
 using namespace mlptrain;
 
