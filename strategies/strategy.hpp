@@ -45,20 +45,19 @@ struct StrategyContext {
   RankLayers local;                      // this rank's layers
 };
 
-// One layer of one micro-batch. The runner holds the layer's input ([rows, in], this rank's local
-// tensors) and, in backward, where d loss / d input goes; the layer computes on `layer_input`
-// ([layer_rows, in]), which is the same unless a before-hook substitutes another input and row
-// count (rows gathered from a group, say): the runner then allocates the layer's outputs for
-// layer_rows rows, the next layer receives that many, and in backward the layer writes d loss /
-// d layer_input into `layer_grad_input`, which the substituting strategy maps back into
-// grad_input in its after-hook. Likewise a before-hook may give the layer's outputs other rows
-// than it computes on (`output_rows`: a sum over a group split into row blocks, say): the product
-// x W^T then goes to `product` ([layer_rows, out], transient) and the substituting strategy fills
-// `pre` ([output_rows, out]) from it in after_layer_matmul; the activation applies to the
-// output rows, the next layer receives them, and in backward the strategy fills `grad_product`
-// ([layer_rows, out]) from `grad_pre` ([output_rows, out]) in before_layer_matmul_backward.
-// Without such a substitution product is pre and grad_product is null (grad_pre serves).
-// Pointers not yet computed at the hook's point are null.
+// Which part of a layer's backward an event is: all of it, or (a zero-bubble schedule's B and
+// W, run as separate actions) the input gradient alone, then the parameter gradients alone.
+// B's hooks see the input gradient but must leave the parameter gradients alone; W's see those
+// and no input gradient (grad_input is null).
+enum class BackwardPart { whole, input, weight };
+
+// One layer of one micro-batch, as every hook sees it. The runner holds the layer's input
+// ([rows, in], this rank's local tensors); the layer computes on `layer_input` ([layer_rows,
+// in]), the same unless a before-hook substitutes another input and row count (rows gathered
+// from a group, say): the runner then sizes the layer's outputs for them, the next layer
+// receives that many, and backward and recomputation use the same counts. A before-hook may
+// also give the layer's outputs other rows than it computes on (`output_rows`: a sum over a
+// group split into row blocks, say; 0: layer_rows).
 // `unit_values` and `unit_grads` are where this use reads the layer's parameters and writes their
 // gradients: the layer's unit (its tensors in the store's layout, from the unit's first element),
 // the store's own unless a before-hook points either elsewhere (a gathered copy of sharded
@@ -66,47 +65,66 @@ struct StrategyContext {
 // gradients overwrite instead of accumulate. The runner places the layer's tensors from them
 // after the before-hooks; `parameters` (the layer's shape, and for a Linear layer its tensors as
 // placed) is read-only to hooks. Activations and their gradients are of `activation_type` (the
-// run's param type).
-// Which part of a layer's backward an event is: all of it, or (a zero-bubble schedule's B and
-// W, run as separate actions) the input gradient alone, then the parameter gradients alone.
-// B's hooks see the input gradient but must leave the parameter gradients alone; W's see those
-// and no input gradient (grad_input is null).
-enum class BackwardPart { whole, input, weight };
-
+// run's param type). Pointers not yet computed at the hook's point are null.
 struct LayerEvent {
   int layer = 0;
-  BackwardPart part = BackwardPart::whole;
   int micro_batch = 0;
   int micro_batches = 1;
   bool training = true;  // false while evaluating
-  // A forward run again in backward (--recompute) for activations the first forward dropped:
-  // the same computation, so the same hooks, but the layer's backward follows right after.
-  bool recomputing = false;
   DataType activation_type = DataType::float32;
   std::int64_t rows = 0;
   const void* input = nullptr;
-  void* grad_input = nullptr;  // null for the model's first layer
   std::int64_t layer_rows = 0;
   const void* layer_input = nullptr;
-  void* layer_grad_input = nullptr;
+  std::int64_t output_rows = 0;
   void* unit_values = nullptr;
   void* unit_grads = nullptr;
-  const LinearLayer* parameters = nullptr;
   bool accumulate_grads = false;  // add into the gradients (later micro-batches) or overwrite
-  std::int64_t output_rows = 0;   // the rows of the layer's outputs (0: layer_rows)
-  void* product = nullptr;        // x W^T ([layer_rows, out]), + b unless the bias comes after a sum
-  void* pre = nullptr;            // x W^T + b ([output_rows, out])
+  const LinearLayer* parameters = nullptr;
+
+  bool last_micro_batch() const { return micro_batch == micro_batches - 1; }
+  std::int64_t output_row_count() const { return output_rows > 0 ? output_rows : layer_rows; }
+};
+
+// A layer's forward. With output rows other than the layer's rows, the product x W^T goes to
+// `product` ([layer_rows, out], transient) and the substituting strategy fills `pre`
+// ([output_rows, out]) from it in after_layer_matmul; the activation applies to the output rows.
+// Without such a substitution product is pre.
+struct ForwardEvent : LayerEvent {
+  // A forward run again in backward (--recompute) for activations the first forward dropped:
+  // the same computation, so the same hooks, but the layer's backward follows right after.
+  bool recomputing = false;
   // Set by a before-hook whose after_layer_matmul sums partial products: the GEMM leaves the
   // bias out and that hook adds it to the sum, in fp32 before the sum is rounded (§2.7).
   BiasPlace bias = BiasPlace::in_product;
-  void* output = nullptr;         // the layer's output (GELU(pre) or pre); forward only
-  const void* grad_output = nullptr;  // backward: d loss / d output ([output_rows, out])
-  const void* grad_pre = nullptr;     // backward: d loss / d pre ([output_rows, out])
-  void* grad_product = nullptr;       // backward: d loss / d product ([layer_rows, out]) if split
-  bool last_micro_batch() const { return micro_batch == micro_batches - 1; }
-  std::int64_t output_row_count() const { return output_rows > 0 ? output_rows : layer_rows; }
+  void* product = nullptr;  // x W^T ([layer_rows, out]), + b unless the bias comes after a sum
+  void* pre = nullptr;      // x W^T + b ([output_rows, out])
+  void* output = nullptr;   // the layer's output (GELU(pre) or pre)
+
   // A before-hook's substitution of what the layer computes on.
-  void substitute_input(const void* input_rows, std::int64_t row_count, void* grad_rows = nullptr) {
+  void substitute_input(const void* input_rows, std::int64_t row_count) {
+    layer_input = input_rows;
+    layer_rows = row_count;
+  }
+};
+
+// A layer's backward (or its B or W). The runner holds where d loss / d input goes
+// (`grad_input`, null for the model's first layer and in W); a before-hook that substituted the
+// input gives the layer `layer_grad_input` for d loss / d layer_input and maps it back into
+// grad_input in its after-hook. With output rows other than the layer's, the substituting
+// strategy fills `grad_product` ([layer_rows, out]) from `grad_pre` ([output_rows, out]) in
+// before_layer_matmul_backward; without, grad_product is null (grad_pre serves).
+struct BackwardEvent : LayerEvent {
+  BackwardPart part = BackwardPart::whole;
+  void* grad_input = nullptr;
+  void* layer_grad_input = nullptr;
+  const void* grad_output = nullptr;  // d loss / d output ([output_rows, out])
+  const void* grad_pre = nullptr;     // d loss / d pre ([output_rows, out])
+  void* grad_product = nullptr;       // d loss / d product ([layer_rows, out]) if split
+
+  // A before-hook's substitution of what the layer computes on, and where its input gradient
+  // goes instead (ignored where there is no input gradient).
+  void substitute_input(const void* input_rows, std::int64_t row_count, void* grad_rows) {
     layer_input = input_rows;
     layer_rows = row_count;
     layer_grad_input = grad_input != nullptr ? grad_rows : nullptr;
@@ -140,20 +158,22 @@ class LayerHooks {
  public:
   virtual ~LayerHooks() = default;
   virtual void before_step(const StepEvent&) {}
-  virtual void before_layer_forward(LayerEvent&) {}
+  virtual void before_layer_forward(ForwardEvent&) {}
   // Between the matrix product and the activation: product holds x W^T (+ b; an MoE layer's: its
   // experts' combined output), and pre must hold what the activation applies to, bias included,
   // when the hooks return (they are the same memory unless a before-hook changed the output rows).
-  virtual void after_layer_matmul(LayerEvent&) {}
-  virtual void after_layer_forward(LayerEvent&) {}
-  // Backward hooks run for each part of a split backward (LayerEvent::part says which).
-  virtual void before_layer_backward(LayerEvent&) {}
+  virtual void after_layer_matmul(ForwardEvent&) {}
+  // The layer's output is complete (what it computed on can be let go).
+  virtual void after_layer_forward(const ForwardEvent&) {}
+  // Backward hooks run for each part of a split backward (BackwardEvent::part says which).
+  virtual void before_layer_backward(BackwardEvent&) {}
   // Between the activation's backward and the products': grad_pre holds d loss / d pre, and
   // grad_product must hold d loss / d product when the hooks return (the same memory unless the
   // output rows differ from the rows the layer computes on).
-  virtual void before_layer_matmul_backward(LayerEvent&) {}
-  // The layer's parameter gradients for this micro-batch are complete (B: its input gradient).
-  virtual void after_layer_backward(LayerEvent&) {}
+  virtual void before_layer_matmul_backward(BackwardEvent&) {}
+  // The layer's parameter gradients for this micro-batch are complete (B: its input gradient);
+  // the event's pointers still name the memory a hook maps back from (layer_grad_input).
+  virtual void after_layer_backward(const BackwardEvent&) {}
   // After the last backward: every gradient must be final when this returns.
   virtual void synchronize_gradients(const StepEvent&) {}
   virtual void after_optimizer_step(const StepEvent&) {}

@@ -82,15 +82,15 @@ class TensorParallel final : public Strategy, public LayerHooks {
   // A split output has a block of the rows; a gathered input (in forward, for the layer's
   // products) has every block.
   // A row-parallel layer's bias joins the sum of the partial products, here.
-  void before_layer_forward(LayerEvent& event) override {
-    if (gathers(event)) gather_input(event, nullptr);
+  void before_layer_forward(ForwardEvent& event) override {
+    if (gathers(event)) event.substitute_input(gather_input(event), event.rows * group_.size());
     if (splits(event)) event.output_rows = event.layer_rows / group_.size();
     if (part_of(event.layer, model_) == PairPart::row) event.bias = BiasPlace::after_sum;
   }
 
   // g: the partial products of a row-parallel (or MoE) layer are summed before the bias, into
   // this rank's block of rows when split.
-  void after_layer_matmul(LayerEvent& event) override {
+  void after_layer_matmul(ForwardEvent& event) override {
     const PairPart part = part_of(event.layer, model_);
     if (!sums_output(part)) return;
     const std::int64_t out = event.parameters->spec.out_features, rows = event.output_row_count();
@@ -107,25 +107,22 @@ class TensorParallel final : public Strategy, public LayerHooks {
       kernels_.bias_add(event.pre, event.parameters->bias, rows, out, event.activation_type);
   }
 
-  void after_layer_forward(LayerEvent&) override { gathered_input_ = Buffer{}; }
+  void after_layer_forward(const ForwardEvent&) override { gathered_input_ = Buffer{}; }
 
   // The layer's backward computes on every block of rows: its weight gradient reads the gathered
   // input, and its input gradient is written for every block. A split backward's B computes the
   // input gradient alone, which does not read the input: no gather there.
-  void before_layer_backward(LayerEvent& event) override {
+  void before_layer_backward(BackwardEvent& event) override {
     if (!gathers(event)) return;
     if (event.grad_input != nullptr)
       gathered_grad_ = allocate(event.rows * group_.size(), event.parameters->spec.in_features, event);
     void* grad_rows = gathered_grad_.empty() ? nullptr : gathered_grad_.as<void>();
-    if (event.part == BackwardPart::input) {
-      event.substitute_input(nullptr, event.rows * group_.size(), grad_rows);
-    } else {
-      gather_input(event, grad_rows);
-    }
+    const void* input = event.part == BackwardPart::input ? nullptr : gather_input(event);
+    event.substitute_input(input, event.rows * group_.size(), grad_rows);
   }
 
   // g's backward when split: the blocks of d loss / d pre, gathered for the products' backward.
-  void before_layer_matmul_backward(LayerEvent& event) override {
+  void before_layer_matmul_backward(BackwardEvent& event) override {
     if (!splits(event)) return;
     group_.all_gather(event.grad_pre, event.grad_product,
                       elements(event.output_row_count(), event.parameters->spec.out_features), event.activation_type);
@@ -134,7 +131,7 @@ class TensorParallel final : public Strategy, public LayerHooks {
   // f's backward: the column-parallel layer's input gradient is summed over the output slices
   // (an MoE layer's over its experts' slices), into this rank's block of rows when the input was
   // gathered.
-  void after_layer_backward(LayerEvent& event) override {
+  void after_layer_backward(const BackwardEvent& event) override {
     const std::int64_t in = event.parameters->spec.in_features;
     if (gathers(event)) {
       if (event.grad_input != nullptr)
@@ -165,7 +162,7 @@ class TensorParallel final : public Strategy, public LayerHooks {
   // The half-precision g: every rank's rounded partial products of this rank's output rows (all
   // of them, or its block when split), summed in fp32 in rank order, plus the bias, rounded once
   // into pre. Same as one process up to the order of fp32 sums.
-  void sum_partials_with_bias(LayerEvent& event) {
+  void sum_partials_with_bias(ForwardEvent& event) {
     const DataType type = event.activation_type;
     const std::int64_t out = event.parameters->spec.out_features, rows = event.output_row_count();
     const std::size_t count = elements(rows, out);
@@ -190,12 +187,12 @@ class TensorParallel final : public Strategy, public LayerHooks {
     kernels_.convert(sums.floats(), DataType::float32, event.pre, type, count);
   }
 
-  // Every rank's block of the layer's input rows, which the layer then computes on.
-  void gather_input(LayerEvent& event, void* grad_rows) {
-    const std::int64_t in = event.parameters->spec.in_features, rows = event.rows * group_.size();
-    gathered_input_ = allocate(rows, in, event);
+  // Every rank's block of the layer's input rows, for the layer to compute on.
+  const void* gather_input(const LayerEvent& event) {
+    const std::int64_t in = event.parameters->spec.in_features;
+    gathered_input_ = allocate(event.rows * group_.size(), in, event);
     group_.all_gather(event.input, gathered_input_.as<void>(), elements(event.rows, in), event.activation_type);
-    event.substitute_input(gathered_input_.as<void>(), rows, grad_rows);
+    return gathered_input_.as<void>();
   }
 
   const std::vector<LayerSpec>& model_;

@@ -41,14 +41,14 @@ class Zero final : public Strategy, public LayerHooks, public StateSharding {
         gradients_(make_gradient_path(shards_, context.config.zero)),
         parameters_(make_parameter_path(shards_, context.config.zero, *gradients_)) {}
 
-  void before_layer_forward(LayerEvent& event) override {
+  void before_layer_forward(ForwardEvent& event) override {
     if (void* values = parameters_->begin_forward(shards_.unit_of(event.layer), event.recomputing))
       event.unit_values = values;
     progress();
   }
-  void after_layer_forward(LayerEvent& event) override { parameters_->end_forward(shards_.unit_of(event.layer)); }
-  void before_layer_backward(LayerEvent& event) override;
-  void after_layer_backward(LayerEvent& event) override;
+  void after_layer_forward(const ForwardEvent& event) override { parameters_->end_forward(shards_.unit_of(event.layer)); }
+  void before_layer_backward(BackwardEvent& event) override;
+  void after_layer_backward(const BackwardEvent& event) override;
   void synchronize_gradients(const StepEvent&) override { gradients_->finish_step(); }
   void after_optimizer_step(const StepEvent&) override { parameters_->after_update(); }
 
@@ -71,7 +71,7 @@ class Zero final : public Strategy, public LayerHooks, public StateSharding {
 
 // A split backward's B reads the parameters and writes no gradient; its W writes the gradients
 // and reads no parameter (ZeRO-3 lends it a free slot's gradient area, gathering nothing).
-void Zero::before_layer_backward(LayerEvent& event) {
+void Zero::before_layer_backward(BackwardEvent& event) {
   const std::size_t unit = shards_.unit_of(event.layer);
   ZeroParameterPath::BackwardBuffers buffers;
   if (event.part == BackwardPart::weight) {
@@ -92,7 +92,7 @@ void Zero::before_layer_backward(LayerEvent& event) {
   progress();
 }
 
-void Zero::after_layer_backward(LayerEvent& event) {
+void Zero::after_layer_backward(const BackwardEvent& event) {
   const std::size_t unit = shards_.unit_of(event.layer);
   if (event.part != BackwardPart::input) gradients_->end_backward(unit, event.last_micro_batch());
   if (event.part != BackwardPart::weight) parameters_->end_backward(unit);

@@ -17,13 +17,12 @@ void ModelRunner::recompute_segment(MicroBatchActivations& activations, std::siz
                                     int micro_batches) {
   for (std::size_t local = first; local <= last; ++local) {
     if (!activations.pre[local].empty()) continue;  // kept by forward
-    const void* input = local == 0 ? activations.input.as<void>() : layer_output(activations, local - 1);
-    layer_forward(activations, local, input, input_rows(activations, local), local < last ? nullptr : scratch,
-                  micro_batch, micro_batches, true, true);
+    layer_forward(activations, local, local < last ? nullptr : scratch,
+                  {.micro_batch = micro_batch, .micro_batches = micro_batches, .training = true, .recomputing = true});
   }
 }
 
-void ModelRunner::layer_backward(MicroBatchActivations& activations, std::size_t local, LayerEvent& event,
+void ModelRunner::layer_backward(MicroBatchActivations& activations, std::size_t local, BackwardEvent& event,
                                  void* grad_pre, int micro_batches, float loss_scale) {
   strategies_.before_layer_backward(event);
   LinearLayer view = layers_[local];
@@ -43,7 +42,8 @@ void ModelRunner::layer_backward(MicroBatchActivations& activations, std::size_t
   if (moe_layers_[local]) {
     event.grad_pre = event.grad_output;
   } else {
-    event.grad_pre = linear_backward_activation(kernels_, view, event.pre, event.grad_output, output_rows,
+    event.grad_pre = linear_backward_activation(kernels_, view, activations.pre[local].as<void>(), event.grad_output,
+                                                output_rows,
                                                 split ? split_grad_pre.as<void>() : grad_pre,
                                                 split ? unused_bias_sums.as<void>() : view.bias_grad,
                                                 event.accumulate_grads);
@@ -65,9 +65,10 @@ void ModelRunner::layer_backward(MicroBatchActivations& activations, std::size_t
   strategies_.after_layer_backward(event);
 }
 
-LayerEvent ModelRunner::backward_event(const MicroBatchActivations& activations, std::size_t local, int micro_batch,
-                                       int micro_batches, const void* grad_output, void* grad_input) const {
-  LayerEvent event = layer_event(local);
+BackwardEvent ModelRunner::backward_event(const MicroBatchActivations& activations, std::size_t local, int micro_batch,
+                                          int micro_batches, const void* grad_output, void* grad_input) const {
+  BackwardEvent event;
+  static_cast<LayerEvent&>(event) = layer_event(local);
   event.micro_batch = micro_batch;
   event.micro_batches = micro_batches;
   event.rows = input_rows(activations, local);
@@ -75,7 +76,6 @@ LayerEvent ModelRunner::backward_event(const MicroBatchActivations& activations,
   event.layer_rows = activations.layer_rows[local];
   event.output_rows = activations.output_rows[local];
   event.accumulate_grads = micro_batch > 0;
-  event.pre = activations.pre[local].as<void>();
   event.grad_output = grad_output;
   return event;
 }
@@ -105,7 +105,7 @@ void ModelRunner::backward_pass(MicroBatchActivations& activations, int micro_ba
     void* grad_input = global_layer == 0 ? nullptr
                        : local == 0        ? activations.input_grad.as<void>()
                                            : workspace[outgoing].as<void>();
-    LayerEvent event = backward_event(activations, local, micro_batch, micro_batches, grad_output, grad_input);
+    BackwardEvent event = backward_event(activations, local, micro_batch, micro_batches, grad_output, grad_input);
     event.input = event.layer_input = layer_input(activations, local);
     if (whole || moe_layers_[local]) {
       layer_backward(activations, local, event, workspace[2].as<void>(), micro_batches, loss_scale);
@@ -143,7 +143,7 @@ void ModelRunner::backward(MicroBatchActivations& activations, int micro_batch, 
   activations.input_grad = std::move(input_grad);
 }
 
-void ModelRunner::layer_backward_input(MicroBatchActivations& activations, std::size_t local, LayerEvent& event) {
+void ModelRunner::layer_backward_input(MicroBatchActivations& activations, std::size_t local, BackwardEvent& event) {
   strategies_.before_layer_backward(event);
   LinearLayer view = layers_[local];
   MoeParameters unused;
@@ -157,8 +157,8 @@ void ModelRunner::layer_backward_input(MicroBatchActivations& activations, std::
   Buffer split_grad_pre = split ? allocate_rows(MemoryState::workspace, output_rows, out) : Buffer{};
   Buffer unused_bias_sums =
       allocator_.allocate_elements(MemoryState::workspace, static_cast<std::size_t>(out), view.precision.reduce);
-  event.grad_pre = linear_backward_activation(kernels_, view, event.pre, event.grad_output, output_rows,
-                                              split ? split_grad_pre.as<void>() : kept.as<void>(),
+  event.grad_pre = linear_backward_activation(kernels_, view, activations.pre[local].as<void>(), event.grad_output,
+                                              output_rows, split ? split_grad_pre.as<void>() : kept.as<void>(),
                                               unused_bias_sums.as<void>(), false);
   // Without a GELU the gradient of pre is the incoming one, which the next layer's B overwrites.
   if (!split && event.grad_pre != kept.as<void>())
@@ -172,7 +172,7 @@ void ModelRunner::layer_backward_input(MicroBatchActivations& activations, std::
 
 void ModelRunner::layer_backward_weight(MicroBatchActivations& activations, std::size_t local, int micro_batch,
                                         int micro_batches) {
-  LayerEvent event = backward_event(activations, local, micro_batch, micro_batches, nullptr, nullptr);
+  BackwardEvent event = backward_event(activations, local, micro_batch, micro_batches, nullptr, nullptr);
   event.part = BackwardPart::weight;
   event.input = event.layer_input = layer_input(activations, local);
   strategies_.before_layer_backward(event);

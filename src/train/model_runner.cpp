@@ -103,17 +103,17 @@ void* ModelRunner::layer_output(MicroBatchActivations& activations, std::size_t 
   return layers_[local].spec.gelu ? activations.output[local].as<void>() : activations.pre[local].as<void>();
 }
 
-void ModelRunner::layer_forward(MicroBatchActivations& activations, std::size_t local,
-                                const void* input, std::int64_t rows, void* scratch, int micro_batch,
-                                int micro_batches, bool training, bool recomputing) {
+void ModelRunner::layer_forward(MicroBatchActivations& activations, std::size_t local, void* scratch,
+                                const ForwardPass& pass) {
   const LinearLayer& layer = layers_[local];
-  LayerEvent event = layer_event(local);
-  event.micro_batch = micro_batch;
-  event.micro_batches = micro_batches;
-  event.training = training;
-  event.recomputing = recomputing;
-  event.rows = event.layer_rows = rows;
-  event.input = event.layer_input = input;
+  ForwardEvent event;
+  static_cast<LayerEvent&>(event) = layer_event(local);
+  event.micro_batch = pass.micro_batch;
+  event.micro_batches = pass.micro_batches;
+  event.training = pass.training;
+  event.recomputing = pass.recomputing;
+  event.rows = event.layer_rows = input_rows(activations, local);
+  event.input = event.layer_input = layer_input(activations, local);
   if (forward_gate_) forward_gate_(event.layer);
   strategies_.before_layer_forward(event);
   LinearLayer view = layer;
@@ -137,7 +137,7 @@ void ModelRunner::layer_forward(MicroBatchActivations& activations, std::size_t 
   if (moe_layers_[local]) {
     const MoeLayer::Pass moe_pass{kernels_, allocator_, strategies_.expert_exchange(), &moe_parameters};
     moe_layers_[local]->forward(moe_pass, event.layer_input, event.layer_rows, event.product, activations.moe[local],
-                                training ? &moe_statistics_ : nullptr);
+                                pass.training ? &moe_statistics_ : nullptr);
     strategies_.after_layer_matmul(event);
     event.output = event.pre;
   } else {
@@ -158,9 +158,8 @@ LossSums ModelRunner::forward(MicroBatchActivations& activations, int micro_batc
   activations.layer_rows.resize(layers_.size());
   activations.output_rows.resize(layers_.size());
   for (std::size_t local = 0; local < layers_.size(); ++local) {
-    const void* input = local == 0 ? activations.input.as<void>() : layer_output(activations, local - 1);
-    layer_forward(activations, local, input, input_rows(activations, local), nullptr, micro_batch,
-                  micro_batches, training, false);
+    layer_forward(activations, local, nullptr,
+                  {.micro_batch = micro_batch, .micro_batches = micro_batches, .training = training});
     // What backward will not read (or will recompute) goes now; the stage's output stays.
     if (layers_[local].spec.gelu && !plan_.keeps_pre(local, training)) activations.pre[local] = Buffer{};
     if (!plan_.keeps_input(local, training)) {

@@ -82,14 +82,18 @@ class ModelRunner {
   Buffer allocate_rows(MemoryState state, std::int64_t rows, std::int64_t columns) {
     return allocator_.allocate_elements(state, static_cast<std::size_t>(rows * columns), activation_type_);
   }
-  // Runs layer `local` forward from `input` (`rows` rows) with the strategies' forward hooks,
-  // into its pre-activation and output, allocated for the rows the layer computes on unless
-  // kept; the output goes to `scratch` when given (a recomputed segment's last layer, whose
-  // output backward does not read). Recomputing: in backward, for a layer whose activations
-  // forward did not keep.
-  void layer_forward(MicroBatchActivations& activations, std::size_t local, const void* input,
-                     std::int64_t rows, void* scratch, int micro_batch, int micro_batches,
-                     bool training, bool recomputing);
+  // Runs layer `local` forward from the input it receives (the micro-batch's, or the previous
+  // layer's output) with the strategies' forward hooks, into its pre-activation and output,
+  // allocated for the rows the layer computes on unless kept; the output goes to `scratch` when
+  // given (a recomputed segment's last layer, whose output backward does not read).
+  // Recomputing: in backward, for a layer whose activations forward did not keep.
+  struct ForwardPass {
+    int micro_batch = 0;
+    int micro_batches = 1;
+    bool training = true;
+    bool recomputing = false;
+  };
+  void layer_forward(MicroBatchActivations& activations, std::size_t local, void* scratch, const ForwardPass& pass);
   // The rows layer `local` receives.
   std::int64_t input_rows(const MicroBatchActivations& activations, std::size_t local) const {
     return local == 0 ? activations.rows : activations.output_rows[local - 1];
@@ -101,13 +105,13 @@ class ModelRunner {
                         MoeParameters& moe_parameters) const;
   // Backward of layer `local` (its event prepared and its before-hooks run) from grad_output
   // into event.layer_grad_input; `grad_pre` is workspace for d loss / d pre of layer_rows rows.
-  void layer_backward(MicroBatchActivations& activations, std::size_t local, LayerEvent& event,
+  void layer_backward(MicroBatchActivations& activations, std::size_t local, BackwardEvent& event,
                       void* grad_pre, int micro_batches, float loss_scale);
   // A Linear layer's B and W (model_backward.cpp).
-  void layer_backward_input(MicroBatchActivations& activations, std::size_t local, LayerEvent& event);
+  void layer_backward_input(MicroBatchActivations& activations, std::size_t local, BackwardEvent& event);
   void layer_backward_weight(MicroBatchActivations& activations, std::size_t local, int micro_batch, int micro_batches);
   // The event of layer `local`'s backward, its input and gradients placed.
-  LayerEvent backward_event(const MicroBatchActivations& activations, std::size_t local, int micro_batch,
+  BackwardEvent backward_event(const MicroBatchActivations& activations, std::size_t local, int micro_batch,
                             int micro_batches, const void* grad_output, void* grad_input) const;
   // The input a layer read in forward: the micro-batch's, or the previous layer's output.
   const void* layer_input(MicroBatchActivations& activations, std::size_t local) const {

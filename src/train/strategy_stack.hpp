@@ -22,22 +22,22 @@ class StrategyStack {
   // The object of the strategy named `name` (tests look into their own strategies through it).
   Strategy& object(std::string_view name) const;
   void before_step(const StepEvent& event) { each([&](LayerHooks& s) { s.before_step(event); }); }
-  void before_layer_forward(LayerEvent& event) {
+  void before_layer_forward(ForwardEvent& event) {
     each([&](LayerHooks& s) { s.before_layer_forward(event); });
   }
-  void after_layer_matmul(LayerEvent& event) {
+  void after_layer_matmul(ForwardEvent& event) {
     each([&](LayerHooks& s) { s.after_layer_matmul(event); });
   }
-  void after_layer_forward(LayerEvent& event) {
+  void after_layer_forward(const ForwardEvent& event) {
     each([&](LayerHooks& s) { s.after_layer_forward(event); });
   }
-  void before_layer_backward(LayerEvent& event) {
+  void before_layer_backward(BackwardEvent& event) {
     each([&](LayerHooks& s) { s.before_layer_backward(event); });
   }
-  void before_layer_matmul_backward(LayerEvent& event) {
+  void before_layer_matmul_backward(BackwardEvent& event) {
     each([&](LayerHooks& s) { s.before_layer_matmul_backward(event); });
   }
-  void after_layer_backward(LayerEvent& event) {
+  void after_layer_backward(const BackwardEvent& event) {
     each([&](LayerHooks& s) { s.after_layer_backward(event); });
   }
   void synchronize_gradients(const StepEvent& event) {

@@ -20,11 +20,11 @@ class HookRecorder final : public Strategy, public LayerHooks {
   std::vector<std::string> calls;
 
   void before_step(const StepEvent&) override { calls.push_back("step"); }
-  void before_layer_forward(LayerEvent& event) override { add(event.recomputing ? "forward*" : "forward", event); }
-  void after_layer_matmul(LayerEvent& event) override { add("matmul", event); }
-  void after_layer_forward(LayerEvent& event) override { add("forwarded", event); }
-  void before_layer_backward(LayerEvent& event) override { add("backward", event); }
-  void after_layer_backward(LayerEvent& event) override { add("backwarded", event); }
+  void before_layer_forward(ForwardEvent& event) override { add(event.recomputing ? "forward*" : "forward", event); }
+  void after_layer_matmul(ForwardEvent& event) override { add("matmul", event); }
+  void after_layer_forward(const ForwardEvent& event) override { add("forwarded", event); }
+  void before_layer_backward(BackwardEvent& event) override { add("backward", event); }
+  void after_layer_backward(const BackwardEvent& event) override { add("backwarded", event); }
   void synchronize_gradients(const StepEvent&) override { calls.push_back("synchronize"); }
 
  private:
@@ -45,10 +45,15 @@ class RowDoubling final : public Strategy, public LayerHooks {
  public:
   explicit RowDoubling(const StrategyContext& context) : allocator_(context.allocator) {}
 
-  void before_layer_forward(LayerEvent& event) override { substitute(event, false); }
-  void after_layer_forward(LayerEvent& event) override { buffers_.erase(key(event)); }
-  void before_layer_backward(LayerEvent& event) override { substitute(event, true); }
-  void after_layer_backward(LayerEvent& event) override {
+  void before_layer_forward(ForwardEvent& event) override {
+    if (const float* input = substitute(event, false)) event.substitute_input(input, layer_rows(event));
+  }
+  void after_layer_forward(const ForwardEvent& event) override { buffers_.erase(key(event)); }
+  void before_layer_backward(BackwardEvent& event) override {
+    if (const float* input = substitute(event, true))
+      event.substitute_input(input, layer_rows(event), buffers_.at(key(event)).grad.floats());
+  }
+  void after_layer_backward(const BackwardEvent& event) override {
     if (event.layer != 1 && event.layer != 2) return;
     Buffers& buffers = buffers_.at(key(event));
     const float* scratch = buffers.grad.floats();
@@ -71,10 +76,13 @@ class RowDoubling final : public Strategy, public LayerHooks {
   };
   static int key(const LayerEvent& event) { return event.layer * 1000 + event.micro_batch; }
 
-  void substitute(LayerEvent& event, bool backward) {
-    if (event.layer != 1 && event.layer != 2) return;
+  static std::int64_t layer_rows(const LayerEvent& event) { return event.layer == 1 ? 2 * event.rows : event.rows / 2; }
+
+  // The doubled (layer 1) or averaged (layer 2) input; null for the other layers.
+  const float* substitute(const LayerEvent& event, bool backward) {
+    if (event.layer != 1 && event.layer != 2) return nullptr;
     const std::int64_t in = event.parameters->spec.in_features, rows = event.rows;
-    const std::int64_t layer_rows = event.layer == 1 ? 2 * rows : rows / 2;
+    const std::int64_t layer_rows = RowDoubling::layer_rows(event);
     Buffers& buffers = buffers_[key(event)];
     buffers.input = allocator_.allocate_floats(MemoryState::workspace, static_cast<std::size_t>(layer_rows * in));
     float* input = buffers.input.floats();
@@ -86,7 +94,7 @@ class RowDoubling final : public Strategy, public LayerHooks {
                                                               received[(row + layer_rows) * in + column]);
     if (backward)
       buffers.grad = allocator_.allocate_floats(MemoryState::workspace, static_cast<std::size_t>(layer_rows * in));
-    event.substitute_input(input, layer_rows, buffers.grad.floats());
+    return input;
   }
 
   Allocator& allocator_;
