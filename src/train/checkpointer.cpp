@@ -25,7 +25,7 @@ TrainingState Checkpointer::state(const Progress& progress) const {
   return {.placement = run_.model->placement,
           .step = progress.step,
           .optimizer_step = progress.optimizer_step,
-          .data_position = run_.batch.step_position(progress.step),
+          .data_position = run_.data->batch().step_position(progress.step),
           .loss_scale = progress.loss_scale,
           .loss_scale_finite_steps = progress.loss_scale_finite_steps};
 }
@@ -33,8 +33,8 @@ TrainingState Checkpointer::state(const Progress& progress) const {
 Checkpointer::Resumed Checkpointer::resume(const Progress& start) {
   TrainingState loaded = state(start);
   const std::string file = load_checkpoint(run_.config.resume, loaded, scope());
-  run_.batch.resumed_step = loaded.step;
-  run_.batch.resumed_position = loaded.data_position;
+  run_.data->batch().resumed_step = loaded.step;
+  run_.data->batch().resumed_position = loaded.data_position;
   return {{.step = loaded.step,
            .optimizer_step = loaded.optimizer_step,
            .loss_scale = loaded.loss_scale,

@@ -22,12 +22,17 @@ void ModelRunner::recompute_segment(MicroBatchActivations& activations, std::siz
   }
 }
 
-void ModelRunner::layer_backward(MicroBatchActivations& activations, std::size_t local, BackwardEvent& event,
-                                 void* grad_pre, int micro_batches, float loss_scale) {
+LinearLayer ModelRunner::begin_backward(std::size_t local, BackwardEvent& event, MoeParameters& moe_parameters) {
   strategies_.before_layer_backward(event);
   LinearLayer view = layers_[local];
-  MoeParameters moe_parameters;
   place_parameters(local, event, view, moe_parameters);
+  return view;
+}
+
+void ModelRunner::layer_backward(MicroBatchActivations& activations, std::size_t local, BackwardEvent& event,
+                                 void* grad_pre, int micro_batches, float loss_scale) {
+  MoeParameters moe_parameters;
+  const LinearLayer view = begin_backward(local, event, moe_parameters);
   // With outputs of other rows than the layer computes on, d loss / d pre has the output rows
   // (its bias sums wait for all rows, in the products' gradient) and the hooks fill the
   // products' gradient for the layer's rows into the workspace.
@@ -144,10 +149,8 @@ void ModelRunner::backward(MicroBatchActivations& activations, int micro_batch, 
 }
 
 void ModelRunner::layer_backward_input(MicroBatchActivations& activations, std::size_t local, BackwardEvent& event) {
-  strategies_.before_layer_backward(event);
-  LinearLayer view = layers_[local];
   MoeParameters unused;
-  place_parameters(local, event, view, unused);
+  const LinearLayer view = begin_backward(local, event, unused);
   const std::int64_t output_rows = event.output_row_count(), out = view.spec.out_features;
   const bool split = output_rows != event.layer_rows;
   const std::size_t count = static_cast<std::size_t>(event.layer_rows * out);

@@ -103,7 +103,9 @@ class ModelRunner {
   LayerEvent layer_event(std::size_t local) const;
   void place_parameters(std::size_t local, LayerEvent& event, LinearLayer& view,
                         MoeParameters& moe_parameters) const;
-  // Backward of layer `local` (its event prepared and its before-hooks run) from grad_output
+  // The backward's before-hooks, then the layer's tensors placed from where they left its unit.
+  LinearLayer begin_backward(std::size_t local, BackwardEvent& event, MoeParameters& moe_parameters);
+  // Backward of layer `local` (its event prepared) from grad_output
   // into event.layer_grad_input; `grad_pre` is workspace for d loss / d pre of layer_rows rows.
   void layer_backward(MicroBatchActivations& activations, std::size_t local, BackwardEvent& event,
                       void* grad_pre, int micro_batches, float loss_scale);

@@ -44,15 +44,16 @@ Run::Run(const Config& run_config, MPI_Comm world_comm, const CommSettings& comm
   // on once the groups exist.
   std::exception_ptr device_problem;
   try {
-    device = open_compute_device(config, world_comm, memory, host_memory);
+    device = open_compute_device(config, world_comm, ledgers.memory, ledgers.host_memory);
   } catch (const Error&) {
     device_problem = std::current_exception();
   }
-  groups = std::make_unique<ProcessGroups>(mpi_world, shape, communicator_factory(config, device, comm_ledger, comm));
+  groups = std::make_unique<ProcessGroups>(mpi_world, shape, communicator_factory(config, device, ledgers.comm, comm));
   agree_or_throw(world(), [&] {
     if (device_problem) std::rethrow_exception(device_problem);
   });
 
+  std::unique_ptr<Dataset> dataset;
   agree_or_throw(world(), [&] {
     dataset = open_dataset({.kind = config.dataset,
                             .path = config.data_path,
@@ -62,9 +63,8 @@ Run::Run(const Config& run_config, MPI_Comm world_comm, const CommSettings& comm
       throw UsageError("--eval-every needs a held-out split, and '" + config.data_path +
                        "' has no /x_test and /y_test");
   });
-  const DatasetInfo& data = dataset->info();
-  loss_kind = data.kind == TargetKind::classification ? LossKind::cross_entropy : LossKind::mse;
-  std::vector<LayerSpec> specs = model_layer_specs(config.layers, data.input_dim, config.hidden, data.output_dim,
+  const DatasetInfo info = dataset->info();
+  std::vector<LayerSpec> specs = model_layer_specs(config.layers, info.input_dim, config.hidden, info.output_dim,
                                                    config.moe_every, config.experts, config.top_k);
   for (const LayerSpec& spec : specs)
     if (spec.moe()) moe_layers.push_back(spec.index);
@@ -73,13 +73,11 @@ Run::Run(const Config& run_config, MPI_Comm world_comm, const CommSettings& comm
   model = std::make_unique<RankModel>(config, *groups, *device.kernels, *device.memory, specs, strategies,
                                       offload, agreed_allocation(world(), parameter_count(specs)));
 
-  order = std::make_unique<SampleOrder>(data.train_size, config.shuffle, static_cast<std::uint64_t>(config.seed));
-  const bool loss_here = model->computes_loss();
-  feed = std::make_unique<SampleFeed>(*dataset, *device.memory,
-                                      SampleParts{.inputs = model->reads_inputs(),
-                                                  .targets = loss_here && loss_kind == LossKind::mse,
-                                                  .labels = loss_here && loss_kind == LossKind::cross_entropy});
-  batch = {.global_batch = config.global_batch, .micro_batches = config.micro_batches, .data_parallel = config.dp};
+  data = std::make_unique<RunData>(config, std::move(dataset), *device.kernels, *device.memory,
+                                   RunData::ModelSide{.reads_inputs = model->reads_inputs(),
+                                                      .computes_loss = model->computes_loss(),
+                                                      .activation_type = model->activation_type()},
+                                   groups->place().dp);
   schedule = rank_schedule(strategies, config, shape, groups->place(), config.micro_batches, true);
   agree_or_throw(world(), [&] {
     if (!config.checkpoint_dir.empty() && rank_zero() && !config.predict)
@@ -89,12 +87,13 @@ Run::Run(const Config& run_config, MPI_Comm world_comm, const CommSettings& comm
                                           config.steps);
   });
   if (!config.trace_path.empty() && !config.predict) {
-    trace = std::make_unique<TraceRecorder>();
-    comm_ledger.set_trace(trace.get());
+    ledgers.trace = std::make_unique<TraceRecorder>();
+    ledgers.comm.set_trace(ledgers.trace.get());
     world().barrier();  // the ranks' common time origin
-    trace_origin_ms = now_ms();
+    ledgers.trace_origin_ms = now_ms();
   }
-  executor = std::make_unique<ScheduleExecutor>(model->chunk_runners(), *model->strategies, *device.memory, trace.get());
+  executor = std::make_unique<ScheduleExecutor>(model->chunk_runners(), *model->strategies, *device.memory,
+                                                ledgers.trace.get());
 }
 
 }  // namespace mlptrain

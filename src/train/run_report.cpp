@@ -15,7 +15,7 @@ namespace {
 
 RankLayout layout_of(const Run& run) {
   return rank_layout(run.strategies, run.config, run.model->specs, run.groups->shape(), run.groups->place(),
-                     run.loss_kind);
+                     run.data->loss_kind());
 }
 
 // The precision line: what each state is held in, and how a half loss is scaled.
@@ -50,7 +50,7 @@ std::string describe_run(const Run& run) {
       shape.world, shape.dp, shape.tp, shape.pp, shape.ep, config.zero,
       hybrid_sharding(shape) ? fmt::format(" (shards over {})", shard_ranks(shape)) : "",
       strategies.empty() ? " none" : strategies,
-      specs.size(), widths, parameter_count(specs), run.dataset->info().name, run.dataset->info().train_size,
+      specs.size(), widths, parameter_count(specs), run.data->info().name, run.data->info().train_size,
       config.global_batch, config.micro_batches, config.steps, run.device.description,
       config.comm == CommBackend::nccl ? "NCCL, device to device"
       : run.device.staging             ? "MPI, staged through host memory"
@@ -87,11 +87,11 @@ Prediction predict_this_rank(const Run& run) {
 
 void complete_summary(Run& run, const MemoryByState& run_peak, RunSummary& summary) {
   summary.peak_memory = run_peak;
-  summary.peak_host_memory = run.host_memory.peak();
+  summary.peak_host_memory = run.ledgers.host_memory.peak();
   summary.prediction = predict_this_rank(run);
   summary.precision = run.config.precision();
   summary.parameters = parameter_count(run.model->specs);
-  for (const auto& [group, totals] : run.comm_ledger.by_group())
+  for (const auto& [group, totals] : run.ledgers.comm.by_group())
     for (int op = 0; op < comm_op_count; ++op)
       summary.comm_bytes_by_group[group][static_cast<std::size_t>(op)] =
           static_cast<double>(totals.bytes[static_cast<std::size_t>(op)]) / static_cast<double>(std::max<std::int64_t>(summary.steps, 1));
@@ -110,7 +110,7 @@ void complete_summary(Run& run, const MemoryByState& run_peak, RunSummary& summa
 }
 
 void write_trace_file(Run& run) {
-  if (!run.trace) return;
+  if (!run.ledgers.trace) return;
   const Config& config = run.config;
   const GridShape& shape = run.groups->shape();
   const nlohmann::json layout = {
@@ -121,7 +121,7 @@ void write_trace_file(Run& run) {
       {"micro_batches", config.micro_batches},
       {"global_batch", config.global_batch}, {"layers", config.layers}};
   agree_or_throw(run.world(), [&] {
-    write_trace(config.trace_path, *run.trace, run.trace_origin_ms, run.mpi_world, run.groups->place(), layout);
+    write_trace(config.trace_path, *run.ledgers.trace, run.ledgers.trace_origin_ms, run.mpi_world, run.groups->place(), layout);
   });
   run.reporter->line("wrote trace " + config.trace_path);
 }

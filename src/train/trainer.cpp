@@ -45,8 +45,6 @@ class Trainer {
   void stop_on_read_problem(double ranks_with_problems) const;
   // A non-finite loss or gradient norm stops every rank unless --on-nan skip.
   void stop_unless_skipping(std::int64_t step, const StepTotals& totals) const;
-  // Samples are read as fp32 and rounded to the param type before the first layer.
-  void read_samples(Split split, const std::vector<std::int64_t>& indices, MicroBatchActivations& activations);
   Checkpointer::Progress progress(std::int64_t step) const {
     return {.step = step,
             .optimizer_step = optimizer_step_,
@@ -55,7 +53,7 @@ class Trainer {
   }
   void note_peaks() {
     for (int state = 0; state < memory_state_count; ++state)
-      run_peak_[state] = std::max(run_peak_[state], run_.memory.peak()[state]);
+      run_peak_[state] = std::max(run_peak_[state], run_.ledgers.memory.peak()[state]);
   }
 
   Run run_;
@@ -68,23 +66,10 @@ class Trainer {
   std::int64_t optimizer_step_ = 0;  // updates applied: AdamW's step (skipped steps do not count)
 };
 
-void Trainer::read_samples(Split split, const std::vector<std::int64_t>& indices,
-                           MicroBatchActivations& activations) {
-  const DataType type = run_.model->activation_type();
-  if (type == DataType::float32 || !run_.model->reads_inputs()) {
-    run_.feed->read(split, indices, {&activations.input, &activations.targets, &activations.labels});
-    return;
-  }
-  const std::size_t count = activations.input.bytes() / size_of(type);
-  Buffer samples = run_.device.memory->allocate_floats(MemoryState::workspace, count);
-  run_.feed->read(split, indices, {&samples, &activations.targets, &activations.labels});
-  run_.device.kernels->convert(samples.floats(), DataType::float32, activations.input.as<void>(), type, count);
-}
-
 StepTotals Trainer::local_totals(const LossTotals& local, const MoeStatistics* moe) const {
   StepTotals totals{.loss_sum = run_.counts_loss() ? local.loss_sum : 0.0,
                     .correct = run_.counts_loss() ? local.correct : 0.0,
-                    .read_problems = run_.feed->problem() ? 1.0 : 0.0};
+                    .read_problems = run_.data->problem() ? 1.0 : 0.0};
   if (moe == nullptr || run_.moe_layers.empty()) return totals;
   // Routing figures are global already: one rank of each stage's data and tensor groups counts them.
   const bool counts = run_.groups->place().dp == 0 && run_.groups->place().tp == 0;
@@ -100,7 +85,7 @@ StepTotals Trainer::local_totals(const LossTotals& local, const MoeStatistics* m
 
 void Trainer::stop_on_read_problem(double ranks_with_problems) const {
   if (ranks_with_problems == 0) return;
-  const auto message = first_problem(run_.world(), run_.feed->problem());
+  const auto message = first_problem(run_.world(), run_.data->problem());
   throw AgreedError(ExitCode::runtime_failure, message.value_or("reading the data failed"));
 }
 
@@ -152,9 +137,7 @@ bool Trainer::update(std::int64_t step, double learning_rate, StepTotals& totals
 
 StepRecord Trainer::train_step(std::int64_t step) {
   const double start_ms = now_ms();
-  run_.comm_ledger.begin_step();
-  run_.memory.reset_peaks();
-  if (run_.trace) run_.trace->set_step(step);
+  run_.ledgers.begin_step(step);
   StrategyStack& strategies = *run_.model->strategies;
   const StepEvent event{.step = step};
   strategies.before_step(event);
@@ -164,20 +147,16 @@ StepRecord Trainer::train_step(std::int64_t step) {
       run_.schedule,
       {.training = true,
        .micro_batches = config_.micro_batches,
-       .loss_kind = run_.loss_kind,
+       .loss_kind = run_.data->loss_kind(),
        .loss_samples = config_.global_batch,
        .loss_scale = scaler_.scale(),
-       .rows = [&](int) { return run_.batch.local_size(); },
+       .rows = [&](int) { return run_.data->batch().local_size(); },
        .read = [&](int micro_batch, MicroBatchActivations& activations) {
-         read_samples(Split::train, run_.train_samples(step, micro_batch), activations);
-         // The next micro-batch's samples, read while the device computes this one.
-         const bool last = micro_batch + 1 == config_.micro_batches;
-         if (run_.feed->reads_ahead() && (!last || step + 1 < config_.steps))
-           run_.feed->read_ahead(Split::train, run_.train_samples(last ? step + 1 : step, last ? 0 : micro_batch + 1));
+         run_.data->read_training(step, micro_batch, activations);
        }});
   const double synchronize_start_ms = now_ms();
   strategies.synchronize_gradients(event);
-  record_span(run_.trace.get(), "synchronize_gradients", synchronize_start_ms, now_ms());
+  record_span(run_.ledgers.trace.get(), "synchronize_gradients", synchronize_start_ms, now_ms());
 
   const double optimizer_start_ms = now_ms();
   const MoeStatistics moe = run_.model->take_moe_statistics();
@@ -186,7 +165,7 @@ StepRecord Trainer::train_step(std::int64_t step) {
   const bool skipped = update(step, learning_rate, totals);
   if (run_.model->values_read_after_step) run_.model->optimizer->finish_update();
   strategies.after_optimizer_step(event);
-  record_span(run_.trace.get(), "optimizer", optimizer_start_ms, now_ms());
+  record_span(run_.ledgers.trace.get(), "optimizer", optimizer_start_ms, now_ms());
 
   StepRecord record;
   record.step = step + 1;
@@ -195,7 +174,7 @@ StepRecord Trainer::train_step(std::int64_t step) {
     record.loss_scale = loss_scale;
     record.skipped_steps = scaler_.skipped_steps();
   }
-  record.loss = totals.loss_sum / loss_normalizer(run_.loss_kind, config_.global_batch,
+  record.loss = totals.loss_sum / loss_normalizer(run_.data->loss_kind(), config_.global_batch,
                                                   run_.model->specs.back().out_features);
   record.lr = learning_rate;
   record.grad_norm = std::sqrt(totals.grad_square_sum);
@@ -214,17 +193,17 @@ StepRecord Trainer::train_step(std::int64_t step) {
   record.model_tflops = flops_.model / rank_seconds / 1e12;
   record.recompute_tflops = flops_.recompute / rank_seconds / 1e12;
   if (peak_tflops_ > 0) record.mfu = record.model_tflops / peak_tflops_;
-  record.comm = run_.comm_ledger.step();
-  record.memory = run_.memory.current();
-  record.peak_memory = run_.memory.peak();
+  record.comm = run_.ledgers.comm.step();
+  record.memory = run_.ledgers.memory.current();
+  record.peak_memory = run_.ledgers.memory.peak();
   note_peaks();
   return record;
 }
 
 void Trainer::evaluate(StepRecord& record) {
   const double start_ms = now_ms();
-  const std::int64_t test_size = run_.dataset->info().test_size;
-  const std::int64_t chunk = run_.batch.micro_batch_size();
+  const std::int64_t test_size = run_.data->info().test_size;
+  const std::int64_t chunk = run_.data->batch().micro_batch_size();
   const int dp = run_.groups->shape().dp, dp_rank = run_.groups->place().dp;
   // The test split in micro-batch sized chunks, each spread over the data-parallel ranks.
   const auto slice = [&](int index) {
@@ -236,21 +215,21 @@ void Trainer::evaluate(StepRecord& record) {
       rank_schedule(run_.strategies, config_, run_.groups->shape(), run_.groups->place(), chunks, false),
       {.training = false,
        .micro_batches = chunks,
-       .loss_kind = run_.loss_kind,
+       .loss_kind = run_.data->loss_kind(),
        .loss_samples = test_size,
        .rows = [&](int index) { return slice(index).second - slice(index).first; },
        .read = [&](int index, MicroBatchActivations& activations) {
          std::vector<std::int64_t> indices(static_cast<std::size_t>(activations.rows));
          std::iota(indices.begin(), indices.end(), slice(index).first);
-         read_samples(Split::test, indices, activations);
+         run_.data->read(Split::test, indices, activations);
        }});
-  record_span(run_.trace.get(), "evaluate", start_ms, now_ms());
+  record_span(run_.ledgers.trace.get(), "evaluate", start_ms, now_ms());
   StepTotals totals = local_totals(local, nullptr);
   totals.sum_over(run_.world());
   stop_on_read_problem(totals.read_problems);
   record.eval_loss =
-      totals.loss_sum / loss_normalizer(run_.loss_kind, test_size, run_.model->specs.back().out_features);
-  if (run_.loss_kind == LossKind::cross_entropy) record.eval_accuracy = totals.correct / static_cast<double>(test_size);
+      totals.loss_sum / loss_normalizer(run_.data->loss_kind(), test_size, run_.model->specs.back().out_features);
+  if (run_.data->loss_kind() == LossKind::cross_entropy) record.eval_accuracy = totals.correct / static_cast<double>(test_size);
   note_peaks();
 }
 
@@ -269,14 +248,14 @@ void Trainer::train() {
     optimizer_step_ = resumed.progress.optimizer_step;
     if (scaler_.scales()) scaler_.resume_at(resumed.progress.loss_scale, resumed.progress.loss_scale_finite_steps);
     reporter.line(fmt::format("resumed from {} at step {} (sample position {})", resumed.file, start,
-                              run_.batch.resumed_position));
+                              run_.data->batch().resumed_position));
     if (start >= config_.steps)
       reporter.line(fmt::format("the checkpoint is at or beyond --steps {}: nothing to train", config_.steps));
   }
   const auto save = [&](std::int64_t step) { reporter.line("saved checkpoint " + checkpoints_.save(progress(step))); };
   RunSummary summary;
   std::int64_t last_saved = -1;
-  Watchdog watchdog(config_.timeout_s, run_.world().rank(), run_.comm_ledger);
+  Watchdog watchdog(config_.timeout_s, run_.world().rank(), run_.ledgers.comm);
   for (std::int64_t step = start; step < config_.steps; ++step) {
     watchdog.arm(step + 1);
     StepRecord record = train_step(step);

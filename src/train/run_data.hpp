@@ -1,0 +1,66 @@
+// The samples of a run on this rank: the dataset, the loss its targets imply, the order samples
+// are read in, the batch layout (which samples a step's micro-batches take on this rank), and the
+// feed that reads them into a micro-batch's buffers, rounded to the param type where the model
+// starts. The loop asks it for a micro-batch's samples and never sees the reading itself.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/config.hpp"
+#include "data/dataset.hpp"
+#include "data/sample_order.hpp"
+#include "kernels/kernels.hpp"
+#include "model/loss.hpp"
+#include "train/micro_batch.hpp"
+#include "train/sample_feed.hpp"
+
+namespace mlptrain {
+
+class RunData {
+ public:
+  // What the rank's model needs of the samples: inputs where it starts, targets or labels where
+  // it computes the loss, in its activations' type.
+  struct ModelSide {
+    bool reads_inputs = false;
+    bool computes_loss = false;
+    DataType activation_type = DataType::float32;
+  };
+  RunData(const Config& config, std::unique_ptr<Dataset> dataset, Kernels& kernels, Allocator& memory,
+          ModelSide model, int data_rank);
+
+  const DatasetInfo& info() const { return dataset_->info(); }
+  LossKind loss_kind() const { return loss_kind_; }
+  // Where a resumed run continues; the checkpoint sets and stores it.
+  BatchLayout& batch() { return batch_; }
+  const BatchLayout& batch() const { return batch_; }
+
+  // Reads training micro-batch `micro_batch` of step `step` into `activations` and starts
+  // reading the next one ahead (the first of step + 1 after the last, unless that is the end).
+  void read_training(std::int64_t step, int micro_batch, MicroBatchActivations& activations);
+  // Reads the samples `indices` of `split` into `activations`.
+  void read(Split split, const std::vector<std::int64_t>& indices, MicroBatchActivations& activations);
+  // The first read problem met (a read that failed gave zeros), for every rank to agree on.
+  const std::optional<std::string>& problem() const { return feed_->problem(); }
+
+ private:
+  std::vector<std::int64_t> training_samples(std::int64_t step, int micro_batch) const {
+    return order_->samples(batch_.first_position(step, micro_batch, data_rank_), batch_.local_size());
+  }
+
+  std::unique_ptr<Dataset> dataset_;
+  Kernels& kernels_;
+  Allocator& memory_;
+  const ModelSide model_;
+  const int data_rank_;
+  const std::int64_t steps_;
+  LossKind loss_kind_ = LossKind::mse;
+  BatchLayout batch_;
+  std::unique_ptr<SampleOrder> order_;
+  std::unique_ptr<SampleFeed> feed_;
+};
+
+}  // namespace mlptrain
