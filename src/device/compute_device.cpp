@@ -9,8 +9,8 @@
 #include "comm/gpu_placement.hpp"
 #include "comm/mpi_communicator.hpp"
 #include "core/error.hpp"
-#include "kernels/loopback/loopback_backend.hpp"
 #include "device/device_peaks.hpp"
+#include "kernels/loopback/loopback_backend.hpp"
 
 namespace mlptrain {
 

@@ -15,8 +15,8 @@
 #include "comm/process_groups.hpp"
 #include "core/buffer.hpp"
 #include "core/config.hpp"
-#include "kernels/kernels.hpp"
 #include "device/gpu_backend.hpp"
+#include "kernels/kernels.hpp"
 
 namespace mlptrain {
 

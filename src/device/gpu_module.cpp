@@ -2,8 +2,8 @@
 // only, with the CUDA kernels and the NCCL communicator; everything else it uses (the kernel and
 // communicator interfaces, the ledgers) it finds in the program that loads it.
 #include "comm/nccl_communicator.hpp"
-#include "kernels/cuda/cuda_backend.hpp"
 #include "device/gpu_backend.hpp"
+#include "kernels/cuda/cuda_backend.hpp"
 
 extern "C" const mlptrain::GpuFunctions* mlptrain_gpu_functions() {
   using namespace mlptrain;

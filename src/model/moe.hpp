@@ -17,8 +17,8 @@
 
 #include "core/buffer.hpp"
 #include "kernels/kernels.hpp"
-#include "model/model_spec.hpp"
 #include "model/expert_exchange.hpp"
+#include "model/model_spec.hpp"
 #include "model/moe_routing.hpp"
 #include "model/parameter_store.hpp"
 

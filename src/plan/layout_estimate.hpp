@@ -9,9 +9,9 @@
 #include <cstdint>
 #include <vector>
 
+#include "layout/rank_plan.hpp"
 #include "model/loss.hpp"
 #include "plan/cluster.hpp"
-#include "layout/rank_plan.hpp"
 
 namespace mlptrain {
 

@@ -14,10 +14,10 @@
 
 #include "core/error.hpp"
 #include "data/dataset.hpp"
+#include "layout/options.hpp"
 #include "plan/layout_search.hpp"
 #include "plan/plan_report.hpp"
 #include "plan/plan_request.hpp"
-#include "layout/options.hpp"
 #include "schedule/schedule_table.hpp"
 
 namespace {

@@ -10,9 +10,9 @@
 
 #include "core/buffer.hpp"
 #include "core/config.hpp"
+#include "device/compute_device.hpp"
 #include "kernels/kernels.hpp"
 #include "model/state_runs.hpp"
-#include "device/compute_device.hpp"
 #include "train/offloaded_update.hpp"
 
 namespace mlptrain {

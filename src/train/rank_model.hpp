@@ -11,12 +11,12 @@
 #include <memory>
 #include <vector>
 
+#include "device/compute_device.hpp"
+#include "layout/rank_plan.hpp"
 #include "model/parameter_store.hpp"
 #include "model/state_runs.hpp"
-#include "device/compute_device.hpp"
 #include "train/model_runner.hpp"
 #include "train/optimizer.hpp"
-#include "layout/rank_plan.hpp"
 #include "train/strategy_stack.hpp"
 
 namespace mlptrain {

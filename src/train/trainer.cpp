@@ -10,10 +10,10 @@
 
 #include "comm/consensus.hpp"
 #include "core/timer.hpp"
+#include "layout/rank_plan.hpp"
 #include "train/checkpointer.hpp"
 #include "train/loss_scaler.hpp"
 #include "train/run.hpp"
-#include "layout/rank_plan.hpp"
 #include "train/run_report.hpp"
 #include "train/step_totals.hpp"
 #include "train/watchdog.hpp"

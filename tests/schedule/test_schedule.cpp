@@ -8,8 +8,8 @@
 #include <fmt/format.h>
 #include <numeric>
 
-#include "schedule/schedule_table.hpp"
 #include "schedule/schedule_check.hpp"
+#include "schedule/schedule_table.hpp"
 
 using namespace mlptrain;
 

@@ -15,8 +15,8 @@
 #include "comm/process_groups.hpp"
 #include "core/half_float.hpp"
 #include "core/rng.hpp"
-#include "train/rank_model.hpp"
 #include "layout/rank_plan.hpp"
+#include "train/rank_model.hpp"
 #include "train/schedule_executor.hpp"
 
 namespace mlptrain::test {

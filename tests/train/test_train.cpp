@@ -8,10 +8,10 @@
 
 #include "core/error.hpp"
 #include "core/half_float.hpp"
-#include "train/loss_scaler.hpp"
-#include "train/optimizer.hpp"
 #include "layout/options.hpp"
 #include "strategies/strategy.hpp"
+#include "train/loss_scaler.hpp"
+#include "train/optimizer.hpp"
 
 using namespace mlptrain;
 
