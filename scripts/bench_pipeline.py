@@ -28,11 +28,6 @@ MICRO_BATCHES = 8
 SCHEDULES = {"1f1b": [], "gpipe": [], "interleaved": ["--virtual-stages", 2], "zb-h1": []}
 
 
-def ideal_bubble(schedule, stages):
-    work = {"interleaved": 2 * MICRO_BATCHES, "zb-h1": 3 * MICRO_BATCHES}.get(schedule, MICRO_BATCHES)
-    return (stages - 1) / (work + stages - 1)
-
-
 def model(args):
     return ["--dataset", "mixture", "--layers", args.layers, "--hidden", args.width, "--input-dim", 64,
             "--output-dim", 10, "--global-batch", args.batch, "--micro-batches", MICRO_BATCHES,
@@ -58,7 +53,7 @@ def main():
 
     samples = {"one": [], "one_m1": []}
     for schedule in SCHEDULES:
-        for key in ("", "bubble_", "stage_times_", "activations_", "predicted_activations_"):
+        for key in ("", "bubble_", "ideal_bubble_", "stage_times_", "activations_", "predicted_activations_"):
             samples[key + schedule] = []
     for round_index in range(args.rounds):
         print(f"bench: round {round_index + 1} of {args.rounds}", flush=True)
@@ -73,6 +68,7 @@ def main():
             samples[schedule].append(step_ms)
             report = timeline(trace, os.path.join(BUILD, f"bench-pipeline-{schedule}.png"))
             samples["bubble_" + schedule].append(report["bubble"])
+            samples["ideal_bubble_" + schedule].append(report["ideal_bubble"])  # the schedule table's theory
             samples["stage_times_" + schedule].append(report["bubble_from_stage_times"])
             samples["activations_" + schedule].append(summary["peak_mem_bytes_by_rank"][0]["activations"])
             samples["predicted_activations_" + schedule].append(summary["placement"]["activations"]["predicted_bytes"])
@@ -90,7 +86,7 @@ def main():
         "target": {"bubble_within": 0.05},
     }
     for schedule in SCHEDULES:
-        bubble = ideal_bubble(schedule, stages)
+        bubble = median["ideal_bubble_" + schedule]
         ideal_step_ms = median["one"] / stages / (1 - bubble)
         result[schedule] = {
             "step_ms": median[schedule],

@@ -47,12 +47,6 @@ def stage_ranks(places):
 COMPUTATIONS = ("forward", "backward", "backward_input", "backward_weight")
 
 
-def ideal_bubble(schedule, stages, chunks, micro_batches):
-    """The schedule's bubble by its theory (src/schedule/schedule.hpp gives the sources)."""
-    work = {"interleaved": chunks * micro_batches, "zb-h1": 3 * micro_batches}.get(schedule, micro_batches)
-    return (stages - 1) / (work + stages - 1)
-
-
 def computations(spans, pid, step):
     return [span for span in spans if span["pid"] == pid and span["name"] in COMPUTATIONS
             and span["args"].get("step") == step]
@@ -126,7 +120,9 @@ def analyse(run, places, spans):
         "micro_batches": micro_batches,
         "schedule": run.get("schedule", ""),
         "virtual_stages": run.get("virtual_stages", 1),
-        "ideal_bubble": ideal_bubble(run.get("schedule", ""), stages, run.get("virtual_stages", 1), micro_batches),
+        # The schedule's theory as the run's table entry gives it (src/schedule/schedule_table.cpp).
+        "ideal_bubble": run["theoretical_bubble"],
+        "bubble_formula": run.get("bubble_formula", ""),
         "bubble": statistics.median(measured[step][0] for step in counted),
         "window_ms": statistics.median(measured[step][1] for step in counted),
         "bubble_from_stage_times": statistics.median(

@@ -7,6 +7,7 @@
 
 #include "comm/consensus.hpp"
 #include "layout/rank_plan.hpp"
+#include "schedule/schedule_table.hpp"
 #include "train/trace_file.hpp"
 
 namespace mlptrain {
@@ -113,13 +114,20 @@ void write_trace_file(Run& run) {
   if (!run.ledgers.trace) return;
   const Config& config = run.config;
   const GridShape& shape = run.groups->shape();
-  const nlohmann::json layout = {
+  nlohmann::json layout = {
       {"world", shape.world}, {"dp", shape.dp}, {"tp", shape.tp}, {"pp", shape.pp}, {"ep", shape.ep},
       {"zero", config.zero}, {"zero_shard_size", config.zero_shard_size},
       {"strategies", run.model->strategies->names()},
       {"schedule", config.schedule}, {"virtual_stages", config.virtual_stages},
       {"micro_batches", config.micro_batches},
       {"global_batch", config.global_batch}, {"layers", config.layers}};
+  // The schedule's theory, from its table entry, for the timeline to hold the measured bubble to.
+  const ScheduleEntry& schedule = schedule_named(config.schedule);
+  const PipelineShape pipeline{.stages = shape.pp,
+                               .chunks = schedule.chunked ? config.virtual_stages : 1,
+                               .micro_batches = config.micro_batches};
+  layout["theoretical_bubble"] = schedule.bubble(pipeline);
+  layout["bubble_formula"] = schedule.bubble_formula;
   agree_or_throw(run.world(), [&] {
     write_trace(config.trace_path, *run.ledgers.trace, run.ledgers.trace_origin_ms, run.mpi_world, run.groups->place(), layout);
   });

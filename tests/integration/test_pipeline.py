@@ -183,9 +183,9 @@ class Pipeline(TrainingTestCase):
                                               "args": {"step": 0, "micro_batch": index}})
                                 free[stage] = done[(stage, name, index)] = start + length
                                 position[stage] += 1
-                    run_data = {"micro_batches": micro_batches, "schedule": schedule}
-                    report = analysis.analyse(run_data, places, spans)
                     ideal = (stages - 1) / (micro_batches + stages - 1)
+                    run_data = {"micro_batches": micro_batches, "schedule": schedule, "theoretical_bubble": ideal}
+                    report = analysis.analyse(run_data, places, spans)
                     self.assertAlmostEqual(report["ideal_bubble"], ideal)
                     self.assertAlmostEqual(report["bubble"], ideal)
                     self.assertAlmostEqual(report["bubble_from_stage_times"], ideal)
