@@ -6,7 +6,11 @@ namespace mlptrain {
 RankModel::RankModel(const Config& config, const ProcessGroups& groups, Kernels& kernels, Allocator& allocator,
                      std::vector<LayerSpec> model_specs, const Strategies& strategies, HostSide* offload,
                      const AllocationGuard& guard)
-    : specs(std::move(model_specs)), layers(rank_layers(strategies, config, specs, groups.shape(), groups.place())) {
+    : specs(std::move(model_specs)),
+      taking_part(strategies),
+      layers(rank_layers(strategies, config, specs, groups.shape(), groups.place())) {
+  for (const LayerSpec& spec : specs)
+    if (spec.moe()) moe_layers.push_back(spec.index);
   const ParameterPlan plan = parameter_plan(strategies, config, groups.shape(), groups.place());
   guard([&] {
     parameters = std::make_unique<ParameterStore>(model_parameter_tensors(specs, layers.list(), plan),

@@ -35,6 +35,8 @@ struct RankModel {
   RankModel& operator=(const RankModel&) = delete;
 
   std::vector<LayerSpec> specs;  // the whole model
+  std::vector<int> moe_layers;   // the whole model's MoE layers, in order
+  Strategies taking_part;        // the registrations of the strategies that take part
   RankLayers layers;             // this rank's
   std::unique_ptr<ParameterStore> parameters;
   std::unique_ptr<StrategyStack> strategies;

@@ -66,10 +66,8 @@ Run::Run(const Config& run_config, MPI_Comm world_comm, const CommSettings& comm
   const DatasetInfo info = dataset->info();
   std::vector<LayerSpec> specs = model_layer_specs(config.layers, info.input_dim, config.hidden, info.output_dim,
                                                    config.moe_every, config.experts, config.top_k);
-  for (const LayerSpec& spec : specs)
-    if (spec.moe()) moe_layers.push_back(spec.index);
   HostSide* offload = device.offload ? &*device.offload : nullptr;
-  strategies = wanted_strategies(config, shape);
+  const Strategies strategies = wanted_strategies(config, shape);
   model = std::make_unique<RankModel>(config, *groups, *device.kernels, *device.memory, specs, strategies,
                                       offload, agreed_allocation(world(), parameter_count(specs)));
 

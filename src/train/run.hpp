@@ -56,8 +56,6 @@ struct Run {
   RunLedgers ledgers;
   ComputeDevice device;
   std::unique_ptr<ProcessGroups> groups;
-  std::vector<int> moe_layers;  // the model's MoE layers, in order
-  Strategies strategies;        // those that take part
   std::unique_ptr<RankModel> model;
   std::unique_ptr<RunData> data;
   std::vector<Action> schedule;  // a training step's actions

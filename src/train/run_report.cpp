@@ -15,7 +15,7 @@ namespace mlptrain {
 namespace {
 
 RankLayout layout_of(const Run& run) {
-  return rank_layout(run.strategies, run.config, run.model->specs, run.groups->shape(), run.groups->place(),
+  return rank_layout(run.model->taking_part, run.config, run.model->specs, run.groups->shape(), run.groups->place(),
                      run.data->loss_kind());
 }
 
@@ -58,9 +58,9 @@ std::string describe_run(const Run& run) {
                                        : "MPI",
       run.device.kernels->description());
   text += "\n" + describe_precision(config);
-  if (!run.moe_layers.empty()) {
+  if (!run.model->moe_layers.empty()) {
     std::string layers;
-    for (int layer : run.moe_layers) layers += (layers.empty() ? "" : ", ") + std::to_string(layer);
+    for (int layer : run.model->moe_layers) layers += (layers.empty() ? "" : ", ") + std::to_string(layer);
     text += fmt::format("\nMoE layer(s) {}: {} experts, top-{}, {}, aux loss coefficient {}", layers,
                         config.experts, config.top_k,
                         config.capacity_factor > 0 ? fmt::format("capacity factor {}", config.capacity_factor)
@@ -77,12 +77,12 @@ std::string describe_run(const Run& run) {
                         run.model->values_read_after_step
                             ? "done within the step (the sharded state is gathered right after it)"
                             : "each sent back while the next forward runs");
-  for (const std::string& note : strategy_notes(run.strategies, layout_of(run))) text += "\n" + note;
+  for (const std::string& note : strategy_notes(run.model->taking_part, layout_of(run))) text += "\n" + note;
   return text;
 }
 
 Prediction predict_this_rank(const Run& run) {
-  return predict_rank(run.strategies, layout_of(run),
+  return predict_rank(run.model->taking_part, layout_of(run),
                       {.largest_moe_activation_bytes = run.model->largest_moe_bytes()});
 }
 
@@ -97,7 +97,7 @@ void complete_summary(Run& run, const MemoryByState& run_peak, RunSummary& summa
       summary.comm_bytes_by_group[group][static_cast<std::size_t>(op)] =
           static_cast<double>(totals.bytes[static_cast<std::size_t>(op)]) / static_cast<double>(std::max<std::int64_t>(summary.steps, 1));
   // Exchanged experts' rows follow the routing: the counts the routing gave set the prediction.
-  if (!run.moe_layers.empty() && summary.steps > 0)
+  if (!run.model->moe_layers.empty() && summary.steps > 0)
     summary.prediction.set_comm(GroupKind::expert, CommOp::all_to_all,
                                 std::llround(summary.routed_all_to_all_bytes_sum / static_cast<double>(summary.steps)));
   Communicator& world = run.world();

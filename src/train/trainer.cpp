@@ -26,7 +26,7 @@ class Trainer {
  public:
   Trainer(const Config& config, MPI_Comm world, const CommSettings& comm)
       : run_(config, world, comm), checkpoints_(run_), config_(config),
-        flops_(step_flops(run_.strategies, config, run_.model->specs, run_.groups->shape())),
+        flops_(step_flops(run_.model->taking_part, config, run_.model->specs, run_.groups->shape())),
         peak_tflops_(config.peak_tflops > 0 ? config.peak_tflops : run_.device.peak_tflops) {
     note_peaks();
   }
@@ -70,12 +70,12 @@ StepTotals Trainer::local_totals(const LossTotals& local, const MoeStatistics* m
   StepTotals totals{.loss_sum = run_.counts_loss() ? local.loss_sum : 0.0,
                     .correct = run_.counts_loss() ? local.correct : 0.0,
                     .read_problems = run_.data->problem() ? 1.0 : 0.0};
-  if (moe == nullptr || run_.moe_layers.empty()) return totals;
+  if (moe == nullptr || run_.model->moe_layers.empty()) return totals;
   // Routing figures are global already: one rank of each stage's data and tensor groups counts them.
   const bool counts = run_.groups->place().dp == 0 && run_.groups->place().tp == 0;
   totals.aux_loss = counts ? moe->aux_loss : 0.0;
   totals.dropped = counts ? moe->dropped : 0.0;
-  for (int layer : run_.moe_layers) {
+  for (int layer : run_.model->moe_layers) {
     const auto found = moe->expert_load.find(layer);
     std::vector<double>& loads = totals.expert_load.emplace_back(static_cast<std::size_t>(config_.experts), 0.0);
     if (counts && found != moe->expert_load.end()) loads = found->second;
@@ -178,7 +178,7 @@ StepRecord Trainer::train_step(std::int64_t step) {
                                                   run_.model->specs.back().out_features);
   record.lr = learning_rate;
   record.grad_norm = std::sqrt(totals.grad_square_sum);
-  if (!run_.moe_layers.empty()) {
+  if (!run_.model->moe_layers.empty()) {
     record.aux_loss = totals.aux_loss / config_.micro_batches;
     record.dropped_tokens = std::llround(totals.dropped);
     for (const std::vector<double>& loads : totals.expert_load) {
@@ -212,7 +212,7 @@ void Trainer::evaluate(StepRecord& record) {
   };
   const auto chunks = static_cast<int>((test_size + chunk - 1) / chunk);
   const LossTotals local = run_.executor->run(
-      rank_schedule(run_.strategies, config_, run_.groups->shape(), run_.groups->place(), chunks, false),
+      rank_schedule(run_.model->taking_part, config_, run_.groups->shape(), run_.groups->place(), chunks, false),
       {.training = false,
        .micro_batches = chunks,
        .loss_kind = run_.data->loss_kind(),
