@@ -1,8 +1,9 @@
 // The objects of the strategies that take part in a run (layout/rank_plan.hpp says which, or a
-// test gives its own), made once the parameters exist, and what the loop asks of them: every layer and step hook forwarded
-// to each strategy with hooks, in registration order, and the one owner of each exclusive role
-// asked for its part (stage transfers, the sharded state's placement, the MoE exchange). This is
-// all the loop sees of parallelism.
+// test gives its own), made once the parameters exist, and what the loop asks of them: every
+// layer and step hook forwarded to each strategy with hooks, in the order their registrations
+// declare (compose_strategies), and the one owner of each exclusive role asked for its part
+// (stage transfers, the sharded state's placement, the MoE exchange). This is all the loop sees
+// of parallelism.
 #pragma once
 
 #include <memory>
