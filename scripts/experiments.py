@@ -37,7 +37,8 @@ import matplotlib.pyplot as plt  # noqa: E402  (after choosing the file-only bac
 from benchlib import ENVIRONMENT, PROGRAM, ROOT, stamp  # noqa: E402
 
 from experiment_transport import device_problem, transport  # noqa: E402
-from experimentlib import EXPERTS, MIB, STATES, Settings, placement_row, run_all, train  # noqa: E402
+from experimentlib import MIB, STATES, Settings, placement_row, run_all, train  # noqa: E402
+from layout_check import layout_problem  # noqa: E402
 
 # ----------------------------------------------------------------------------------------- scaling
 def scaling_layouts(settings):
@@ -54,14 +55,9 @@ def scaling_layouts(settings):
             ("tp x pp", 4, lambda n: ["--tp", n // 2, "--pp", 2, "--micro-batches", 4], False)]
 
 
-def fits(settings, ranks, batch, layout):
-    """Whether mlptrain accepts the layout at `ranks` ranks: a layer per stage, whole experts and
-    width slices, and whole micro-batches on every data-parallel rank."""
-    flags = dict(zip(layout[::2], layout[1::2]))
-    tp, pp, ep = flags.get("--tp", 1), flags.get("--pp", 1), flags.get("--ep", 1)
-    micro_batches = flags.get("--micro-batches", 1)
-    return (pp <= settings.layers and EXPERTS % ep == 0 and settings.width % tp == 0 and
-            ranks % (tp * pp) == 0 and batch % (micro_batches * ranks // (tp * pp)) == 0)
+def fits(model, ranks, layout):
+    """Whether mlptrain accepts the model under the layout at `ranks` ranks (asked of mlpplan)."""
+    return layout_problem(ranks, model + layout) is None
 
 
 def scaling(settings):
@@ -74,9 +70,9 @@ def scaling(settings):
         for strategy, minimum, layout, moe in scaling_layouts(settings):
             for ranks in settings.world_sizes():
                 batch = settings.batch * (ranks if kind == "weak" else 1)
-                if ranks < minimum or not fits(settings, ranks, batch, layout(ranks)):
-                    continue
                 model = settings.moe_model(batch) if moe else settings.model(batch=batch)
+                if ranks < minimum or not fits(model, ranks, layout(ranks)):
+                    continue
                 runs.append((f"{kind}: {strategy} at {ranks} ranks", ranks, model + layout(ranks),
                              {"kind": kind, "strategy": strategy, "moe": moe, "global_batch": batch}))
     for strategy, minimum, _, _ in scaling_layouts(settings):
@@ -185,9 +181,8 @@ def pipeline(settings):
             [sys.executable, os.path.join(ROOT, "scripts", "trace_timeline.py"), trace, "--json",
              "--output", os.path.join(settings.scratch, "timeline.png")],
             capture_output=True, text=True, check=True).stdout)
-        count = fields["micro_batches"]
         return {"step_ms": step_ms, "bubble": report["bubble"],
-                "ideal_bubble": (stages - 1) / (count + stages - 1),
+                "ideal_bubble": report["ideal_bubble"],  # the schedule table's theory, from the trace
                 "stage0_activation_bytes": summary["peak_mem_bytes_by_rank"][0]["activations"],
                 "stage0_predicted_activation_bytes": summary["placement"]["activations"]["predicted_bytes"]}
 

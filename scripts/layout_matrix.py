@@ -24,6 +24,8 @@ import time
 import h5py
 import numpy as np
 
+from layout_check import layout_problem
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MPIEXEC = shutil.which("mpiexec.mpich") or "mpiexec"
 TOLERANCE = 1e-5
@@ -39,21 +41,25 @@ def divisors(number):
 
 
 def layouts(worlds=(1, 2, 4, 8)):
-    """Every combination the model admits (the stages need a layer each; ZeRO only where there is a
-    data-parallel group to shard over; a schedule only with a pipeline)."""
+    """Every combination mlptrain accepts for the model (asked of mlpplan, which validates as
+    mlptrain does). The matrix's own choices: at most 6 stages, ZeRO only where there is a
+    data-parallel group to shard over, and 1F1B and GPipe for the pipeline (the other schedules
+    have tests of their own)."""
     found = []
     for world in worlds:
         for tp, pp in itertools.product(divisors(world), divisors(world)):
-            if world % (tp * pp) or pp > 6 or 16 % tp:
+            if tp * pp > world or pp > 6:
                 continue
             dp = world // (tp * pp)
             for moe, zero, recompute in itertools.product((False, True), range(4), (False, True)):
                 if zero and dp == 1:
                     continue
-                for ep in divisors(dp) if moe else [1]:
+                for ep in divisors(world) if moe else [1]:
                     for schedule in ("1f1b", "gpipe") if pp > 1 else (None,):
-                        found.append(dict(world=world, dp=dp, tp=tp, pp=pp, ep=ep, zero=zero, schedule=schedule,
-                                          recompute=recompute, moe=moe))
+                        layout = dict(world=world, dp=dp, tp=tp, pp=pp, ep=ep, zero=zero, schedule=schedule,
+                                      recompute=recompute, moe=moe)
+                        if layout_problem(world, sum(arguments(layout), [])) is None:
+                            found.append(layout)
     return found
 
 
