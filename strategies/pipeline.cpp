@@ -124,11 +124,11 @@ std::string describe(const RankLayout& layout) {
   std::string ranges;
   for (const LayerRange& range : balanced_stages(layer_costs(layout.model), shape.stages * shape.chunks))
     ranges += fmt::format("{}{}-{}", ranges.empty() ? "" : ", ", range.first, range.last - 1);
-  return fmt::format("pipeline of {} stages x {} chunk(s) (layers {}, chunk c on stage c mod {}), {} schedule over "
-                     "{} micro-batch(es): ideal bubble {} = {:.3f}",
-                     shape.stages, shape.chunks, ranges, shape.stages, layout.config.schedule,
-                     shape.micro_batches, schedule_named(layout.config.schedule).bubble_formula,
-                     schedule_named(layout.config.schedule).bubble(shape));
+  const ScheduleEntry& schedule = schedule_named(layout.config.schedule);
+  return fmt::format("pipeline of {} stages x {} chunk(s) (layers {}, chunk c on stage c mod {}), {} schedule ({}) "
+                     "over {} micro-batch(es): ideal bubble {} = {:.3f}",
+                     shape.stages, shape.chunks, ranges, shape.stages, schedule.name, schedule.source,
+                     shape.micro_batches, schedule.bubble_formula, schedule.bubble(shape));
 }
 
 constexpr Role roles[] = {Role::owns_schedule};

@@ -104,7 +104,7 @@ constexpr ScheduleEntry table[] = {
     // min(P - s - 1, M) warm-up forwards, then alternates one forward and one backward, then
     // drains the remaining backwards, so it never holds more than min(P - s, M) micro-batches.
     {.name = "1f1b",
-     .source = "1F1B (PipeDream-Flush, Narayanan et al. 2021)",
+     .source = "PipeDream-Flush, Narayanan et al. 2021",
      .order = one_f_one_b_order,
      .peak_in_flight = [](const PipelineShape& shape, int stage) {
        return std::min(shape.micro_batches, shape.stages - stage);
@@ -113,7 +113,7 @@ constexpr ScheduleEntry table[] = {
      .bubble_formula = "(P-1)/(M+P-1)"},
     // Huang et al. (GPipe, 2019): every forward, then every backward; all M micro-batches alive.
     {.name = "gpipe",
-     .source = "GPipe (Huang et al. 2019)",
+     .source = "Huang et al. 2019",
      .order = [](const PipelineShape& shape, int) { return gpipe_order(shape); },
      .peak_in_flight = [](const PipelineShape& shape, int) { return shape.micro_batches; },
      .bubble = one_chunk_bubble,
@@ -121,7 +121,7 @@ constexpr ScheduleEntry table[] = {
     // Megatron-LM's interleaved 1F1B (Narayanan et al., SC'21): V chunks of layers per stage,
     // which divides the bubble by V (section 2.2).
     {.name = "interleaved",
-     .source = "interleaved 1F1B (Narayanan et al. SC'21), --virtual-stages chunks a stage",
+     .source = "Megatron-LM's interleaved 1F1B, Narayanan et al. SC'21",
      .chunked = true,
      .shape_problem = interleaved_shape_problem,
      .order = interleaved_order,
@@ -135,7 +135,7 @@ constexpr ScheduleEntry table[] = {
     // at 1F1B's activation memory. Its bubble is (P - 1)(T_F + T_B - T_W) against 1F1B's
     // (P - 1)(T_F + T_B + T_W) (section 3.1): (P - 1) / (3M + P - 1) with F = B = W.
     {.name = "zb-h1",
-     .source = "zero-bubble H1 (Qi et al. 2023)",
+     .source = "zero bubble, Qi et al. 2023",
      .order = zero_bubble_h1_order,
      .peak_in_flight = [](const PipelineShape& shape, int) { return std::min(shape.micro_batches, shape.stages); },
      .bubble = [](const PipelineShape& shape) {

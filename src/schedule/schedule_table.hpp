@@ -17,7 +17,7 @@ namespace mlptrain {
 
 struct ScheduleEntry {
   std::string_view name;    // as --schedule and INI files spell it
-  std::string_view source;  // the literature it follows, for --help
+  std::string_view source;  // the literature it follows, for the run's header
   // Several model chunks a stage (--virtual-stages V); the others hold one.
   bool chunked = false;
   // What the shape must satisfy beyond one chunk a stage for an unchunked schedule (empty: it
