@@ -1,6 +1,6 @@
 """What the benchmark scripts (and the tests) share: where the build is, running mlptrain with a
-metrics file, finding its ranks' processes, and writing a result file that names its command,
-machine and date."""
+metrics file, asking mlpplan whether mlptrain accepts a layout, finding its ranks' processes, and
+writing a result file that names its command, machine and date."""
 import datetime
 import json
 import os
@@ -12,6 +12,9 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BUILD = os.path.join(ROOT, "build")
 PROGRAM = os.environ.get("MLPTRAIN", os.path.join(BUILD, "mlptrain"))
+# The placement calculator built beside that mlptrain: it validates mlptrain's options with
+# mlptrain's own validator, as one process for any world size.
+PLANNER = os.path.join(os.path.dirname(os.path.abspath(PROGRAM)), "mlpplan")
 # One GEMM thread per rank (oneDNN threads with OpenMP; the PyTorch peer computes with OpenBLAS).
 ENVIRONMENT = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
 
@@ -72,6 +75,39 @@ def train(ranks, arguments, name, warm_up_steps=2, bind_to_cores=False, launch=(
     records = read_records(name)
     step_ms = [r["step_ms"] for r in records if not r.get("summary")][warm_up_steps:]
     return (statistics.median(step_ms) if step_ms else None), records[-1]
+
+
+def layout_problem(world, options):
+    """None when mlptrain accepts `options` on `world` ranks, else mlpplan's one line saying why
+    not. The scripts ask instead of re-coding the layout rules, which live in mlptrain's validation."""
+    result = subprocess.run([PLANNER, "--world", str(world), "--layouts", "given"] + [str(option) for option in options],
+                            capture_output=True, text=True)
+    if result.returncode == 0:
+        return None
+    lines = result.stderr.strip().splitlines()
+    return lines[-1] if lines else f"mlpplan exited with {result.returncode}"
+
+
+def valid_layouts(world, model, micro_batch_choices=()):
+    """Every layout mlptrain accepts on `world` ranks for `model` (its options without the
+    parallel ones), each as the `layout` object of mlpplan --layouts all --json: dp, tp, pp, ep,
+    zero, zero_shard_size, schedule, virtual_stages, micro_batches (one of `micro_batch_choices`,
+    else the model's), recompute, sequence_parallel and offload. One process answers for the whole
+    world, where asking layout_problem() of each candidate would launch one per candidate. An
+    empty list when no layout is valid; a ValueError with mlpplan's line when the model itself is
+    refused whatever the layout."""
+    command = [PLANNER, "--world", str(world), "--layouts", "all", "--json", "--top", "0"]
+    if micro_batch_choices:
+        command += ["--micro-batch-choices", ",".join(str(count) for count in micro_batch_choices)]
+    result = subprocess.run(command + [str(option) for option in model], capture_output=True, text=True)
+    if result.returncode != 0:
+        # mlpplan refuses both a model wrong at any size and a world no layout suits; one process
+        # with no parallel options tells them apart (the same check mlpplan makes first).
+        problem = layout_problem(1, model)
+        if problem is not None:
+            raise ValueError(problem)
+        return []
+    return [json.loads(line)["layout"] for line in result.stdout.splitlines() if line.startswith("{")]
 
 
 def interleaved_rounds(rounds, layouts, run):

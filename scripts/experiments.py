@@ -34,11 +34,10 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the file-only backend)
 
-from benchlib import ENVIRONMENT, PROGRAM, ROOT, stamp  # noqa: E402
+from benchlib import ENVIRONMENT, PROGRAM, ROOT, layout_problem, stamp  # noqa: E402
 
 from experiment_transport import device_problem, transport  # noqa: E402
 from experimentlib import MIB, STATES, Settings, placement_row, run_all, train  # noqa: E402
-from layout_check import layout_problem  # noqa: E402
 
 # ----------------------------------------------------------------------------------------- scaling
 def scaling_layouts(settings):
@@ -56,7 +55,10 @@ def scaling_layouts(settings):
 
 
 def fits(model, ranks, layout):
-    """Whether mlptrain accepts the model under the layout at `ranks` ranks (asked of mlpplan)."""
+    """Whether mlptrain accepts the model under the layout at `ranks` ranks: asked of mlpplan, which
+    validates as mlptrain does (a layer per stage, whole experts and width slices, whole
+    micro-batches on every data-parallel rank, ...). A strategy's minimum ranks is the
+    experiment's choice and checked apart."""
     return layout_problem(ranks, model + layout) is None
 
 

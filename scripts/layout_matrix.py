@@ -24,7 +24,7 @@ import time
 import h5py
 import numpy as np
 
-from layout_check import layout_problem
+from benchlib import PROGRAM, valid_layouts
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MPIEXEC = shutil.which("mpiexec.mpich") or "mpiexec"
@@ -40,26 +40,51 @@ def divisors(number):
     return [value for value in range(1, number + 1) if number % value == 0]
 
 
+def candidates(world):
+    """The layouts of `world` ranks the matrix would run, valid or not: the product of every
+    factor's values, less the matrix's own choices (which are not validity rules: mlptrain accepts
+    what they leave out). The choices: at most 6 stages; ZeRO only where there is a data-parallel
+    group to shard over (mlptrain accepts ZeRO at dp 1, where it has nothing to shard); 1F1B and
+    GPipe for the pipeline (the other schedules have tests of their own) and no schedule without
+    one (mlptrain accepts one and ignores it)."""
+    sizes = divisors(world)
+    for tp, pp, dp in itertools.product(sizes, sizes, sizes):
+        if pp > 6:
+            continue
+        for moe, zero, recompute in itertools.product((False, True), range(4), (False, True)):
+            if zero and dp == 1:
+                continue
+            for ep in sizes:
+                for schedule in ("1f1b", "gpipe") if pp > 1 else (None,):
+                    yield dict(world=world, dp=dp, tp=tp, pp=pp, ep=ep, zero=zero, schedule=schedule,
+                               recompute=recompute, moe=moe)
+
+
+def planned(layout):
+    """The layout as mlpplan --layouts all --json writes it (its `layout` object), as a hashable key.
+    The options the matrix leaves at their defaults are named with those; without a pipeline the
+    schedule is left out, as mlpplan lists one layout there whatever the schedule."""
+    fields = dict(dp=layout["dp"], tp=layout["tp"], pp=layout["pp"], ep=layout["ep"], zero=layout["zero"],
+                  zero_shard_size=0, schedule=layout["schedule"] if layout["pp"] > 1 else None, virtual_stages=1,
+                  micro_batches=layout["micro_batches"], recompute=layout["recompute"],
+                  sequence_parallel=False, offload=False)
+    return tuple(sorted(fields.items()))
+
+
 def layouts(worlds=(1, 2, 4, 8)):
-    """Every combination mlptrain accepts for the model (asked of mlpplan, which validates as
-    mlptrain does). The matrix's own choices: at most 6 stages, ZeRO only where there is a
-    data-parallel group to shard over, and 1F1B and GPipe for the pipeline (the other schedules
-    have tests of their own)."""
+    """Every candidate layout (candidates()) that mlptrain accepts for the model the matrix trains.
+    Validity is mlptrain's alone, asked of mlpplan: one --layouts all call per world and model lists
+    every valid layout, and a candidate is kept when it is among them (the same answer as asking
+    layout_problem() of each candidate, at one process launch per world and model instead of
+    thousands)."""
     found = []
     for world in worlds:
-        for tp, pp in itertools.product(divisors(world), divisors(world)):
-            if tp * pp > world or pp > 6:
-                continue
-            dp = world // (tp * pp)
-            for moe, zero, recompute in itertools.product((False, True), range(4), (False, True)):
-                if zero and dp == 1:
-                    continue
-                for ep in divisors(world) if moe else [1]:
-                    for schedule in ("1f1b", "gpipe") if pp > 1 else (None,):
-                        layout = dict(world=world, dp=dp, tp=tp, pp=pp, ep=ep, zero=zero, schedule=schedule,
-                                      recompute=recompute, moe=moe)
-                        if layout_problem(world, sum(arguments(layout), [])) is None:
-                            found.append(layout)
+        counts = sorted({micro_batches(dict(pp=pp)) for pp in divisors(world)})
+        accepted = {moe: {planned(layout) for layout in valid_layouts(world, model_options(moe), counts)}
+                    for moe in (False, True)}
+        for layout in candidates(world):
+            if planned(dict(layout, micro_batches=micro_batches(layout))) in accepted[layout["moe"]]:
+                found.append(layout)
     return found
 
 
@@ -97,9 +122,14 @@ def micro_batches(layout):
     return 2 * layout["pp"] if layout["pp"] > 1 else 2
 
 
+def model_options(moe):
+    """The model the matrix trains, with or without MoE layers."""
+    return [str(value) for value in MODEL + (MOE if moe else [])]
+
+
 def arguments(layout):
     """The layout's options; the one-process reference drops the parallel ones."""
-    common = MODEL + (MOE if layout["moe"] else []) + ["--micro-batches", micro_batches(layout)]
+    common = model_options(layout["moe"]) + ["--micro-batches", micro_batches(layout)]
     parallel = ["--dp", layout["dp"], "--tp", layout["tp"], "--pp", layout["pp"], "--ep", layout["ep"],
                 "--zero", layout["zero"]] + (["--recompute"] if layout["recompute"] else [])
     if layout["schedule"]:
@@ -110,7 +140,7 @@ def arguments(layout):
 def train(options, ranks, directory, name):
     """Runs mlptrain; returns (return code, last line of stderr, step records, summary, weights)."""
     metrics, checkpoints = os.path.join(directory, name + ".jsonl"), os.path.join(directory, name)
-    command = [MPIEXEC, "-n", str(ranks), os.environ.get("MLPTRAIN", os.path.join(ROOT, "build", "mlptrain"))]
+    command = [MPIEXEC, "-n", str(ranks), PROGRAM]
     try:
         result = subprocess.run(command + options + ["--metrics", metrics, "--checkpoint-dir", checkpoints],
                                 capture_output=True, text=True, timeout=600, env=dict(os.environ, OMP_NUM_THREADS="1"))

@@ -3,14 +3,21 @@ a JSON Lines file whose rows carry the fields its plot and README table need and
 memory experiment's predicted model state equals the measured one; PyTorch's comparison runs
 where PyTorch is installed and is refused with one line where it is not; MPI against NCCL runs
 where a GPU is present, is skipped with the reason where none is, and runs its MPI half on the
-loopback device when asked."""
+loopback device when asked. The scaling experiment keeps the layouts mlptrain accepts (asked of
+mlpplan)."""
 import json
 import os
+import shutil
 import subprocess
 import sys
+import types
 import unittest
 
 from common import MLPTRAIN, SOURCE_ROOT, TrainingTestCase
+
+import experiments  # noqa: E402  (common puts scripts/ on the path)
+from benchlib import layout_problem  # noqa: E402
+from experimentlib import Settings  # noqa: E402
 
 SCRIPT = os.path.join(SOURCE_ROOT, "scripts", "experiments.py")
 FIELDS = {"scaling": {"kind", "strategy", "ranks", "step_ms", "speedup", "efficiency"},
@@ -94,6 +101,26 @@ class Experiments(TrainingTestCase):
         self.assertTrue(all(r["step_ms"] > 0 for r in trained))
         with open(self.path("transport.png"), "rb") as handle:
             self.assertEqual(handle.read(8), b"\x89PNG\r\n\x1a\n")
+
+
+class ScalingLayouts(unittest.TestCase):
+    def setUp(self):
+        self.settings = Settings(types.SimpleNamespace(tiny=True, max_ranks=16, steps=0, transport_device=None))
+        self.addCleanup(shutil.rmtree, self.settings.scratch, ignore_errors=True)
+
+    def test_fits_keeps_what_mlptrain_accepts(self):
+        # The tiny model: 4 layers 16 wide, a batch of 16, MoE layers of 8 experts.
+        model, moe_model = self.settings.model(), self.settings.moe_model()
+        for ranks, layout in ((4, ["--pp", 4, "--micro-batches", 8]), (16, ["--tp", 16]), (8, ["--ep", 8])):
+            with self.subTest(ranks=ranks, layout=layout):
+                self.assertTrue(experiments.fits(moe_model if "--ep" in layout else model, ranks, layout))
+        refusals = [(model, 8, ["--pp", 8, "--micro-batches", 16], "--pp 8 needs at least one layer per stage"),
+                    (moe_model, 16, ["--ep", 16], "--experts 8 is not divisible by --ep 16"),
+                    (model, 16, ["--pp", 2, "--micro-batches", 4], "is not divisible by dp 8")]
+        for options, ranks, layout, line in refusals:
+            with self.subTest(ranks=ranks, layout=layout):
+                self.assertFalse(experiments.fits(options, ranks, layout))
+                self.assertIn(line, layout_problem(ranks, options + layout))
 
 
 if __name__ == "__main__":
