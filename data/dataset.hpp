@@ -30,8 +30,9 @@ class Dataset {
   // Rows of the given samples, in the given order. Any output pointer may be null (not wanted).
   virtual void read(Split split, std::span<const std::int64_t> indices, float* inputs,
                     float* targets, std::int32_t* labels) = 0;
-  // Whether reads may run on any thread, one at a time (not through the HDF5 library, which is
-  // not built thread-safe and which checkpoints use on the main thread meanwhile).
+  // Whether reads may run on any thread, several at once on disjoint outputs (not through the
+  // HDF5 library, which is not built thread-safe and which checkpoints use on the main thread
+  // meanwhile).
   virtual bool readable_from_any_thread() const { return false; }
 };
 

@@ -60,6 +60,22 @@ for candidate in python3 /usr/bin/python3 python; do
   fi
 done
 
+# NCCL sits beside nvcc on some machines; on others only PyTorch's wheel (nvidia/nccl) brings it,
+# with its header but without the unversioned libnccl.so the build's find_library asks for.
+nccl_note="beside nvcc"
+if ! ls /usr/local/cuda/lib*/libnccl.so >/dev/null 2>&1 && [ -n "$python" ]; then
+  wheel=$("$python" -c "import nvidia.nccl as n; print(list(n.__path__)[0])" 2>/dev/null)
+  if [ -n "$wheel" ] && [ -f "$wheel/include/nccl.h" ] && [ -e "$wheel/lib/libnccl.so.2" ]; then
+    mkdir -p "$root/nccl"
+    ln -sf "$wheel/lib/libnccl.so.2" "$root/nccl/libnccl.so"
+    export LIBRARY_PATH="$root/nccl:$wheel/lib:$LIBRARY_PATH" CPATH="$wheel/include:$CPATH"
+    export LD_LIBRARY_PATH="$wheel/lib:$LD_LIBRARY_PATH"
+    nccl_note="from PyTorch's wheel in $wheel"
+  else
+    nccl_note="not found: --comm nccl is refused"
+  fi
+fi
+
 # Runs one check: its output into NAME.log, its verdict into summary.txt.
 check() {
   local name=$1
@@ -82,6 +98,7 @@ check() {
   echo "glibc: $(ldd --version 2>&1 | head -n 1)"
   echo "os: $(. /etc/os-release 2>/dev/null && echo "$PRETTY_NAME")"
   echo "cores: $(nproc)"
+  echo "nccl: $nccl_note"
   echo "python: ${python:-none with numpy} $("${python:-true}" --version 2>&1)"
   "${python:-true}" -c "import torch; print('torch:', torch.__version__, torch.version.cuda)" 2>&1 | tail -n 1
   "${python:-true}" -c "import h5py; print('h5py:', h5py.__version__)" 2>/dev/null || echo "h5py: none (checkpoints read with h5ls/h5dump)"

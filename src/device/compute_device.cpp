@@ -30,11 +30,15 @@ ComputeDevice open_cuda(const Config& config, MPI_Comm world, MemoryLedger& ledg
   device.staging = std::make_unique<HostStaging>(*device.memory);
   if (config.offload) device.offload = HostSide{gpu->make_pinned_allocator(host_ledger), make_cpu_kernels()};
   const std::string name = gpu->device_name(chosen);
+  // bf16 and fp16 parameters run their GEMMs on the tensor cores' half-precision path.
+  const bool half = config.param_dtype == DataType::bfloat16 || config.param_dtype == DataType::float16;
+  const GemmMath math = half ? GemmMath::half : config.tf32 ? GemmMath::tf32 : GemmMath::fp32;
   device.description = fmt::format("GPU {} of {} on this node ({}, {} rank(s) here), GEMMs in {}", chosen, gpus,
-                                   name, place.local_ranks, config.tf32 ? "TF32" : "fp32");
+                                   name, place.local_ranks,
+                                   half ? data_type_name(config.param_dtype) : config.tf32 ? "TF32" : "fp32");
   // Ranks that share a GPU share its peak.
   const int sharing = (place.local_ranks + gpus - 1) / gpus;
-  if (const auto peak = known_peak_tflops(name, config.tf32 ? GemmMath::tf32 : GemmMath::fp32))
+  if (const auto peak = known_peak_tflops(name, math))
     device.peak_tflops = *peak / sharing;
   return device;
 }
@@ -51,10 +55,12 @@ int cpu_share(MPI_Comm world) {
 ComputeDevice open_compute_device(const Config& config, MPI_Comm world, MemoryLedger& ledger,
                                   MemoryLedger& host_ledger) {
   // The CPU's GEMMs (the trainer's, or the host side's of a GPU run) use the rank's cores.
-  set_cpu_gemm_threads(cpu_share(world));
-  if (config.device == Device::cuda) return open_cuda(config, world, ledger, host_ledger);
+  const int host_threads = cpu_share(world);
+  set_cpu_gemm_threads(host_threads);
   ComputeDevice device;
-  if (config.device == Device::loopback) {
+  if (config.device == Device::cuda) {
+    device = open_cuda(config, world, ledger, host_ledger);
+  } else if (config.device == Device::loopback) {
     device.memory = make_loopback_allocator(ledger);
     device.kernels = make_loopback_kernels();
     device.staging = std::make_unique<HostStaging>(*device.memory);
@@ -66,6 +72,7 @@ ComputeDevice open_compute_device(const Config& config, MPI_Comm world, MemoryLe
     device.kernels = make_cpu_kernels();
     device.description = "CPU";
   }
+  device.host_threads = host_threads;
   return device;
 }
 

@@ -75,7 +75,7 @@ Run::Run(const Config& run_config, MPI_Comm world_comm, const CommSettings& comm
                                    RunData::ModelSide{.reads_inputs = model->reads_inputs(),
                                                       .computes_loss = model->computes_loss(),
                                                       .activation_type = model->activation_type()},
-                                   groups->place().dp);
+                                   groups->place().dp, device.host_threads);
   schedule = rank_schedule(strategies, config, shape, groups->place(), config.micro_batches, true);
   agree_or_throw(world(), [&] {
     if (!config.checkpoint_dir.empty() && rank_zero() && !config.predict)

@@ -4,7 +4,7 @@
 namespace mlptrain {
 
 RunData::RunData(const Config& config, std::unique_ptr<Dataset> dataset, Kernels& kernels, Allocator& memory,
-                 ModelSide model, int data_rank)
+                 ModelSide model, int data_rank, int reader_threads)
     : dataset_(std::move(dataset)),
       kernels_(kernels),
       memory_(memory),
@@ -19,7 +19,8 @@ RunData::RunData(const Config& config, std::unique_ptr<Dataset> dataset, Kernels
           *dataset_, memory,
           SampleParts{.inputs = model.reads_inputs,
                       .targets = model.computes_loss && loss_kind_ == LossKind::mse,
-                      .labels = model.computes_loss && loss_kind_ == LossKind::cross_entropy})) {}
+                      .labels = model.computes_loss && loss_kind_ == LossKind::cross_entropy},
+          reader_threads)) {}
 
 void RunData::read_training(std::int64_t step, int micro_batch, MicroBatchActivations& activations) {
   read(Split::train, training_samples(step, micro_batch), activations);

@@ -30,7 +30,7 @@ class RunData {
     DataType activation_type = DataType::float32;
   };
   RunData(const Config& config, std::unique_ptr<Dataset> dataset, Kernels& kernels, Allocator& memory,
-          ModelSide model, int data_rank);
+          ModelSide model, int data_rank, int reader_threads);
 
   const DatasetInfo& info() const { return dataset_->info(); }
   LossKind loss_kind() const { return loss_kind_; }

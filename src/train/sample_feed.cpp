@@ -1,6 +1,7 @@
 // Reading micro-batches' samples, ahead where it pays (see sample_feed.hpp).
 #include "train/sample_feed.hpp"
 
+#include <algorithm>
 #include <cstring>
 #include <span>
 
@@ -8,7 +9,7 @@
 
 namespace mlptrain {
 
-SampleFeed::SampleFeed(Dataset& dataset, Allocator& memory, SampleParts parts)
+SampleFeed::SampleFeed(Dataset& dataset, Allocator& memory, SampleParts parts, int reader_threads)
     : dataset_(dataset), memory_(memory) {
   const DatasetInfo& info = dataset.info();
   bytes_per_sample_ = {parts.inputs ? static_cast<std::size_t>(info.input_dim) * sizeof(float) : 0,
@@ -16,6 +17,7 @@ SampleFeed::SampleFeed(Dataset& dataset, Allocator& memory, SampleParts parts)
                        parts.labels ? sizeof(std::int32_t) : 0};
   reads_nothing_ = bytes_per_sample_ == std::array<std::size_t, 3>{};
   reads_ahead_ = !reads_nothing_ && memory.device() != Device::cpu && dataset.readable_from_any_thread();
+  reader_threads_ = reads_ahead_ ? std::max(1, reader_threads) : 1;
 }
 
 SampleFeed::~SampleFeed() {
@@ -44,7 +46,31 @@ void SampleFeed::fill(Batch& batch) const {
     batch.parts[part].resize(bytes_per_sample_[part] * batch.indices.size());
     parts[part] = batch.parts[part].data();
   }
-  batch.problem = fill(batch.split, batch.indices, parts);
+  // Slices of at least a few samples each, so that small batches stay on one thread.
+  constexpr std::size_t fewest_samples_a_thread = 16;
+  const std::size_t count = batch.indices.size();
+  const std::size_t threads =
+      std::clamp<std::size_t>(count / fewest_samples_a_thread, 1, static_cast<std::size_t>(reader_threads_));
+  if (threads == 1) {
+    batch.problem = fill(batch.split, batch.indices, parts);
+    return;
+  }
+  std::vector<std::future<std::optional<std::string>>> slices;
+  for (std::size_t slice = 0; slice < threads; ++slice) {
+    const std::size_t first = count * slice / threads, end = count * (slice + 1) / threads;
+    std::array<void*, 3> slice_parts{};
+    for (std::size_t part = 0; part < parts.size(); ++part)
+      if (parts[part] != nullptr) slice_parts[part] = static_cast<std::byte*>(parts[part]) + bytes_per_sample_[part] * first;
+    std::vector<std::int64_t> indices(batch.indices.begin() + first, batch.indices.begin() + end);
+    slices.push_back(std::async(std::launch::async, [this, &batch, slice_parts, indices = std::move(indices)] {
+      return fill(batch.split, indices, slice_parts);
+    }));
+  }
+  // Every slice is waited for (they write into the batch); the first problem is the batch's.
+  for (auto& slice : slices) {
+    auto problem = slice.get();
+    if (problem && !batch.problem) batch.problem = std::move(problem);
+  }
 }
 
 void SampleFeed::wait_for_read_ahead() {

@@ -2,6 +2,8 @@
 // into the buffers where the model takes them. Off the CPU they are read into host memory and
 // copied to the device, and the next micro-batch's samples are read ahead on a host thread
 // while the device computes: generating or reading a batch can take as long as a GPU's step.
+// Off the CPU a batch is read by several host threads, each a slice of its samples, where the
+// dataset allows it: generating a large batch on one core can take many times a GPU's step.
 // A read that fails gives zeros and a problem the trainer reports once every rank agrees.
 #pragma once
 
@@ -28,10 +30,10 @@ struct SampleParts {
 
 class SampleFeed {
  public:
-  // `memory` holds the buffers reads fill. Reading ahead needs device memory (on the CPU the
-  // cores that would read ahead are the ones computing) and a dataset that may be read from
-  // another thread.
-  SampleFeed(Dataset& dataset, Allocator& memory, SampleParts parts);
+  // `memory` holds the buffers reads fill. Reading ahead, and reading on `reader_threads`
+  // threads, need device memory (on the CPU the cores that would read are the ones computing)
+  // and a dataset that may be read from another thread.
+  SampleFeed(Dataset& dataset, Allocator& memory, SampleParts parts, int reader_threads = 1);
   ~SampleFeed();  // waits for a read ahead in flight
   SampleFeed(const SampleFeed&) = delete;
   SampleFeed& operator=(const SampleFeed&) = delete;
@@ -67,6 +69,7 @@ class SampleFeed {
   std::array<std::size_t, 3> bytes_per_sample_{};  // 0: the part is not read
   bool reads_nothing_ = false;
   bool reads_ahead_ = false;
+  int reader_threads_ = 1;
   std::optional<Batch> ahead_;
   std::future<void> ahead_done_;
   std::optional<std::string> problem_;
