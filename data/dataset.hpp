@@ -21,6 +21,7 @@ struct DatasetInfo {
   std::int64_t input_dim = 0;
   std::int64_t output_dim = 0;  // target columns, or classes
   TargetKind kind = TargetKind::regression;
+  std::int64_t memory_bytes = 0;  // a file's arrays held in memory (0: generated, nothing held)
 };
 
 class Dataset {
@@ -34,6 +35,9 @@ class Dataset {
   // HDF5 library, which is not built thread-safe and which checkpoints use on the main thread
   // meanwhile).
   virtual bool readable_from_any_thread() const { return false; }
+  // Whether reads go to a file: worth reading ahead on another thread even on the CPU, where
+  // the wait is the disk's or the page cache's, not the cores' (one read at a time).
+  virtual bool reads_from_file() const { return false; }
 };
 
 struct DataOptions {
@@ -41,6 +45,7 @@ struct DataOptions {
   std::string path;  // hdf5 only
   std::int64_t input_dim = 0;   // 0: the dataset's default
   std::int64_t output_dim = 0;  // 0: the dataset's default
+  std::int64_t memory_cap_bytes = 0;  // hdf5: held in memory when it fits (0: read each batch)
 };
 
 // Throws UsageError for a missing or malformed file, or dimensions that contradict the file.
@@ -49,7 +54,6 @@ std::unique_ptr<Dataset> open_dataset(const DataOptions& options);
 // The built-in generators (synthetic.cpp) and the file reader (hdf5_dataset.cpp).
 std::unique_ptr<Dataset> make_teacher_dataset(std::int64_t input_dim, std::int64_t output_dim);
 std::unique_ptr<Dataset> make_mixture_dataset(std::int64_t input_dim, std::int64_t classes);
-std::unique_ptr<Dataset> open_hdf5_dataset(const std::string& path, std::int64_t input_dim,
-                                           std::int64_t output_dim);
+std::unique_ptr<Dataset> open_hdf5_dataset(const DataOptions& options);
 
 }  // namespace mlptrain

@@ -136,7 +136,7 @@ std::unique_ptr<Dataset> open_dataset(const DataOptions& options) {
     case DatasetKind::mixture:
       return make_mixture_dataset(options.input_dim > 0 ? options.input_dim : 32,
                                   options.output_dim > 0 ? options.output_dim : 10);
-    case DatasetKind::hdf5: return open_hdf5_dataset(options.path, options.input_dim, options.output_dim);
+    case DatasetKind::hdf5: return open_hdf5_dataset(options);
   }
   throw std::logic_error("unknown dataset kind");
 }

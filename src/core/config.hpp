@@ -85,6 +85,7 @@ struct Config {
   // Data
   DatasetKind dataset = DatasetKind::teacher;
   std::string data_path;
+  int data_memory_mb = 4096;  // an hdf5 file whose arrays fit is held in memory (0: never)
   int global_batch = 128;
   int micro_batches = 1;
   bool shuffle = false;

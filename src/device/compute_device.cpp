@@ -56,7 +56,7 @@ ComputeDevice open_compute_device(const Config& config, MPI_Comm world, MemoryLe
                                   MemoryLedger& host_ledger) {
   // The CPU's GEMMs (the trainer's, or the host side's of a GPU run) use the rank's cores.
   const int host_threads = cpu_share(world);
-  set_cpu_gemm_threads(host_threads);
+  const int gemm_threads = set_cpu_gemm_threads(host_threads);
   ComputeDevice device;
   if (config.device == Device::cuda) {
     device = open_cuda(config, world, ledger, host_ledger);
@@ -72,7 +72,7 @@ ComputeDevice open_compute_device(const Config& config, MPI_Comm world, MemoryLe
     device.kernels = make_cpu_kernels();
     device.description = "CPU";
   }
-  device.host_threads = host_threads;
+  device.reader_threads = config.device == Device::cpu ? std::max(0, host_threads - gemm_threads) : host_threads;
   return device;
 }
 

@@ -35,7 +35,9 @@ struct ComputeDevice {
   std::optional<HostSide> offload;       // with --offload
   std::string description;               // for the run's header
   double peak_tflops = 0;                // this rank's share of the device's peak (0: unknown)
-  int host_threads = 1;                  // this rank's share of the node's cores
+  // Host threads this rank may read samples on while it computes: its share of the node's cores,
+  // less those the CPU's GEMMs use on the CPU.
+  int reader_threads = 0;
 };
 
 // How the run's communicators may work (a backend setting, not a training option).

@@ -35,6 +35,8 @@ void visit_options(Config_& c, Visit&& visit) {
   visit(S::model, "aux-loss-coef", c.aux_loss_coef, "load-balancing loss coefficient");
   visit(S::data, "dataset", c.dataset, "teacher | mixture | hdf5");
   visit(S::data, "data-path", c.data_path, "HDF5 file for --dataset hdf5");
+  visit(S::data, "data-memory-mb", c.data_memory_mb,
+        "MiB of memory a rank may hold an hdf5 file's arrays in; a larger file is read a batch at a time (0: always)");
   visit(S::data, "global-batch", c.global_batch, "samples per optimizer step, all ranks");
   visit(S::data, "micro-batches", c.micro_batches, "micro-batches per step");
   visit(S::data, "shuffle", c.shuffle, "seeded permutation of the samples per epoch");
@@ -228,6 +230,7 @@ void validate_precision(Config& c) {
 
 void validate_options(Config& c, int world_size) {
   at_least("layers", c.layers, 2);
+  at_least("data-memory-mb", c.data_memory_mb, 0);
   at_least("hidden", c.hidden, 1);
   at_least("input-dim", c.input_dim, 0);
   at_least("output-dim", c.output_dim, 0);

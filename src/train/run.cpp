@@ -58,7 +58,8 @@ Run::Run(const Config& run_config, MPI_Comm world_comm, const CommSettings& comm
     dataset = open_dataset({.kind = config.dataset,
                             .path = config.data_path,
                             .input_dim = config.input_dim,
-                            .output_dim = config.output_dim});
+                            .output_dim = config.output_dim,
+                            .memory_cap_bytes = std::int64_t{config.data_memory_mb} << 20});
     if (config.eval_every > 0 && dataset->info().test_size == 0)
       throw UsageError("--eval-every needs a held-out split, and '" + config.data_path +
                        "' has no /x_test and /y_test");
@@ -75,7 +76,7 @@ Run::Run(const Config& run_config, MPI_Comm world_comm, const CommSettings& comm
                                    RunData::ModelSide{.reads_inputs = model->reads_inputs(),
                                                       .computes_loss = model->computes_loss(),
                                                       .activation_type = model->activation_type()},
-                                   groups->place().dp, device.host_threads);
+                                   groups->place().dp, device.reader_threads);
   schedule = rank_schedule(strategies, config, shape, groups->place(), config.micro_batches, true);
   agree_or_throw(world(), [&] {
     if (!config.checkpoint_dir.empty() && rank_zero() && !config.predict)

@@ -1,6 +1,8 @@
 // Reading a run's samples (see run_data.hpp).
 #include "train/run_data.hpp"
 
+#include "core/timer.hpp"
+
 namespace mlptrain {
 
 RunData::RunData(const Config& config, std::unique_ptr<Dataset> dataset, Kernels& kernels, Allocator& memory,
@@ -23,7 +25,9 @@ RunData::RunData(const Config& config, std::unique_ptr<Dataset> dataset, Kernels
           reader_threads)) {}
 
 void RunData::read_training(std::int64_t step, int micro_batch, MicroBatchActivations& activations) {
+  const double start_ms = now_ms();
   read(Split::train, training_samples(step, micro_batch), activations);
+  wait_ms_ += now_ms() - start_ms;
   // The next micro-batch's samples, read while the device computes this one.
   const bool last = micro_batch + 1 == batch_.micro_batches;
   if (feed_->reads_ahead() && (!last || step + 1 < steps_))

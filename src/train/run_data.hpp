@@ -8,6 +8,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/config.hpp"
@@ -43,6 +44,11 @@ class RunData {
   void read_training(std::int64_t step, int micro_batch, MicroBatchActivations& activations);
   // Reads the samples `indices` of `split` into `activations`.
   void read(Split split, const std::vector<std::int64_t>& indices, MicroBatchActivations& activations);
+  // Waits for the samples being read ahead: before the caller uses the HDF5 library itself.
+  void finish_reads() { feed_->finish_reads(); }
+  // Milliseconds the training reads waited for samples since the last call (reading them, or
+  // waiting for the read ahead to finish), and a fresh count from here.
+  double take_wait_ms() { return std::exchange(wait_ms_, 0.0); }
   // The first read problem met (a read that failed gave zeros), for every rank to agree on.
   const std::optional<std::string>& problem() const { return feed_->problem(); }
 
@@ -58,6 +64,7 @@ class RunData {
   const int data_rank_;
   const std::int64_t steps_;
   LossKind loss_kind_ = LossKind::mse;
+  double wait_ms_ = 0;
   BatchLayout batch_;
   std::unique_ptr<SampleOrder> order_;
   std::unique_ptr<SampleFeed> feed_;

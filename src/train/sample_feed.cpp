@@ -16,12 +16,18 @@ SampleFeed::SampleFeed(Dataset& dataset, Allocator& memory, SampleParts parts, i
                        parts.targets ? static_cast<std::size_t>(info.output_dim) * sizeof(float) : 0,
                        parts.labels ? sizeof(std::int32_t) : 0};
   reads_nothing_ = bytes_per_sample_ == std::array<std::size_t, 3>{};
-  reads_ahead_ = !reads_nothing_ && memory.device() != Device::cpu && dataset.readable_from_any_thread();
-  reader_threads_ = reads_ahead_ ? std::max(1, reader_threads) : 1;
+  const bool any_thread = dataset.readable_from_any_thread();
+  reads_ahead_ = !reads_nothing_ && reader_threads > 0 &&
+                 ((memory.device() != Device::cpu && any_thread) || dataset.reads_from_file());
+  reader_threads_ = reads_ahead_ && any_thread ? std::max(1, reader_threads) : 1;
 }
 
 SampleFeed::~SampleFeed() {
   if (ahead_done_.valid()) ahead_done_.wait();
+}
+
+void SampleFeed::finish_reads() {
+  if (ahead_done_.valid()) ahead_done_.get();
 }
 
 std::optional<std::string> SampleFeed::fill(Split split, const std::vector<std::int64_t>& indices,
@@ -66,15 +72,14 @@ void SampleFeed::fill(Batch& batch) const {
       return fill(batch.split, indices, slice_parts);
     }));
   }
-  // Every slice is waited for (they write into the batch); the first problem is the batch's.
+  // Every slice is waited for (they write into the batch); the first problem is the batch's,
+  // and the whole batch is zeros then, as one read's would be.
   for (auto& slice : slices) {
     auto problem = slice.get();
     if (problem && !batch.problem) batch.problem = std::move(problem);
   }
-}
-
-void SampleFeed::wait_for_read_ahead() {
-  if (ahead_done_.valid()) ahead_done_.get();
+  if (batch.problem)
+    for (auto& part : batch.parts) std::fill(part.begin(), part.end(), std::byte{0});
 }
 
 void SampleFeed::read(Split split, const std::vector<std::int64_t>& indices,
@@ -84,12 +89,12 @@ void SampleFeed::read(Split split, const std::vector<std::int64_t>& indices,
   for (std::size_t part = 0; part < parts.size(); ++part)
     if (bytes_per_sample_[part] > 0 && destination[part] != nullptr && !destination[part]->empty())
       parts[part] = destination[part]->as<void>();
-  if (memory_.device() == Device::cpu) {  // straight into the buffers
+  if (memory_.device() == Device::cpu && !reads_ahead_) {  // straight into the buffers
     const auto problem = fill(split, indices, parts);
     if (problem && !problem_) problem_ = problem;
     return;
   }
-  wait_for_read_ahead();
+  finish_reads();
   Batch batch;
   if (ahead_ && ahead_->split == split && ahead_->indices == indices) {
     batch = std::move(*ahead_);
@@ -105,7 +110,7 @@ void SampleFeed::read(Split split, const std::vector<std::int64_t>& indices,
 
 void SampleFeed::read_ahead(Split split, std::vector<std::int64_t> indices) {
   if (!reads_ahead_) return;
-  wait_for_read_ahead();
+  finish_reads();
   ahead_ = Batch{.split = split, .indices = std::move(indices)};
   ahead_done_ = std::async(std::launch::async, [this] { fill(*ahead_); });
 }

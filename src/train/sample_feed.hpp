@@ -2,6 +2,9 @@
 // into the buffers where the model takes them. Off the CPU they are read into host memory and
 // copied to the device, and the next micro-batch's samples are read ahead on a host thread
 // while the device computes: generating or reading a batch can take as long as a GPU's step.
+// Data read from a file is read ahead on the CPU too where the rank has a core its GEMMs leave
+// free, one read at a time: the main thread waits for it (finish_reads) before it uses the HDF5
+// library itself, which is not built thread-safe.
 // Off the CPU a batch is read by several host threads, each a slice of its samples, where the
 // dataset allows it: generating a large batch on one core can take many times a GPU's step.
 // A read that fails gives zeros and a problem the trainer reports once every rank agrees.
@@ -30,10 +33,11 @@ struct SampleParts {
 
 class SampleFeed {
  public:
-  // `memory` holds the buffers reads fill. Reading ahead, and reading on `reader_threads`
-  // threads, need device memory (on the CPU the cores that would read are the ones computing)
-  // and a dataset that may be read from another thread.
-  SampleFeed(Dataset& dataset, Allocator& memory, SampleParts parts, int reader_threads = 1);
+  // `memory` holds the buffers reads fill. Reading ahead needs a reader thread (a core the
+  // rank's computation leaves free) and either device memory with a dataset that may be read
+  // from another thread or a dataset read from a file; reading on several of the
+  // `reader_threads` needs a dataset that may be read from several at once.
+  SampleFeed(Dataset& dataset, Allocator& memory, SampleParts parts, int reader_threads);
   ~SampleFeed();  // waits for a read ahead in flight
   SampleFeed(const SampleFeed&) = delete;
   SampleFeed& operator=(const SampleFeed&) = delete;
@@ -46,6 +50,8 @@ class SampleFeed {
   // not read ahead).
   void read_ahead(Split split, std::vector<std::int64_t> indices);
   bool reads_ahead() const { return reads_ahead_; }
+  // Waits for a read ahead in flight (before the caller's own use of the HDF5 library).
+  void finish_reads();
 
   // The first read problem met (a read that failed gave zeros).
   const std::optional<std::string>& problem() const { return problem_; }
@@ -62,7 +68,6 @@ class SampleFeed {
   std::optional<std::string> fill(Split split, const std::vector<std::int64_t>& indices,
                                   const std::array<void*, 3>& parts) const;
   void fill(Batch& batch) const;
-  void wait_for_read_ahead();
 
   Dataset& dataset_;
   Allocator& memory_;

@@ -161,6 +161,7 @@ StepRecord Trainer::train_step(std::int64_t step) {
   const double optimizer_start_ms = now_ms();
   const MoeStatistics moe = run_.model->take_moe_statistics();
   StepTotals totals = local_totals(local, &moe);
+  totals.data_wait_ms = run_.data->take_wait_ms();
   const double learning_rate = scheduled_learning_rate(config_, step);
   const bool skipped = update(step, learning_rate, totals);
   if (run_.model->values_read_after_step) run_.model->optimizer->finish_update();
@@ -188,6 +189,7 @@ StepRecord Trainer::train_step(std::int64_t step) {
   }
   record.routed_all_to_all_bytes = moe.all_to_all_bytes;
   record.step_ms = now_ms() - start_ms;
+  record.data_ms = totals.data_wait_ms / run_.groups->shape().world;
   record.samples_per_s = static_cast<double>(config_.global_batch) / (record.step_ms / 1000.0);
   const double rank_seconds = record.step_ms / 1000.0 * run_.groups->shape().world;
   record.model_tflops = flops_.model / rank_seconds / 1e12;
@@ -252,7 +254,10 @@ void Trainer::train() {
     if (start >= config_.steps)
       reporter.line(fmt::format("the checkpoint is at or beyond --steps {}: nothing to train", config_.steps));
   }
-  const auto save = [&](std::int64_t step) { reporter.line("saved checkpoint " + checkpoints_.save(progress(step))); };
+  const auto save = [&](std::int64_t step) {
+    run_.data->finish_reads();  // the file's reads and the checkpoint's writes share the HDF5 library
+    reporter.line("saved checkpoint " + checkpoints_.save(progress(step)));
+  };
   RunSummary summary;
   std::int64_t last_saved = -1;
   Watchdog watchdog(config_.timeout_s, run_.world().rank(), run_.ledgers.comm);

@@ -126,6 +126,19 @@ class BadInput(TrainingTestCase):
                             ["--input-dim 4", good])
         self.expect_failure(SMALL + ["--dataset", "hdf5", "--data-path", good, "--eval-every", "2"], 2,
                             ["--eval-every", good])
+        # A non-finite input is named by array, file and row: when the file opens if it is held in
+        # memory, else by the step that reads it.
+        not_finite = self.path("not_finite.h5")
+        with h5py.File(not_finite, "w") as file:
+            x = np.ones((40, 3), np.float32)
+            x[21, 1] = np.inf
+            file["x"] = x
+            file["y"] = np.arange(40) % 2
+        self.expect_failure(SMALL + ["--dataset", "hdf5", "--data-path", not_finite], 2,
+                            [not_finite, "/x", "row 21", "non-finite"])
+        self.expect_failure(SMALL[:-2] + ["--dataset", "hdf5", "--data-path", not_finite, "--data-memory-mb", "0",
+                                          "--global-batch", "8", "--steps", "4"], 2,
+                            [not_finite, "/x", "row 21"], code=1)
 
     def test_data_that_fails_on_one_rank_only(self):
         """A corrupted chunk that only rank 1 reads, in the middle of training."""
@@ -139,8 +152,11 @@ class BadInput(TrainingTestCase):
         with open(path, "r+b") as handle:
             handle.seek(chunk.byte_offset)
             handle.write(b"\xff" * chunk.size)
-        self.expect_failure(SMALL[:-2] + ["--dataset", "hdf5", "--data-path", path,
+        self.expect_failure(SMALL[:-2] + ["--dataset", "hdf5", "--data-path", path, "--data-memory-mb", "0",
                                           "--global-batch", "16", "--steps", "3"], 2, [path], code=1)
+        # Held in memory, the whole file is read when it opens, and the damage is found there.
+        self.expect_failure(SMALL[:-2] + ["--dataset", "hdf5", "--data-path", path,
+                                          "--global-batch", "16", "--steps", "3"], 2, [path], code=2)
 
     def test_unwritable_checkpoint_directory(self):
         blocker = self.path("a-file")

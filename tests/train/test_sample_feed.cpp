@@ -1,7 +1,7 @@
 // Train room: the sample feed reads the same samples whether it reads ahead or not, reads ahead
-// on another thread only off the CPU and only for datasets that allow it, falls back to reading
-// at once when the read ahead was for other samples, and turns a failed read into zeros and a
-// problem.
+// on another thread only off the CPU for datasets that allow it, or from a file where a core is
+// free, splits a batch over its reader threads, falls back to reading at once when the read
+// ahead was for other samples, and turns a failed read into zeros and a problem.
 #include <gtest/gtest.h>
 
 #include <mutex>
@@ -20,9 +20,11 @@ namespace {
 // Sample i's inputs are i * 10 + column, its label i % 3; records which thread read what.
 class RecordingDataset final : public Dataset {
  public:
-  explicit RecordingDataset(bool any_thread) : any_thread_(any_thread) {}
+  explicit RecordingDataset(bool any_thread, bool from_file = false)
+      : any_thread_(any_thread), from_file_(from_file) {}
   const DatasetInfo& info() const override { return info_; }
   bool readable_from_any_thread() const override { return any_thread_; }
+  bool reads_from_file() const override { return from_file_; }
   void read(Split, std::span<const std::int64_t> indices, float* inputs, float*,
             std::int32_t* labels) override {
     {
@@ -40,7 +42,7 @@ class RecordingDataset final : public Dataset {
 
  private:
   DatasetInfo info_{"recording", 100, 0, 2, 3, TargetKind::classification};
-  bool any_thread_;
+  bool any_thread_, from_file_;
   std::mutex mutex_;
 };
 
@@ -63,7 +65,7 @@ TEST(SampleFeed, ReadsAheadOnAnotherThreadTheSamplesItWouldReadAtOnce) {
   MemoryLedger ledger;
   auto memory = make_loopback_allocator(ledger);
   RecordingDataset dataset(true);
-  SampleFeed feed(dataset, *memory, {.inputs = true, .labels = true});
+  SampleFeed feed(dataset, *memory, {.inputs = true, .labels = true}, 1);
   ASSERT_TRUE(feed.reads_ahead());
   const Fed first = feed_through(feed, *memory, {4, 7});
   EXPECT_EQ(first.inputs, (std::vector<float>{40, 41, 70, 71}));
@@ -86,16 +88,16 @@ TEST(SampleFeed, ReadsAtOnceOnTheCpuOrWhenTheDatasetKeepsToOneThread) {
   MemoryLedger ledger;
   auto loopback = make_loopback_allocator(ledger);
   RecordingDataset one_thread(false);
-  EXPECT_FALSE(SampleFeed(one_thread, *loopback, {.inputs = true}).reads_ahead());
+  EXPECT_FALSE(SampleFeed(one_thread, *loopback, {.inputs = true}, 1).reads_ahead());
   HostAllocator host(ledger);
   RecordingDataset any_thread(true);
-  SampleFeed feed(any_thread, host, {.inputs = true, .labels = true});
+  SampleFeed feed(any_thread, host, {.inputs = true, .labels = true}, 1);
   EXPECT_FALSE(feed.reads_ahead());
   feed.read_ahead(Split::train, {1});
   EXPECT_EQ(feed_through(feed, host, {8}).inputs, (std::vector<float>{80, 81}));
   EXPECT_EQ(any_thread.readers.size(), 1u);
   // A rank that reads no part of a sample (a middle pipeline stage) does not read at all.
-  SampleFeed none(any_thread, *loopback, {});
+  SampleFeed none(any_thread, *loopback, {}, 1);
   EXPECT_FALSE(none.reads_ahead());
   none.read(Split::train, {1, 2}, {nullptr, nullptr, nullptr});
   EXPECT_EQ(any_thread.readers.size(), 1u);
@@ -105,13 +107,52 @@ TEST(SampleFeed, AFailedReadGivesZerosAndAProblem) {
   MemoryLedger ledger;
   auto memory = make_loopback_allocator(ledger);
   RecordingDataset dataset(true);
-  SampleFeed feed(dataset, *memory, {.inputs = true, .labels = true});
+  SampleFeed feed(dataset, *memory, {.inputs = true, .labels = true}, 1);
   feed.read_ahead(Split::train, {2, -1});
   const Fed fed = feed_through(feed, *memory, {2, -1});
   EXPECT_EQ(fed.inputs, std::vector<float>(4, 0.0f));
   EXPECT_EQ(fed.labels, std::vector<std::int32_t>(2, 0));
   ASSERT_TRUE(feed.problem());
   EXPECT_EQ(*feed.problem(), "sample -1 is unreadable");
+}
+
+TEST(SampleFeed, ReadsAFileAheadOnTheCpuWhereACoreIsFree) {
+  MemoryLedger ledger;
+  HostAllocator host(ledger);
+  RecordingDataset file(false, true);
+  EXPECT_FALSE(SampleFeed(file, host, {.inputs = true}, 0).reads_ahead());  // the GEMMs use every core
+  SampleFeed feed(file, host, {.inputs = true, .labels = true}, 4);
+  ASSERT_TRUE(feed.reads_ahead());
+  std::vector<std::int64_t> many(40);
+  for (std::size_t i = 0; i < many.size(); ++i) many[i] = static_cast<std::int64_t>(i);
+  feed.read_ahead(Split::train, many);
+  const Fed fed = feed_through(feed, host, many);
+  EXPECT_EQ(fed.inputs[2 * 39 + 1], 391.0f);
+  ASSERT_EQ(file.readers.size(), 1u);  // one read at a time: the file's library is not thread-safe
+  EXPECT_NE(file.readers[0], std::this_thread::get_id());
+}
+
+TEST(SampleFeed, SplitsABatchOverItsReaderThreadsWhereTheDatasetAllows) {
+  MemoryLedger ledger;
+  auto memory = make_loopback_allocator(ledger);
+  RecordingDataset dataset(true);
+  SampleFeed feed(dataset, *memory, {.inputs = true, .labels = true}, 3);
+  std::vector<std::int64_t> indices(60);
+  for (std::size_t i = 0; i < indices.size(); ++i) indices[i] = static_cast<std::int64_t>((i * 7) % 100);
+  feed.read_ahead(Split::train, indices);
+  const Fed fed = feed_through(feed, *memory, indices);
+  for (std::size_t i = 0; i < indices.size(); ++i) {
+    EXPECT_EQ(fed.inputs[2 * i + 1], static_cast<float>(indices[i] * 10 + 1));
+    EXPECT_EQ(fed.labels[i], indices[i] % 3);
+  }
+  EXPECT_EQ(dataset.readers.size(), 3u);
+  // One slice fails: the whole batch is zeros and the problem is that slice's.
+  indices[50] = -4;
+  feed.read_ahead(Split::train, indices);
+  const Fed failed = feed_through(feed, *memory, indices);
+  EXPECT_EQ(failed.inputs, std::vector<float>(indices.size() * 2, 0.0f));
+  ASSERT_TRUE(feed.problem());
+  EXPECT_EQ(*feed.problem(), "sample -4 is unreadable");
 }
 
 }  // namespace
