@@ -7,13 +7,18 @@
 // fp32 weight gradients and optimizer state). On the CPU each object also holds the same GEMMs
 // timed through oneDNN's own interface, the library's rate beside ours, and with --sequence N the
 // library's time per GEMM when N layers' GEMMs run in a training step's order over buffers of
-// their own. The speed scripts set these beside whole
-// training steps measured in the same run.
+// their own. Each object also holds the time to read ROWS shuffled samples of IN inputs as the
+// trainer reads them on one core: from the built-in datasets, and from a uint8 file held in
+// memory. The speed scripts set these beside whole training steps measured in the same run.
 //
 // usage: layerbench [ROWS IN OUT [REPEATS]] [--device cpu|cuda|loopback] [--tf32] [--dtype LIST]
 //                   [--sequence LAYERS] [--optimizer-parameters N]
+#include <unistd.h>
+
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
+#include <numeric>
 #include <optional>
 #include <string>
 #include <vector>
@@ -24,7 +29,9 @@
 #include "comm/consensus.hpp"
 #include "comm/mpi_program.hpp"
 #include "core/error.hpp"
+#include "core/hdf5_handle.hpp"
 #include "core/timer.hpp"
+#include "data/dataset.hpp"
 #include "device/compute_device.hpp"
 
 namespace {
@@ -52,6 +59,54 @@ struct GemmShape {
   Transpose transpose_a, transpose_b;
   long m, n, k, lda, ldb, ldc;
 };
+
+// Writes `rows` samples of `in` uint8 inputs (scaled by 1/255 when read) and their labels to
+// `path`, in the hdf5 dataset's layout.
+void write_image_file(const std::string& path, long rows, long in) {
+  Hdf5Handle file = file_handle(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT));
+  if (!file.valid()) throw RuntimeFailure("layerbench: cannot write " + path);
+  const auto write = [&](const char* name, hid_t type, std::vector<hsize_t> shape, const void* data) {
+    Hdf5Handle space = dataspace_handle(H5Screate_simple(static_cast<int>(shape.size()), shape.data(), nullptr));
+    Hdf5Handle set = dataset_handle(H5Dcreate2(file.get(), name, type, space.get(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT));
+    H5Dwrite(set.get(), type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data);
+    return set;
+  };
+  std::vector<std::uint8_t> pixels(static_cast<std::size_t>(rows * in));
+  for (std::size_t index = 0; index < pixels.size(); ++index) pixels[index] = static_cast<std::uint8_t>(index * 7);
+  std::vector<std::int32_t> labels(static_cast<std::size_t>(rows));
+  for (std::size_t row = 0; row < labels.size(); ++row) labels[row] = static_cast<std::int32_t>(row % 10);
+  Hdf5Handle x = write("/x", H5T_NATIVE_UINT8, {static_cast<hsize_t>(rows), static_cast<hsize_t>(in)}, pixels.data());
+  Hdf5Handle scalar = dataspace_handle(H5Screate(H5S_SCALAR));
+  Hdf5Handle scale = attribute_handle(H5Acreate2(x.get(), "scale", H5T_NATIVE_DOUBLE, scalar.get(), H5P_DEFAULT, H5P_DEFAULT));
+  const double one_255th = 1.0 / 255;
+  H5Awrite(scale.get(), H5T_NATIVE_DOUBLE, &one_255th);
+  write("/y", H5T_NATIVE_INT32, {static_cast<hsize_t>(rows)}, labels.data());
+}
+
+// Milliseconds to read `rows` samples (every other one, in reverse: a shuffled batch's rows are
+// not neighbours) of `in` inputs and their targets or labels, as the trainer reads them.
+nlohmann::json sample_reads(long rows, long in, long out, int repeats) {
+  const std::string path =
+      (std::filesystem::temp_directory_path() / ("layerbench-" + std::to_string(getpid()) + ".h5")).string();
+  write_image_file(path, 2 * rows, in);
+  std::vector<std::int64_t> indices(static_cast<std::size_t>(rows));
+  for (std::size_t i = 0; i < indices.size(); ++i) indices[i] = static_cast<std::int64_t>(2 * (indices.size() - 1 - i));
+  std::vector<float> inputs(static_cast<std::size_t>(rows * in)), targets(static_cast<std::size_t>(rows * out));
+  std::vector<std::int32_t> labels(static_cast<std::size_t>(rows));
+  nlohmann::json result;
+  for (auto [key, options] :
+       {std::pair{"teacher_read_ms", DataOptions{.kind = DatasetKind::teacher, .input_dim = in, .output_dim = out}},
+        std::pair{"mixture_read_ms", DataOptions{.kind = DatasetKind::mixture, .input_dim = in, .output_dim = out}},
+        std::pair{"held_file_read_ms", DataOptions{.kind = DatasetKind::hdf5, .path = path, .memory_cap_bytes = 1ll << 40}}}) {
+    std::unique_ptr<Dataset> dataset = open_dataset(options);
+    const bool classes = dataset->info().kind == TargetKind::classification;
+    result[key] = best_ms(repeats, [&] {
+      dataset->read(Split::train, indices, inputs.data(), classes ? nullptr : targets.data(), classes ? labels.data() : nullptr);
+    }, [] {});
+  }
+  std::filesystem::remove(path);
+  return result;
+}
 
 DataType gemm_input(const std::string& name) {
   if (name == "fp32") return DataType::float32;
@@ -117,6 +172,7 @@ void run(const std::vector<std::string>& arguments) {
   const auto time = [&](auto&& body) { return best_ms(repeats, body, finish); };
   const double flops = 2.0 * static_cast<double>(rows) * static_cast<double>(in) * static_cast<double>(out);
   const auto parameters = static_cast<std::size_t>(optimizer_parameters > 0 ? optimizer_parameters : out * in);
+  const nlohmann::json reads = sample_reads(rows, in, out, repeats);
 
   for (DataType type : inputs) {
     // Activations, weights and their GEMM outputs of the param type `type`; gradients of the
@@ -133,6 +189,7 @@ void run(const std::vector<std::string>& arguments) {
     nlohmann::json result = {{"device", choice_name(config.device)}, {"tf32", config.tf32}, {"dtype", data_type_name(type)},
                              {"rows", rows}, {"in", in}, {"out", out}, {"adamw_parameters", updated},
                              {"kernels", kernels.description()}};
+    result.update(reads);
     // The elementwise kernels and AdamW as the trainer runs them at this param type (a 16-bit
     // one updates fp32 masters and writes their rounded copy).
     result["gelu_forward_ms"] = time([&] { kernels.gelu_forward(pre.as<void>(), act.as<void>(), rows, out, type); });

@@ -25,6 +25,15 @@ double Cluster::gemm_flops_per_s(DataType type) const {
   return gemm_fp32_flops_per_s;
 }
 
+double Cluster::sample_values_per_s(DatasetKind dataset, bool held_in_memory) const {
+  switch (dataset) {
+    case DatasetKind::teacher: return teacher_values_per_s;
+    case DatasetKind::mixture: return mixture_values_per_s;
+    case DatasetKind::hdf5: return held_in_memory ? held_file_values_per_s : 0.0;
+  }
+  return 0.0;
+}
+
 namespace {
 
 // AdamW in fp32 reads a parameter, its gradient and two moments and writes three of them back:
@@ -188,6 +197,12 @@ Cluster calibrated_cluster(const std::vector<std::string>& files) {
         const double gelu_ms = row.value("gelu_forward_ms", row.value("bias_gelu_forward_ms", 0.0));
         if (dtype == "fp32" && gelu_ms > 0)
           cluster.elementwise_elements_per_s = row.value("rows", 0.0) * row.value("out", 0.0) / (gelu_ms * 1e-3);
+        // Samples read as the trainer reads them, one core's rate (input values a second).
+        const double values = row.value("rows", 0.0) * row.value("in", 0.0);
+        for (auto [key, slot] : {std::pair{"teacher_read_ms", &cluster.teacher_values_per_s},
+                                 std::pair{"mixture_read_ms", &cluster.mixture_values_per_s},
+                                 std::pair{"held_file_read_ms", &cluster.held_file_values_per_s}})
+          if (dtype == "fp32" && row.value(key, 0.0) > 0) *slot = values / (row.value(key, 0.0) * 1e-3);
         if (dtype == "fp32" && row.value("gather_rows_ms", 0.0) > 0)
           cluster.row_move_elements_per_s =
               row.value("rows", 0.0) * row.value("out", 0.0) / (row.value("gather_rows_ms", 0.0) * 1e-3);

@@ -81,6 +81,7 @@ struct StageWork {
   double forward_comm = 0, backward_comm = 0;        // seconds per micro-batch it waits for
   double after_backward = 0;                         // exposed seconds after the pipeline drains
   double optimizer = 0;
+  double data = 0;  // seconds a step waits for its samples' inputs
   std::vector<Action> schedule;
 
   // Each chunk's times with its share of the communication its passes wait for.
@@ -146,6 +147,13 @@ class StageModel {
       work.backward_compute += chunk.times.backward_input + chunk.times.backward_weight;
       work.chunks.push_back(chunk);
     }
+    // The samples' inputs, read on the step's path by the ranks that hold the first layer (one
+    // core's rate, shared as the memory-bound kernels are).
+    const bool reads_inputs = std::any_of(layout.layers.chunks.begin(), layout.layers.chunks.end(),
+                                          [](const LayerRange& range) { return range.first == 0; });
+    const double data_rate = in.cluster.sample_values_per_s(in.config.dataset, in.data_held_in_memory) * memory_share;
+    if (reads_inputs && data_rate > 0)
+      work.data = in.config.micro_batches * rows * static_cast<double>(in.model.front().in_features) / data_rate;
     const double updated = static_cast<double>(work.prediction.optimizer.bytes) /
                            static_cast<double>(in.config.precision().optimizer_bytes());
     work.optimizer = updated / (in.cluster.optimizer_parameters_per_s * memory_share);
@@ -244,7 +252,8 @@ LayoutEstimate estimate_layout(const PlanInputs& inputs) {
     const StepTime step{
         .compute = micro_batches * (work.forward_compute + work.backward_compute) + work.optimizer,
         .exposed_comm = micro_batches * (work.forward_comm + work.backward_comm) + work.after_backward,
-        .bubble = timeline.makespan - timeline.busy[index]};
+        .bubble = timeline.makespan - timeline.busy[index],
+        .data = work.data};
     if (step.total() > estimate.step.total()) estimate.step = step;
   }
   return estimate;

@@ -23,6 +23,7 @@ struct PlanInputs {
   LossKind loss_kind = LossKind::mse;
   int ranks_per_node = 1;
   const Cluster& cluster;
+  bool data_held_in_memory = false;  // an hdf5 file's arrays fit under --data-memory-mb
 };
 
 // Bus bytes per step (nccl-tests' size times the bus factor) by the links they cross: a group's
@@ -33,12 +34,14 @@ struct LinkBytes {
 };
 
 // A step's time, seconds, on the pipeline stage that takes longest: computation (GEMMs,
-// bias/GELU passes and the optimizer), communication nothing hides, and the pipeline's idle time.
+// bias/GELU passes and the optimizer), communication nothing hides, the pipeline's idle time,
+// and the wait for samples where they are read on the step's path.
 struct StepTime {
   double compute = 0;
   double exposed_comm = 0;
   double bubble = 0;
-  double total() const { return compute + exposed_comm + bubble; }
+  double data = 0;
+  double total() const { return compute + exposed_comm + bubble + data; }
 };
 
 struct LayoutEstimate {

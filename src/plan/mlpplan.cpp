@@ -24,18 +24,22 @@ namespace {
 
 using namespace mlptrain;
 
-PlannedLayout plan_layout(const Config& config, const std::vector<LayerSpec>& model, LossKind loss_kind, int world,
-                          int ranks_per_node, const Cluster& cluster) {
+PlannedLayout plan_layout(const Config& config, const std::vector<LayerSpec>& model, const DatasetInfo& data,
+                          int world, int ranks_per_node, const Cluster& cluster) {
   const GridShape shape = grid_shape(config, world);
   const Strategies strategies = wanted_strategies(config, shape);
   return {.config = config,
-          .estimate = estimate_layout({.strategies = strategies,
-                                       .config = config,
-                                       .model = model,
-                                       .shape = shape,
-                                       .loss_kind = loss_kind,
-                                       .ranks_per_node = ranks_per_node,
-                                       .cluster = cluster})};
+          .estimate = estimate_layout(
+              {.strategies = strategies,
+               .config = config,
+               .model = model,
+               .shape = shape,
+               .loss_kind = data.kind == TargetKind::classification ? LossKind::cross_entropy : LossKind::mse,
+               .ranks_per_node = ranks_per_node,
+               .cluster = cluster,
+               // As the trainer decides: the file's arrays under the cap are held in memory.
+               .data_held_in_memory = config.dataset == DatasetKind::hdf5 &&
+                                      data.memory_bytes <= (std::int64_t{config.data_memory_mb} << 20)})};
 }
 
 void plan(int argc, char** argv) {
@@ -71,7 +75,6 @@ void plan(int argc, char** argv) {
                                          .input_dim = config.input_dim,
                                          .output_dim = config.output_dim})
                                ->info();
-  const LossKind loss_kind = data.kind == TargetKind::classification ? LossKind::cross_entropy : LossKind::mse;
   const std::vector<LayerSpec> model = model_layer_specs(config.layers, data.input_dim, config.hidden,
                                                          data.output_dim, config.moe_every, config.experts,
                                                          config.top_k);
@@ -95,7 +98,7 @@ void plan(int argc, char** argv) {
   std::vector<PlannedLayout> planned;
   planned.reserve(layouts.size());
   for (const Config& layout : layouts)
-    planned.push_back(plan_layout(layout, model, loss_kind, request.world, ranks_per_node, cluster));
+    planned.push_back(plan_layout(layout, model, data, request.world, ranks_per_node, cluster));
   // Those that fit, fastest first; then the rest, least over first.
   std::stable_sort(planned.begin(), planned.end(), [](const PlannedLayout& a, const PlannedLayout& b) {
     if (a.estimate.fits() != b.estimate.fits()) return a.estimate.fits();

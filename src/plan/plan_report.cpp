@@ -64,6 +64,7 @@ nlohmann::json plan_json(const PlannedLayout& planned, int world, int ranks_per_
            {{"compute", milliseconds(step.compute)},
             {"exposed_comm", milliseconds(step.exposed_comm)},
             {"bubble", milliseconds(step.bubble)},
+            {"data", milliseconds(step.data)},
             {"total", milliseconds(step.total())}}},
           {"samples_per_s", step.total() > 0 ? config.global_batch / step.total() : 0.0},
           {"param_dtype", data_type_name(config.precision().param)},
@@ -98,10 +99,10 @@ std::string layout_table(const PlannedLayout& planned, int world) {
   text += fmt::format("  bus bytes per step: {} within a node, {} across nodes\n", estimate.bus_bytes.intra_node,
                       estimate.bus_bytes.inter_node);
   const StepTime& step = estimate.step;
-  text += fmt::format("  step time {:.3f} ms: compute {:.3f}, exposed communication {:.3f}, bubble {:.3f}; "
-                      "{:.1f} samples/s\n",
+  text += fmt::format("  step time {:.3f} ms: compute {:.3f}, exposed communication {:.3f}, bubble {:.3f}, "
+                      "data {:.3f}; {:.1f} samples/s\n",
                       milliseconds(step.total()), milliseconds(step.compute), milliseconds(step.exposed_comm),
-                      milliseconds(step.bubble), planned.config.global_batch / step.total());
+                      milliseconds(step.bubble), milliseconds(step.data), planned.config.global_batch / step.total());
   return text;
 }
 

@@ -23,6 +23,7 @@ nlohmann::json step_json(const StepRecord& record) {
                            {"lr", record.lr},
                            {"grad_norm", record.grad_norm},
                            {"step_ms", record.step_ms},
+                           {"data_ms", record.data_ms},
                            {"samples_per_s", record.samples_per_s},
                            {"model_tflops", record.model_tflops},
                            {"comm_bytes", comm_bytes},
@@ -82,10 +83,10 @@ void Reporter::step(const StepRecord& record) {
                                       record.step == first_step_);
   if (due) {
     std::string text = fmt::format(
-        "step {:>{}}/{}  loss {:.6f}  lr {:.3e}  grad_norm {:.4f}  {:.1f} ms  {:.0f} samples/s  {:.3g} "
-        "TFLOP/s/rank",
+        "step {:>{}}/{}  loss {:.6f}  lr {:.3e}  grad_norm {:.4f}  {:.1f} ms (data {:.2f})  {:.0f} samples/s  "
+        "{:.3g} TFLOP/s/rank",
         record.step, std::to_string(total_steps_).size(), total_steps_, record.loss, record.lr,
-        record.grad_norm, record.step_ms, record.samples_per_s, record.model_tflops);
+        record.grad_norm, record.step_ms, record.data_ms, record.samples_per_s, record.model_tflops);
     if (record.mfu) text += fmt::format("  MFU {:.1f}%", 100 * *record.mfu);
     if (!record.expert_load.empty())
       text += fmt::format("  aux_loss {:.6f}  dropped {}", record.aux_loss, record.dropped_tokens);
@@ -129,8 +130,9 @@ void Reporter::summary(const RunSummary& summary) {
     std::fflush(metrics_);
   }
   std::string text = fmt::format(
-      "summary: {} steps, median {:.2f} ms/step, median {:.0f} samples/s, {:.3g} model TFLOP/s per rank",
-      summary.steps, object["step_ms"].get<double>(), object["samples_per_s"].get<double>(),
+      "summary: {} steps, median {:.2f} ms/step (data {:.2f}), median {:.0f} samples/s, {:.3g} model TFLOP/s per rank",
+      summary.steps, object["step_ms"].get<double>(), object["data_ms"].get<double>(),
+      object["samples_per_s"].get<double>(),
       object["model_tflops"].get<double>());
   if (object.contains("mfu")) text += fmt::format(" (MFU {:.1f}%)", 100 * object["mfu"].get<double>());
   if (summary.steps > 0) text += fmt::format(", final loss {:.6f}", summary.final_loss);

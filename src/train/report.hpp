@@ -28,6 +28,7 @@ struct StepRecord {
   double lr = 0;
   double grad_norm = 0;
   double step_ms = 0;
+  double data_ms = 0;  // of the step, the time a rank waited for its samples (mean over ranks)
   double samples_per_s = 0;
   // Per rank: the model's FLOPs of the step (6 per weight and sample) and recomputation's extra
   // forward, over the step's time; the model's share of the rank's peak where that is known.

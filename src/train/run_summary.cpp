@@ -45,6 +45,7 @@ bool offloaded(const Prediction& prediction, MemoryState state) {
 void RunSummary::add(const StepRecord& record) {
   ++steps;
   step_ms.push_back(record.step_ms);
+  data_ms.push_back(record.data_ms);
   samples_per_s.push_back(record.samples_per_s);
   model_tflops.push_back(record.model_tflops);
   if (record.mfu) mfu.push_back(*record.mfu);
@@ -116,6 +117,7 @@ nlohmann::json summary_json(const RunSummary& summary) {
   nlohmann::json object = {{"summary", true},
                            {"steps", summary.steps},
                            {"step_ms", median(summary.step_ms)},
+                           {"data_ms", median(summary.data_ms)},
                            {"samples_per_s", median(summary.samples_per_s)},
                            {"model_tflops", median(summary.model_tflops)},
                            {"peak_mem_bytes", by_state(summary.peak_memory)},

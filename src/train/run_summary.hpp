@@ -23,6 +23,7 @@ struct StepRecord;
 struct RunSummary {
   std::int64_t steps = 0;
   std::vector<double> step_ms;
+  std::vector<double> data_ms;
   std::vector<double> samples_per_s;
   std::vector<double> model_tflops;
   std::vector<double> mfu;

@@ -17,6 +17,7 @@ struct StepTotals {
   double correct = 0;
   double grad_square_sum = 0;
   double read_problems = 0;
+  double data_wait_ms = 0;  // summed over ranks
   double aux_loss = 0;
   double dropped = 0;
   std::vector<std::vector<double>> expert_load;  // per MoE layer: assignments per expert

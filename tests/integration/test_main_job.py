@@ -20,7 +20,7 @@ class MainJob(TrainingTestCase):
         steps, summary = read_metrics(metrics)
         self.assertEqual(len(steps), 100)
         self.assertLess(steps[-1]["loss"], 0.5 * steps[0]["loss"])
-        for key in ("step", "loss", "aux_loss", "lr", "grad_norm", "step_ms", "samples_per_s", "model_tflops"):
+        for key in ("step", "loss", "aux_loss", "lr", "grad_norm", "step_ms", "data_ms", "samples_per_s", "model_tflops"):
             self.assertIn(key, steps[0])
         self.assertEqual(set(steps[0]["comm_bytes"]), OPS)
         self.assertEqual(set(steps[0]["comm_ms"]), OPS)

@@ -11,6 +11,9 @@ import os
 import subprocess
 import unittest
 
+import h5py
+import numpy as np
+
 from common import TrainingTestCase, run
 
 MLPPLAN = os.path.join(os.path.dirname(os.environ.get("MLPTRAIN", "build/mlptrain")), "mlpplan")
@@ -158,11 +161,11 @@ class Mlpplan(TrainingTestCase):
         """ZeRO-3 over 16 ranks in two nodes of 8: plain, every collective of the data-parallel
         group crosses nodes; hybrid over the 8 ranks of a node, the reduce-scatter and the two
         gathers stay inside it (bus factor 7/8) and only the all-reduce of the shards (Psi / 8,
-        bus factor 2 x 1/2) and the loop's world sums (8 values, bus factor 2 x 15/16) cross."""
+        bus factor 2 x 1/2) and the loop's world sums (5 doubles, bus factor 2 x 15/16) cross."""
         model = ["--layers", 4, "--hidden", 32, "--input-dim", 16, "--output-dim", 16, "--global-batch", 64,
                  "--world", 16, "--ranks-per-node", 8, "--zero", 3]
         psi = 16 * 32 + 32 + 2 * (32 * 32 + 32) + 32 * 16 + 16  # every layer a multiple of 16: no padding
-        world_sums = 8 * 4 * 2 * 15 / 16
+        world_sums = 8 * 5 * 2 * 15 / 16
         plain = plan_json(model)
         hybrid = plan_json(model + ["--zero-shard-size", 8])
         self.assertEqual(plain["bus_bytes_per_step"], {"intra_node": 0, "inter_node": 3 * psi * 4 * 15 / 16 + world_sums})
@@ -221,8 +224,30 @@ class Mlpplan(TrainingTestCase):
         update = parameters / ((99 * 100 + 100) / (adamw_ms * 1e-3))
         step = row["step_ms"]
         self.assertAlmostEqual(step["compute"], 1e3 * (gemm + elementwise + update), delta=1e-9)
-        self.assertEqual((step["exposed_comm"], step["bubble"]), (0, 0))
+        self.assertEqual((step["exposed_comm"], step["bubble"], step["data"]), (0, 0, 0))  # no data rates given
         self.assertAlmostEqual(row["samples_per_s"], 32 / (step["total"] * 1e-3), delta=1e-6)
+        # The samples' inputs at one core's measured rate (the bench read 100 samples of 99 values),
+        # on the step's path: the built-in teacher data here, the held file's rate for a file that
+        # fits under --data-memory-mb, and nothing modelled for one read a batch at a time.
+        teacher_ms, held_ms = 0.8, 0.05
+        rows[0].update({"teacher_read_ms": teacher_ms, "held_file_read_ms": held_ms})
+        with open(bench, "w") as handle:
+            handle.write("\n".join(json.dumps(row) for row in rows) + "\n")
+        fed = plan_json(SMALL + ["--world", 1, "--calibrate", bench])["step_ms"]
+        self.assertAlmostEqual(fed["data"], 1e3 * 32 * 16 / (100 * 99 / (teacher_ms * 1e-3)), delta=1e-9)
+        self.assertAlmostEqual(fed["total"], fed["compute"] + fed["data"], delta=1e-9)
+        two_stages = plan_json(SMALL + ["--world", 2, "--pp", 2, "--calibrate", bench])["step_ms"]
+        self.assertAlmostEqual(two_stages["data"], fed["data"], delta=1e-9)  # the first stage reads the inputs
+        data = self.path("data.h5")
+        with h5py.File(data, "w") as file:
+            file["x"] = np.zeros((64, 16), np.uint8)
+            file["y"] = np.zeros((64, 8), np.float32)
+        held = plan_json(["--layers", 4, "--hidden", 32, "--global-batch", 32, "--dataset", "hdf5", "--data-path", data,
+                          "--world", 1, "--calibrate", bench])["step_ms"]
+        self.assertAlmostEqual(held["data"], 1e3 * 32 * 16 / (100 * 99 / (held_ms * 1e-3)), delta=1e-9)
+        read = plan_json(["--layers", 4, "--hidden", 32, "--global-batch", 32, "--dataset", "hdf5", "--data-path", data,
+                          "--data-memory-mb", 0, "--world", 1, "--calibrate", bench])["step_ms"]
+        self.assertEqual(read["data"], 0)
         # With --sequence, the GEMMs of a step's sequence set the rate.
         sequence_ms = 4.0
         rows[0].update({"sequence_layers": 6, "library_sequence_gemm_ms": sequence_ms})
