@@ -1,6 +1,10 @@
 // Reading one array of an `hdf5` dataset file (see hdf5_array.hpp).
 #include "data/hdf5_array.hpp"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -48,6 +52,36 @@ Hdf5Array::Hdf5Array(hid_t file, std::string name, std::string path)
   columns_ = static_cast<std::int64_t>(dimensions_ == 2 ? shape[1] : 1);
   scale_ = number_attribute(dataset_.get(), "scale", 1.0, where());
   offset_ = number_attribute(dataset_.get(), "offset", 0.0, where());
+  find_direct_layout(type.get());
+}
+
+Hdf5Array::Descriptor::~Descriptor() {
+  if (value_ >= 0) ::close(value_);
+}
+
+void Hdf5Array::find_direct_layout(hid_t type) {
+  Hdf5Handle creation = property_handle(H5Dget_create_plist(dataset_.get()));
+  const haddr_t address = H5Dget_offset(dataset_.get());  // undefined unless contiguous and written
+  if (!creation.valid() || H5Pget_layout(creation.get()) != H5D_CONTIGUOUS || H5Pget_nfilters(creation.get()) != 0 ||
+      H5Pget_external_count(creation.get()) != 0 || address == HADDR_UNDEF)
+    return;
+  const std::pair<hid_t, Direct> types[] = {{H5T_STD_U8LE, Direct::uint8},   {H5T_STD_U16LE, Direct::uint16},
+                                            {H5T_STD_I32LE, Direct::int32},  {H5T_STD_I64LE, Direct::int64},
+                                            {H5T_IEEE_F32LE, Direct::float32}, {H5T_IEEE_F64LE, Direct::float64}};
+  for (const auto& [stored, direct] : types) {
+    if (H5Tequal(type, stored) <= 0) continue;
+    Descriptor descriptor(::open(path_.c_str(), O_RDONLY | O_CLOEXEC));
+    // A file that cannot be opened again, or is shorter than the array, is left to the library.
+    struct stat status {};
+    const auto bytes = static_cast<std::uint64_t>(rows_ * columns_) * H5Tget_size(type);
+    if (descriptor.get() < 0 || ::fstat(descriptor.get(), &status) != 0 ||
+        static_cast<std::uint64_t>(status.st_size) < address + bytes)
+      return;
+    descriptor_ = std::move(descriptor);
+    direct_ = direct;
+    direct_offset_ = static_cast<std::size_t>(address);
+    return;
+  }
 }
 
 std::string Hdf5Array::where() const { return name_ + " in '" + path_ + "'"; }
@@ -122,12 +156,60 @@ void Hdf5Array::read_rows_from_memory(std::span<const std::int64_t> indices, Out
   if constexpr (std::is_same_v<Out, float>) scale_rows(out, indices.size() * columns);
 }
 
+namespace {
+
+// `count` little-endian values of `Stored` at `bytes` as `Out` (this machine is little-endian,
+// as x86-64 and AArch64 Linux are).
+template <typename Stored, typename Out>
+void convert(const std::byte* bytes, std::size_t count, Out* out) {
+  for (std::size_t k = 0; k < count; ++k) {
+    Stored value;
+    std::memcpy(&value, bytes + k * sizeof(Stored), sizeof(Stored));
+    out[k] = static_cast<Out>(value);
+  }
+}
+
+}  // namespace
+
 template <typename Out>
-void Hdf5Array::read_rows_from_file(std::span<const std::int64_t> indices, Out* out) const {
-  // Every distinct row in ascending order, selected as one union of runs and read at once.
-  std::vector<std::int64_t> rows(indices.begin(), indices.end());
-  std::sort(rows.begin(), rows.end());
-  rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
+void Hdf5Array::read_directly(const std::vector<std::int64_t>& rows, std::vector<Out>& read) const {
+  static constexpr std::size_t sizes[] = {0, 1, 2, 4, 8, 4, 8};
+  const auto columns = static_cast<std::size_t>(columns_);
+  const std::size_t row_bytes = columns * sizes[static_cast<int>(direct_)];
+  std::vector<std::byte> bytes;
+  for (std::size_t begin = 0; begin < rows.size();) {
+    std::size_t end = begin + 1;
+    while (end < rows.size() && rows[end] == rows[end - 1] + 1) ++end;
+    bytes.resize((end - begin) * row_bytes);
+    // pread may return fewer bytes than asked: go on from where it stopped.
+    for (std::size_t done = 0; done < bytes.size();) {
+      const ssize_t got = ::pread(descriptor_.get(), bytes.data() + done, bytes.size() - done,
+                                  static_cast<off_t>(direct_offset_ + static_cast<std::size_t>(rows[begin]) * row_bytes + done));
+      if (got <= 0) throw RuntimeFailure("--data-path: cannot read " + where() + " (the file is shorter than HDF5 says)");
+      done += static_cast<std::size_t>(got);
+    }
+    Out* into = read.data() + begin * columns;
+    const std::size_t count = (end - begin) * columns;
+    switch (direct_) {
+      case Direct::uint8: convert<std::uint8_t>(bytes.data(), count, into); break;
+      case Direct::uint16: convert<std::uint16_t>(bytes.data(), count, into); break;
+      case Direct::int32: convert<std::int32_t>(bytes.data(), count, into); break;
+      case Direct::int64: convert<std::int64_t>(bytes.data(), count, into); break;
+      case Direct::float32: convert<float>(bytes.data(), count, into); break;
+      case Direct::float64: convert<double>(bytes.data(), count, into); break;
+      case Direct::none: break;
+    }
+    begin = end;
+  }
+}
+
+template <typename Out>
+void Hdf5Array::read_distinct_rows(const std::vector<std::int64_t>& rows, std::vector<Out>& read) const {
+  if (direct_ != Direct::none) {
+    read_directly(rows, read);
+    return;
+  }
+  // One union of the runs of neighbouring rows, read at once by the library.
   Hdf5Handle file_space = dataspace_handle(H5Dget_space(dataset_.get()));
   H5Sselect_none(file_space.get());
   for (std::size_t begin = 0; begin < rows.size();) {
@@ -140,11 +222,20 @@ void Hdf5Array::read_rows_from_file(std::span<const std::int64_t> indices, Out* 
   }
   const hsize_t shape[2] = {static_cast<hsize_t>(rows.size()), static_cast<hsize_t>(columns_)};
   Hdf5Handle memory_space = dataspace_handle(H5Screate_simple(dimensions_, shape, nullptr));
-  const auto columns = static_cast<std::size_t>(columns_);
-  std::vector<Out> read(rows.size() * columns);
   const hid_t type = std::is_same_v<Out, float> ? H5T_NATIVE_FLOAT : H5T_NATIVE_INT32;
   if (H5Dread(dataset_.get(), type, memory_space.get(), file_space.get(), H5P_DEFAULT, read.data()) < 0)
     throw RuntimeFailure("--data-path: cannot read " + where());
+}
+
+template <typename Out>
+void Hdf5Array::read_rows_from_file(std::span<const std::int64_t> indices, Out* out) const {
+  // Every distinct row once, in ascending order, then each placed where it was asked for.
+  std::vector<std::int64_t> rows(indices.begin(), indices.end());
+  std::sort(rows.begin(), rows.end());
+  rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
+  const auto columns = static_cast<std::size_t>(columns_);
+  std::vector<Out> read(rows.size() * columns);
+  read_distinct_rows(rows, read);
   if constexpr (std::is_same_v<Out, float>) {
     check_finite(read.data(), rows);
     scale_rows(read.data(), read.size());

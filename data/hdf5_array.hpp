@@ -1,7 +1,11 @@
 // One array of an `hdf5` dataset file (/x, /y, /x_test or /y_test): its shape and stored type,
 // and its rows, either from a copy of the whole array in memory (kept in a compact type: images
-// of uint8 stay one byte a pixel) or from the file in one read for all the rows a call asks for.
-// Inputs are fed as value * scale + offset, from the array's attributes of those names.
+// of uint8 stay one byte a pixel) or from the file. An array stored contiguously, unfiltered, in
+// a little-endian type of its own (uint8, uint16, int32, int64, fp32, fp64) is read from the file
+// with pread at the offset HDF5 gives for it: a row costs what its bytes do, and any thread may
+// read. Any other (chunked, compressed, fp16 or bf16) goes through the HDF5 library, in one read
+// of all the rows a call asks for. Inputs are fed as value * scale + offset, from the array's
+// attributes of those names.
 #pragma once
 
 #include <hdf5.h>
@@ -10,6 +14,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/hdf5_handle.hpp"
@@ -37,6 +42,8 @@ class Hdf5Array {
   // the first row that is not throws UsageError naming the array, the file and the row.
   void load(bool labels);
   bool loaded() const { return loaded_; }
+  // Whether rows come from the file without the HDF5 library (and so from any thread).
+  bool read_directly() const { return direct_ != Direct::none; }
 
   // The rows `indices`, in that order, into `out` (columns values each): as float, scaled, or as
   // int32 labels. From the file, a non-finite value throws RuntimeFailure naming the row.
@@ -49,8 +56,16 @@ class Hdf5Array {
  private:
   // What a loaded copy keeps: the stored bytes of small unsigned integers, else float or int32.
   enum class Kept { uint8, uint16, float32, int32 };
+  // The little-endian types read straight from the file.
+  enum class Direct { none, uint8, uint16, int32, int64, float32, float64 };
   template <typename Out>
   void read_rows_from_file(std::span<const std::int64_t> indices, Out* out) const;
+  // Distinct rows in ascending order into `rows` (columns values each, as Out).
+  template <typename Out>
+  void read_distinct_rows(const std::vector<std::int64_t>& rows, std::vector<Out>& read) const;
+  template <typename Out>
+  void read_directly(const std::vector<std::int64_t>& rows, std::vector<Out>& read) const;
+  void find_direct_layout(hid_t type);
   template <typename Out>
   void read_rows_from_memory(std::span<const std::int64_t> indices, Out* out) const;
   void scale_rows(float* out, std::size_t values) const;
@@ -66,6 +81,25 @@ class Hdf5Array {
   std::int64_t rows_ = 0, columns_ = 1;
   double scale_ = 1, offset_ = 0;
   bool loaded_ = false;
+  Direct direct_ = Direct::none;
+  std::size_t direct_offset_ = 0;  // bytes into the file where the array's first row starts
+  // The file, opened for pread (closed with the array).
+  class Descriptor {
+   public:
+    Descriptor() = default;
+    explicit Descriptor(int value) : value_(value) {}
+    Descriptor(Descriptor&& other) noexcept : value_(std::exchange(other.value_, -1)) {}
+    Descriptor& operator=(Descriptor&& other) noexcept {
+      std::swap(value_, other.value_);
+      return *this;
+    }
+    ~Descriptor();
+    int get() const { return value_; }
+
+   private:
+    int value_ = -1;
+  };
+  Descriptor descriptor_;
   Kept kept_ = Kept::float32;
   std::vector<std::byte> memory_;
 };

@@ -2,7 +2,7 @@
 // as x * scale + offset from the array's attributes); /y float [N, C] (regression) or integer
 // [N] (labels); optional /x_test and /y_test of the same kinds. When the arrays fit under the
 // memory cap they are read once, whole, and every batch comes from memory; otherwise each batch
-// is one read of the rows it needs, so files larger than memory work.
+// reads the rows it needs from the file (hdf5_array.hpp), so files larger than memory work.
 #include <algorithm>
 #include <filesystem>
 #include <numeric>
@@ -70,8 +70,13 @@ class Hdf5Dataset final : public Dataset {
   }
 
   const DatasetInfo& info() const override { return info_; }
-  // Loaded arrays are read without the HDF5 library.
-  bool readable_from_any_thread() const override { return in_memory_; }
+  // Loaded arrays, and those read with pread, are read without the HDF5 library.
+  bool readable_from_any_thread() const override {
+    if (in_memory_) return true;
+    for (const std::optional<Hdf5Array>* array : {&x_, &y_, &x_test_, &y_test_})
+      if (array->has_value() && !(*array)->loaded() && !(*array)->read_directly()) return false;
+    return true;
+  }
   bool reads_from_file() const override { return !in_memory_; }
 
   void read(Split split, std::span<const std::int64_t> indices, float* inputs, float* targets,

@@ -1,6 +1,8 @@
 // The HDF5 reader's stored types, scaling and bad rows: images of uint8, uint16, fp16, bf16 and
 // fp32 fed as value * scale + offset, the same rows whether the file is held in memory or read a
-// batch at a time, and non-finite inputs or negative labels named by array, file and row.
+// batch at a time (straight from the file where the array is contiguous in a plain type, through
+// the library where it is compressed or of a 16-bit float type), and non-finite inputs or
+// negative labels named by array, file and row.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -33,11 +35,19 @@ Hdf5Handle half_type(int exponent_bits) {
 // The value row r, column c holds in the file: small integers, exact in every stored type.
 double stored(int r, int c) { return (r * columns + c) % 200; }
 
+// Written contiguously, or in compressed chunks of 7 rows.
 void write_array(hid_t file, const char* name, hid_t file_type, std::vector<hsize_t> shape, const void* data,
-                 hid_t memory_type) {
+                 hid_t memory_type, bool compressed = false) {
   Hdf5Handle space = dataspace_handle(H5Screate_simple(static_cast<int>(shape.size()), shape.data(), nullptr));
+  Hdf5Handle creation = property_handle(H5Pcreate(H5P_DATASET_CREATE));
+  if (compressed) {
+    std::vector<hsize_t> chunk = shape;
+    chunk[0] = 7;
+    H5Pset_chunk(creation.get(), static_cast<int>(chunk.size()), chunk.data());
+    H5Pset_deflate(creation.get(), 4);
+  }
   Hdf5Handle set = dataset_handle(
-      H5Dcreate2(file, name, file_type, space.get(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT));
+      H5Dcreate2(file, name, file_type, space.get(), H5P_DEFAULT, creation.get(), H5P_DEFAULT));
   H5Dwrite(set.get(), memory_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data);
 }
 
@@ -52,7 +62,7 @@ void write_attribute(hid_t file, const char* array, const char* name, double val
 // /x [rows, columns] of `x_type` holding stored(r, c) (with `x` instead where given), scale 0.5
 // and offset -1; /y int64 labels r % 3 (with `labels` instead where given).
 std::string write_file(const std::string& name, hid_t x_type, std::vector<double> x = {},
-                       std::vector<std::int64_t> labels = {}) {
+                       std::vector<std::int64_t> labels = {}, bool compressed = false) {
   const std::string path = ::testing::TempDir() + name;
   Hdf5Handle file = file_handle(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT));
   if (x.empty())
@@ -60,7 +70,7 @@ std::string write_file(const std::string& name, hid_t x_type, std::vector<double
       for (int c = 0; c < columns; ++c) x.push_back(stored(r, c));
   if (labels.empty())
     for (int r = 0; r < rows; ++r) labels.push_back(r % 3);
-  write_array(file.get(), "/x", x_type, {rows, columns}, x.data(), H5T_NATIVE_DOUBLE);
+  write_array(file.get(), "/x", x_type, {rows, columns}, x.data(), H5T_NATIVE_DOUBLE, compressed);
   write_attribute(file.get(), "/x", "scale", 0.5);
   write_attribute(file.get(), "/x", "offset", -1.0);
   write_array(file.get(), "/y", H5T_STD_I64LE, {rows}, labels.data(), H5T_NATIVE_INT64);
@@ -86,17 +96,26 @@ std::string failure(auto&& call) {
 TEST(Hdf5Arrays, EveryStoredTypeIsFedScaledTheSameFromMemoryOrFile) {
   silence_hdf5_errors();
   const Hdf5Handle fp16 = half_type(5), bf16 = half_type(8);
-  const std::vector<std::pair<std::string, hid_t>> types = {
-      {"uint8", H5T_STD_U8LE}, {"uint16", H5T_STD_U16LE}, {"fp16", fp16.get()},
-      {"bf16", bf16.get()}, {"fp32", H5T_IEEE_F32LE}};
+  struct Stored {
+    std::string name;
+    hid_t type;
+    bool compressed;
+    bool read_directly;  // from the file without the library
+  };
+  const std::vector<Stored> types = {
+      {"uint8", H5T_STD_U8LE, false, true},       {"uint16", H5T_STD_U16LE, false, true},
+      {"fp16", fp16.get(), false, false},         {"bf16", bf16.get(), false, false},
+      {"fp32", H5T_IEEE_F32LE, false, true},      {"fp64", H5T_IEEE_F64LE, false, true},
+      {"uint8 compressed", H5T_STD_U8LE, true, false}};
   // Unsorted, with a repeat and a run of neighbours: the order asked is the order fed.
   const std::vector<std::int64_t> indices = {17, 3, 4, 5, 23, 3, 0};
-  for (const auto& [name, type] : types) {
-    const std::string path = write_file("types_" + name + ".h5", type);
+  for (const auto& [name, type, compressed, read_directly] : types) {
+    const std::string path = write_file("types_" + name + ".h5", type, {}, {}, compressed);
     for (bool in_memory : {false, true}) {
       SCOPED_TRACE(name + (in_memory ? " in memory" : " from the file"));
       auto dataset = open(path, in_memory);
-      EXPECT_EQ(dataset->readable_from_any_thread(), in_memory);
+      EXPECT_EQ(dataset->reads_from_file(), !in_memory);
+      EXPECT_EQ(dataset->readable_from_any_thread(), in_memory || read_directly);
       std::vector<float> x(indices.size() * columns, std::numeric_limits<float>::quiet_NaN());
       std::vector<std::int32_t> labels(indices.size(), -1);
       dataset->read(Split::train, indices, x.data(), nullptr, labels.data());
@@ -113,10 +132,8 @@ TEST(Hdf5Arrays, EveryStoredTypeIsFedScaledTheSameFromMemoryOrFile) {
 TEST(Hdf5Arrays, AFileLargerThanTheCapIsReadFromTheFile) {
   const std::string path = write_file("cap.h5", H5T_STD_U8LE);
   // 24 x 5 bytes of images and 24 int32 labels: 216 bytes.
-  EXPECT_TRUE(open_dataset({.kind = DatasetKind::hdf5, .path = path, .memory_cap_bytes = 216})
-                  ->readable_from_any_thread());
-  EXPECT_FALSE(open_dataset({.kind = DatasetKind::hdf5, .path = path, .memory_cap_bytes = 215})
-                   ->readable_from_any_thread());
+  EXPECT_FALSE(open_dataset({.kind = DatasetKind::hdf5, .path = path, .memory_cap_bytes = 216})->reads_from_file());
+  EXPECT_TRUE(open_dataset({.kind = DatasetKind::hdf5, .path = path, .memory_cap_bytes = 215})->reads_from_file());
 }
 
 TEST(Hdf5Arrays, ANonFiniteInputIsNamedByArrayFileAndRow) {
