@@ -20,7 +20,7 @@ namespace {
 
 class Hdf5Dataset final : public Dataset {
  public:
-  Hdf5Dataset(const DataOptions& options) : path_(options.path) {
+  explicit Hdf5Dataset(const DataOptions& options) : path_(options.path) {
     namespace fs = std::filesystem;
     std::error_code ignored;
     if (!fs::exists(path_, ignored)) throw UsageError("--data-path: no such file '" + path_ + "'");

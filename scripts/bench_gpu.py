@@ -133,31 +133,43 @@ def main():
     parser.add_argument("--rounds", type=int, default=3, help="staging measurements per world size (median)")
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--output-dir", default=os.path.join(ROOT, "results", "gpu"))
+    parser.add_argument("--parts", default="step,staging,commbench",
+                        help="which measurements, comma-separated (a GPU lent for minutes may not hold all three: "
+                             "on an H200 the step took about 4 minutes, staging over 5)")
+    parser.add_argument("--world-sizes", default=None, help="staging's world sizes (default 1,2,3,4; --tiny 1,2)")
     args = parser.parse_args()
+    parts = set(args.parts.split(","))
+    unknown = parts - {"step", "staging", "commbench"}
+    if unknown:
+        parser.error(f"--parts: unknown {', '.join(sorted(unknown))} (choose step, staging, commbench)")
     args.hidden, args.batch, args.layers = (64, 64, 3) if args.tiny else (8192, 8192, 16)
     args.message, args.chunk = ("1M", "64K") if args.tiny else ("256M", "4M")
     args.sweep = ("4K", "64K") if args.tiny else ("4K", "256M")
     args.repeats = 3 if args.tiny else 10
-    world_sizes = [1, 2] if args.tiny else [1, 2, 3, 4]
+    world_sizes = [int(n) for n in args.world_sizes.split(",")] if args.world_sizes else [1, 2] if args.tiny else [1, 2, 3, 4]
 
     step = {"model": {"layers": args.layers, "hidden": args.hidden, "input": args.hidden, "classes": 10,
                       "batch": args.batch, "device": args.device},
             "targets": {"gemm_share_of_step": ">= 0.85", "step_over_pytorch": "<= 1.0"}}
-    for precision in PRECISIONS if args.device == "cuda" else ("fp32",):
-        step[precision] = step_figures(args, precision)
-    write_result(os.path.join(args.output_dir, "step.json"), step)
+    if "step" in parts:
+        for precision in PRECISIONS if args.device == "cuda" else ("fp32",):
+            step[precision] = step_figures(args, precision)
+        write_result(os.path.join(args.output_dir, "step.json"), step)
 
     rows = []
-    for ranks in world_sizes:
+    for ranks in world_sizes if "staging" in parts else []:
         rounds = [staging_figures(args, ranks) for _ in range(args.rounds)]
         rows.append({key: statistics.median(r[key] for r in rounds) for key in rounds[0]} | {"rounds": rounds})
         print(f"bench_gpu: staging at {ranks} rank(s): {rows[-1]['chunked_over_bound']:.2f} of the bound, "
               f"{rows[-1]['chunked_over_unchunked']:.2f}x unchunked", flush=True)
-    write_result(os.path.join(args.output_dir, "staging.json"),
-                 {"message_bytes": args.message, "chunk_bytes": args.chunk, "device": args.device,
-                  "world_sizes": rows,
-                  "targets": {"chunked_over_bound": ">= 0.8", "chunked_over_unchunked": ">= 1.5"}})
-    write_result(os.path.join(args.output_dir, "commbench.json"), {"device": args.device, "rows": every_collective(args)})
+    if "staging" in parts:
+        write_result(os.path.join(args.output_dir, "staging.json"),
+                     {"message_bytes": args.message, "chunk_bytes": args.chunk, "device": args.device,
+                      "world_sizes": rows,
+                      "targets": {"chunked_over_bound": ">= 0.8", "chunked_over_unchunked": ">= 1.5"}})
+    if "commbench" in parts:
+        write_result(os.path.join(args.output_dir, "commbench.json"),
+                     {"device": args.device, "rows": every_collective(args)})
     for precision in PRECISIONS:
         if precision in step:
             figures = step[precision]

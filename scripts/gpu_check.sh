@@ -129,7 +129,9 @@ for phase in "${phases[@]}"; do
     bench)
       export MLPTRAIN="$top/build-gpu/mlptrain"
       if [ -n "$python" ]; then
-        check bench "$python" scripts/bench_gpu.py --output-dir "$output/results"
+        # GPU_BENCH_ARGS picks parts for a short loan, e.g. "--parts step" or "--parts staging --world-sizes 1,2".
+        # shellcheck disable=SC2086
+        check bench "$python" scripts/bench_gpu.py --output-dir "$output/results" ${GPU_BENCH_ARGS:-}
       else
         echo "bench: FAILED (no Python with numpy to run scripts/bench_gpu.py)" | tee -a "$summary"
       fi

@@ -150,6 +150,15 @@ class Commbench(TrainingTestCase):
         self.assertTrue({"all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast", "send_recv"} <=
                         {row["collective"] for row in rows})
         self.assertTrue(all(row["correct"] for row in rows))
+        # A short loan measures a part alone: staging at the world sizes asked, nothing else written.
+        part = os.path.join(self.directory, "part")
+        result = subprocess.run([sys.executable, os.path.join(SOURCE_ROOT, "scripts", "bench_gpu.py"),
+                                 "--device", "loopback", "--tiny", "--rounds", "1", "--parts", "staging",
+                                 "--world-sizes", "1", "--output-dir", part], capture_output=True, text=True, timeout=300)
+        self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
+        self.assertEqual(os.listdir(part), ["staging.json"])
+        with open(os.path.join(part, "staging.json")) as handle:
+            self.assertEqual([row["ranks"] for row in json.load(handle)["world_sizes"]], [1])
 
     def test_table_output(self):
         result = commbench(["--collectives", "all_reduce,send_recv", "--max-bytes", "64", "--iterations", "1"], 2)
