@@ -40,6 +40,11 @@ class Dataset {
   virtual bool reads_from_file() const { return false; }
 };
 
+// Whether a file's arrays are held in memory under `cap_bytes` (generated data never is).
+inline bool held_in_memory(const DatasetInfo& info, std::int64_t cap_bytes) {
+  return info.memory_bytes > 0 && info.memory_bytes <= cap_bytes;
+}
+
 struct DataOptions {
   DatasetKind kind = DatasetKind::teacher;
   std::string path;  // hdf5 only

@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <numeric>
 #include <type_traits>
 
 #include "core/error.hpp"
@@ -28,6 +27,23 @@ double number_attribute(hid_t dataset, const char* name, double fallback, const 
     throw UsageError("--data-path: the attribute '" + std::string(name) + "' of " + where +
                      " must be one finite number");
   return value;
+}
+
+// Calls `run(begin, end)` for each run [begin, end) of consecutive rows in `rows` (ascending).
+template <typename Run>
+void for_each_run(const std::vector<std::int64_t>& rows, Run&& run) {
+  for (std::size_t begin = 0; begin < rows.size();) {
+    std::size_t end = begin + 1;
+    while (end < rows.size() && rows[end] == rows[end - 1] + 1) ++end;
+    run(begin, end);
+    begin = end;
+  }
+}
+
+// The position of the first non-finite of `count` values (`count` when there is none).
+std::size_t first_non_finite(const float* values, std::size_t count) {
+  return static_cast<std::size_t>(std::find_if(values, values + count, [](float v) { return !std::isfinite(v); }) -
+                                  values);
 }
 
 }  // namespace
@@ -73,13 +89,14 @@ void Hdf5Array::find_direct_layout(hid_t type) {
     Descriptor descriptor(::open(path_.c_str(), O_RDONLY | O_CLOEXEC));
     // A file that cannot be opened again, or is shorter than the array, is left to the library.
     struct stat status {};
-    const auto bytes = static_cast<std::uint64_t>(rows_ * columns_) * H5Tget_size(type);
+    const auto bytes = static_cast<std::uint64_t>(rows_ * columns_) * type_bytes_;
     if (descriptor.get() < 0 || ::fstat(descriptor.get(), &status) != 0 ||
         static_cast<std::uint64_t>(status.st_size) < address + bytes)
       return;
     descriptor_ = std::move(descriptor);
     direct_ = direct;
     direct_offset_ = static_cast<std::size_t>(address);
+    direct_bytes_ = type_bytes_;
     return;
   }
 }
@@ -87,8 +104,7 @@ void Hdf5Array::find_direct_layout(hid_t type) {
 std::string Hdf5Array::where() const { return name_ + " in '" + path_ + "'"; }
 
 std::size_t Hdf5Array::memory_bytes() const {
-  const bool compact = type_class_ == H5T_INTEGER && !type_signed_ && type_bytes_ <= 2;
-  return static_cast<std::size_t>(rows_ * columns_) * (compact ? type_bytes_ : 4);
+  return static_cast<std::size_t>(rows_ * columns_) * (compact() ? type_bytes_ : 4);
 }
 
 hid_t Hdf5Array::memory_type(Kept kept) const {
@@ -102,8 +118,7 @@ hid_t Hdf5Array::memory_type(Kept kept) const {
 }
 
 void Hdf5Array::load(bool labels) {
-  const bool compact = type_class_ == H5T_INTEGER && !type_signed_ && type_bytes_ <= 2;
-  kept_ = labels ? Kept::int32 : !compact ? Kept::float32 : type_bytes_ == 1 ? Kept::uint8 : Kept::uint16;
+  kept_ = labels ? Kept::int32 : !compact() ? Kept::float32 : type_bytes_ == 1 ? Kept::uint8 : Kept::uint16;
   memory_.resize(memory_bytes());
   if (H5Dread(dataset_.get(), memory_type(kept_), H5S_ALL, H5S_ALL, H5P_DEFAULT, memory_.data()) < 0)
     throw UsageError("--data-path: cannot read " + where());
@@ -116,10 +131,8 @@ void Hdf5Array::load(bool labels) {
                        " holds a negative label (" + std::to_string(*negative) + ")");
   } else if (kept_ == Kept::float32) {
     const auto* value = reinterpret_cast<const float*>(memory_.data());
-    const auto* bad = std::find_if(value, value + values, [](float v) { return !std::isfinite(v); });
-    if (bad != value + values)
-      throw UsageError("--data-path: " + where() + " row " + std::to_string((bad - value) / columns_) +
-                       " holds a non-finite value (" + std::to_string(*bad) + ")");
+    if (const std::size_t bad = first_non_finite(value, values); bad < values)
+      throw UsageError(non_finite(static_cast<std::int64_t>(bad) / columns_, value[bad]));
   }
   loaded_ = true;
 }
@@ -130,13 +143,15 @@ void Hdf5Array::scale_rows(float* out, std::size_t values) const {
   for (std::size_t k = 0; k < values; ++k) out[k] = out[k] * scale + offset;
 }
 
+std::string Hdf5Array::non_finite(std::int64_t row, float value) const {
+  return "--data-path: " + where() + " row " + std::to_string(row) + " holds a non-finite value (" +
+         std::to_string(value) + ")";
+}
+
 void Hdf5Array::check_finite(const float* values, std::span<const std::int64_t> rows) const {
   const auto columns = static_cast<std::size_t>(columns_);
-  for (std::size_t row = 0; row < rows.size(); ++row)
-    for (std::size_t k = 0; k < columns; ++k)
-      if (!std::isfinite(values[row * columns + k]))
-        throw RuntimeFailure("--data-path: " + where() + " row " + std::to_string(rows[row]) +
-                             " holds a non-finite value (" + std::to_string(values[row * columns + k]) + ")");
+  if (const std::size_t bad = first_non_finite(values, rows.size() * columns); bad < rows.size() * columns)
+    throw RuntimeFailure(non_finite(rows[bad / columns], values[bad]));
 }
 
 template <typename Out>
@@ -173,13 +188,10 @@ void convert(const std::byte* bytes, std::size_t count, Out* out) {
 
 template <typename Out>
 void Hdf5Array::read_directly(const std::vector<std::int64_t>& rows, std::vector<Out>& read) const {
-  static constexpr std::size_t sizes[] = {0, 1, 2, 4, 8, 4, 8};
   const auto columns = static_cast<std::size_t>(columns_);
-  const std::size_t row_bytes = columns * sizes[static_cast<int>(direct_)];
+  const std::size_t row_bytes = columns * direct_bytes_;
   std::vector<std::byte> bytes;
-  for (std::size_t begin = 0; begin < rows.size();) {
-    std::size_t end = begin + 1;
-    while (end < rows.size() && rows[end] == rows[end - 1] + 1) ++end;
+  for_each_run(rows, [&](std::size_t begin, std::size_t end) {
     bytes.resize((end - begin) * row_bytes);
     // pread may return fewer bytes than asked: go on from where it stopped.
     for (std::size_t done = 0; done < bytes.size();) {
@@ -199,8 +211,7 @@ void Hdf5Array::read_directly(const std::vector<std::int64_t>& rows, std::vector
       case Direct::float64: convert<double>(bytes.data(), count, into); break;
       case Direct::none: break;
     }
-    begin = end;
-  }
+  });
 }
 
 template <typename Out>
@@ -212,14 +223,11 @@ void Hdf5Array::read_distinct_rows(const std::vector<std::int64_t>& rows, std::v
   // One union of the runs of neighbouring rows, read at once by the library.
   Hdf5Handle file_space = dataspace_handle(H5Dget_space(dataset_.get()));
   H5Sselect_none(file_space.get());
-  for (std::size_t begin = 0; begin < rows.size();) {
-    std::size_t end = begin + 1;
-    while (end < rows.size() && rows[end] == rows[end - 1] + 1) ++end;
+  for_each_run(rows, [&](std::size_t begin, std::size_t end) {
     const hsize_t start[2] = {static_cast<hsize_t>(rows[begin]), 0};
     const hsize_t count[2] = {static_cast<hsize_t>(end - begin), static_cast<hsize_t>(columns_)};
     H5Sselect_hyperslab(file_space.get(), H5S_SELECT_OR, start, nullptr, count, nullptr);
-    begin = end;
-  }
+  });
   const hsize_t shape[2] = {static_cast<hsize_t>(rows.size()), static_cast<hsize_t>(columns_)};
   Hdf5Handle memory_space = dataspace_handle(H5Screate_simple(dimensions_, shape, nullptr));
   const hid_t type = std::is_same_v<Out, float> ? H5T_NATIVE_FLOAT : H5T_NATIVE_INT32;

@@ -68,7 +68,11 @@ class Hdf5Array {
   void find_direct_layout(hid_t type);
   template <typename Out>
   void read_rows_from_memory(std::span<const std::int64_t> indices, Out* out) const;
+  // uint8 and uint16 arrays are kept in memory as they are stored.
+  bool compact() const { return type_class_ == H5T_INTEGER && !type_signed_ && type_bytes_ <= 2; }
   void scale_rows(float* out, std::size_t values) const;
+  // "--data-path: /x in 'f.h5' row 13 holds a non-finite value (nan)".
+  std::string non_finite(std::int64_t row, float value) const;
   void check_finite(const float* values, std::span<const std::int64_t> rows) const;
   hid_t memory_type(Kept kept) const;
 
@@ -83,6 +87,7 @@ class Hdf5Array {
   bool loaded_ = false;
   Direct direct_ = Direct::none;
   std::size_t direct_offset_ = 0;  // bytes into the file where the array's first row starts
+  std::size_t direct_bytes_ = 0;   // of one stored element
   // The file, opened for pread (closed with the array).
   class Descriptor {
    public:

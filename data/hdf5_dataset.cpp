@@ -135,7 +135,7 @@ class Hdf5Dataset final : public Dataset {
     std::int64_t bytes = 0;
     for (const Hdf5Array* array : arrays) bytes += static_cast<std::int64_t>(array->memory_bytes());
     info_.memory_bytes = bytes;
-    in_memory_ = bytes <= cap_bytes;
+    in_memory_ = held_in_memory(info_, cap_bytes);
     if (!in_memory_) return;
     for (Hdf5Array* array : arrays)
       if (!array->loaded()) array->load(false);

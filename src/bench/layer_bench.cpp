@@ -18,7 +18,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <numeric>
 #include <optional>
 #include <string>
 #include <vector>

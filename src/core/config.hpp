@@ -127,6 +127,7 @@ struct Config {
   double min_loss_scale = 0;       // dynamic: the scale never halves below this (1)
 
   Precision precision() const { return {.param = param_dtype, .reduce = reduce_dtype}; }
+  std::int64_t data_memory_bytes() const { return std::int64_t{data_memory_mb} << 20; }
   // Devices
   Device device = Device::cpu;
   bool tf32 = false;

@@ -38,8 +38,7 @@ PlannedLayout plan_layout(const Config& config, const std::vector<LayerSpec>& mo
                .ranks_per_node = ranks_per_node,
                .cluster = cluster,
                // As the trainer decides: the file's arrays under the cap are held in memory.
-               .data_held_in_memory = config.dataset == DatasetKind::hdf5 &&
-                                      data.memory_bytes <= (std::int64_t{config.data_memory_mb} << 20)})};
+               .data_held_in_memory = held_in_memory(data, config.data_memory_bytes())})};
 }
 
 void plan(int argc, char** argv) {

@@ -59,7 +59,7 @@ Run::Run(const Config& run_config, MPI_Comm world_comm, const CommSettings& comm
                             .path = config.data_path,
                             .input_dim = config.input_dim,
                             .output_dim = config.output_dim,
-                            .memory_cap_bytes = std::int64_t{config.data_memory_mb} << 20});
+                            .memory_cap_bytes = config.data_memory_bytes()});
     if (config.eval_every > 0 && dataset->info().test_size == 0)
       throw UsageError("--eval-every needs a held-out split, and '" + config.data_path +
                        "' has no /x_test and /y_test");
