@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Packs what a GPU machine lacks to build and test mlptrain (MPICH, parallel HDF5 and its tools,
-# Boost.ProgramOptions, oneDNN, GoogleTest, nlohmann-json, fmt, zlib, pkgconf, and the shared
+# Boost.ProgramOptions, oneDNN, GoogleTest, nlohmann-json, fmt, zlib, ISA-L, pkgconf, and the shared
 # libraries they load) from this Debian 12 machine's package archive into one file,
 # gpu-bundle/root.tar.xz (git ignores gpu-bundle/): the packages are downloaded with apt-get,
 # unpacked with dpkg-deb into a root of their own (never into /), stripped of what neither the
@@ -15,7 +15,7 @@ packages=(
   # what the build compiles and links against
   libmpich-dev libmpich12 libhdf5-mpich-dev libhdf5-mpich-103-1 libhdf5-mpich-hl-100
   libboost1.74-dev libboost-program-options1.74-dev libboost-program-options1.74.0
-  libdnnl-dev libdnnl2 libgtest-dev nlohmann-json3-dev libfmt-dev libfmt9 zlib1g-dev
+  libdnnl-dev libdnnl2 libgtest-dev nlohmann-json3-dev libfmt-dev libfmt9 zlib1g-dev libisal-dev libisal2
   # the launcher, the HDF5 tools (checkpoints read without h5py; they load the serial HDF5
   # library) and pkg-config itself
   mpich hdf5-tools libhdf5-103-1 libhdf5-hl-100 pkgconf pkgconf-bin libpkgconf3

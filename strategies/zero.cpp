@@ -113,14 +113,14 @@ StatePlacement Zero::state_placement() const {
         const std::size_t last = std::min(end, tensor.offset + tensor.count);
         if (first >= last) continue;
         const std::size_t in_shard = piece.shard_offset + (first - begin);
-        // Every element of the shard is this rank's alone within the piece's group (and, under
-        // hybrid sharding, counted by one replica); a tensor replicated over the tensor-parallel
-        // group is counted by one of its ranks.
-        const bool owned = shards_.counts_shard(piece) &&
-                           (!tensor.replicated_over_tensor || place_.tp == tensor.global_index % shape_.tp);
+        // Every element of the shard is this rank's alone within the piece's group; under hybrid
+        // sharding the shard has a copy in each replica group, and a tensor replicated over the
+        // tensor-parallel group a copy on each of its ranks.
+        RunCopies copies{shards_.replica_index(piece), piece.replicas};
+        if (tensor.replicated_over_tensor) copies = copies.within(place_.tp, shape_.tp);
         append_local_range(placement.updated, tensor, first - tensor.offset, last - first,
                            parameters_->shard_values(first, in_shard), gradients_->shard_grads(first, in_shard),
-                           in_shard, owned, precision);
+                           in_shard, copies, precision);
       }
     }
   // Held shards only, or every local value (read back on resume).

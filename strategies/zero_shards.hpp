@@ -36,9 +36,9 @@ class ZeroShards {
 
   Communicator& group(const ZeroSegment& piece) const { return groups_.group(piece.group); }
   Communicator& replicas(const ZeroSegment& piece) const { return groups_.group(piece.across); }
-  // Whether this rank counts its shard of a piece (in norms and checkpoints): under hybrid
-  // sharding one replica of each shard does.
-  bool counts_shard(const ZeroSegment& piece) const { return piece.replicas == 1 || replicas(piece).rank() == 0; }
+  // Which copy of its shard of a piece this rank holds: under hybrid sharding each replica group
+  // holds one (of piece.replicas).
+  int replica_index(const ZeroSegment& piece) const { return piece.replicas == 1 ? 0 : replicas(piece).rank(); }
   // Zeroed memory from where the shard group of the data-parallel group runs collectives fastest
   // (an edp shard group's ranks are among its ranks): for the transient unit buffers.
   Buffer collective_buffer(MemoryState state, std::size_t bytes) const;

@@ -107,7 +107,9 @@ void* HostAllocator::obtain(std::size_t bytes) {
     cached_bytes_ -= size;
     return block;
   }
-  void* block = std::aligned_alloc(alignment_bytes, size);
+  // Large blocks start on a page, so whole pages of them can go to a file around the page cache
+  // (a checkpoint's writes, O_DIRECT).
+  void* block = std::aligned_alloc(size >= 65536 ? 4096 : alignment_bytes, size);
   if (block == nullptr) throw std::bad_alloc();
   return block;
 }

@@ -19,6 +19,8 @@ enum class DatasetKind { teacher, mixture, hdf5 };
 enum class LearningRateSchedule { constant, cosine };
 enum class OnNonFinite { stop, skip };  // a non-finite loss or gradient: stop, or skip the update
 enum class CommBackend { mpi, nccl };
+// A checkpoint's writes: behind training on a thread of their own, or before training goes on.
+enum class SaveMode { async, sync };
 
 // The names of each closed set's choices, as options and INI files spell them.
 template <typename Choice>
@@ -38,6 +40,10 @@ template <> struct ChoiceNames<OnNonFinite> {
 template <> struct ChoiceNames<CommBackend> {
   static constexpr std::array<std::pair<CommBackend, std::string_view>, 2> names = {
       {{CommBackend::mpi, "mpi"}, {CommBackend::nccl, "nccl"}}};
+};
+template <> struct ChoiceNames<SaveMode> {
+  static constexpr std::array<std::pair<SaveMode, std::string_view>, 2> names = {
+      {{SaveMode::async, "async"}, {SaveMode::sync, "sync"}}};
 };
 template <> struct ChoiceNames<DataType> {  // the training types
   static constexpr std::array<std::pair<DataType, std::string_view>, 3> names = {
@@ -139,6 +145,7 @@ struct Config {
   std::string trace_path;
   std::string checkpoint_dir;
   int save_every = 0;
+  SaveMode save_mode = SaveMode::async;
   std::string resume;
   bool predict = false;
   double timeout_s = 300;  // a step running longer is a hang: report and abort (0: never)

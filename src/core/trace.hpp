@@ -16,11 +16,12 @@ namespace mlptrain {
 // The rows of a rank in the trace viewer. Computations follow one another; transfers and
 // collectives are non-blocking and overlap, so the trace shows them as asynchronous spans, from
 // posting to the moment their completion was noticed (tested or waited for): an upper bound on
-// their time in flight, not the time the network took.
-enum class TraceTrack : int { compute = 0, transfers = 1, collectives = 2 };
+// their time in flight, not the time the network took. Storage holds a checkpoint's writes, which
+// go on behind the steps.
+enum class TraceTrack : int { compute = 0, transfers = 1, collectives = 2, storage = 3 };
 
 struct TraceSpan {
-  std::string name;  // "forward", "backward", "optimizer", or an operation's name
+  std::string name;  // "forward", "backward", "optimizer", "checkpoint", or an operation's name
   TraceTrack track = TraceTrack::compute;
   double start_ms = 0;  // on the clock of core/timer.hpp
   double end_ms = 0;

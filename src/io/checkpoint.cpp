@@ -1,62 +1,23 @@
-// Checkpoint writing and loading (see checkpoint.hpp). Every HDF5 call that creates or opens an
-// object is made by all ranks in the same order (parallel HDF5 requires it for metadata);
-// data moves with independent transfers of each rank's owned runs. Problems are
-// agreed on across ranks before the next collective, so a bad file fails everywhere alike.
+// Checkpoint saving (see checkpoint.hpp): the slices this rank writes, copied to host memory and
+// checksummed while the caller waits; the frame made by rank 0 through the HDF5 library; the bytes
+// written by a background writer; the file published once every rank agrees they are durable.
 #include "io/checkpoint.hpp"
 
-#include <fcntl.h>
-#include <mpi.h>
-#include <unistd.h>
+#include <sys/mman.h>
 
-#include <algorithm>
 #include <cstdio>
-#include <filesystem>
 #include <fstream>
-#include <sstream>
 
 #include "comm/consensus.hpp"
 #include "core/error.hpp"
-#include "core/hdf5_handle.hpp"
+#include "core/timer.hpp"
+#include "io/checkpoint_file.hpp"
+#include "io/checkpoint_exchange.hpp"
 #include "io/checkpoint_layout.hpp"
-#include "io/hdf5_attributes.hpp"
-#include "io/stored_config.hpp"
-#include "io/tensor_io.hpp"
 
 namespace mlptrain {
 
 namespace fs = std::filesystem;
-
-namespace {
-
-void sync_path(const fs::path& path) {
-  const int descriptor = ::open(path.c_str(), O_RDONLY);
-  if (descriptor >= 0) {
-    ::fsync(descriptor);
-    ::close(descriptor);
-  }
-}
-
-// Rank 0's part of publishing a file: make it durable, rename it into place, update `latest`.
-void publish(const fs::path& temporary, const fs::path& final_path) {
-  sync_path(temporary);
-  std::error_code error;
-  fs::rename(temporary, final_path, error);
-  if (error) throw RuntimeFailure("checkpoint: cannot rename into '" + final_path.string() + "'");
-  const fs::path directory = final_path.parent_path();
-  const fs::path latest_temporary = directory / ".latest.partial";
-  {
-    std::ofstream latest(latest_temporary, std::ios::trunc);
-    latest << final_path.filename().string() << '\n';
-    latest.flush();
-    if (!latest) throw RuntimeFailure("checkpoint: cannot write '" + latest_temporary.string() + "'");
-  }
-  sync_path(latest_temporary);
-  fs::rename(latest_temporary, directory / "latest", error);
-  if (error) throw RuntimeFailure("checkpoint: cannot update '" + (directory / "latest").string() + "'");
-  sync_path(directory);
-}
-
-}  // namespace
 
 std::string checkpoint_file_name(std::int64_t step) {
   char name[32];
@@ -77,207 +38,137 @@ void prepare_checkpoint_directory(const std::string& directory) {
   fs::remove(probe, error);
 }
 
-std::string save_checkpoint(const std::string& directory, const TrainingState& state,
-                            const CheckpointDescription& description,
-                            const CheckpointScope& scope) {
-  const fs::path final_path = fs::path(directory) / checkpoint_file_name(state.step);
-  const fs::path temporary = fs::path(directory) / ("." + checkpoint_file_name(state.step) + ".partial");
-  const std::vector<std::uint32_t> checksums = dataset_checksums(state, scope);
-  agree_or_throw(scope.world, [&] {
-    Hdf5Handle access = mpio_access(scope.mpi_comm);
-    Hdf5Handle file = file_handle(
-        H5Fcreate(temporary.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, access.get()));
-    if (!file.valid())
-      throw RuntimeFailure("checkpoint: cannot create '" + temporary.string() + "'");
-    Hdf5Handle links = property_handle(H5Pcreate(H5P_LINK_CREATE));
-    H5Pset_create_intermediate_group(links.get(), 1);
-    // Every element is written, so HDF5 need not fill datasets first (that would write twice).
-    Hdf5Handle creation = property_handle(H5Pcreate(H5P_DATASET_CREATE));
-    H5Pset_fill_time(creation.get(), H5D_FILL_TIME_NEVER);
-    Hdf5Handle transfer = independent_transfer();
-    bool written = true;
-    for (std::size_t index = 0; index < scope.global_tensors.size(); ++index) {
-      const ParameterTensor& global = scope.global_tensors[index];
-      const std::vector<const StateRun*> runs = owned_runs_of(state.placement.updated, global.global_index);
-      const std::vector<hsize_t> dims(global.global_shape.begin(), global.global_shape.end());
-      for (int part = 0; part < part_count; ++part) {
-        Hdf5Handle file_space =
-            dataspace_handle(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr));
-        Hdf5Handle dataset = dataset_handle(
-            H5Dcreate2(file.get(), dataset_name(global, part).c_str(), H5T_IEEE_F32LE,
-                       file_space.get(), links.get(), creation.get(), H5P_DEFAULT));
-        // Every call is made on every rank whatever failed before: creation is collective.
-        written = write_runs(dataset.get(), transfer.get(), runs, run_parts[part], scope.allocator) &&
-                  dataset.valid() && written;
-        written = write_uint32_attribute(dataset.get(), "crc32",
-                                         checksums[index * part_count + part]) && written;
-      }
-    }
-    const hid_t root = file.get();
-    written = write_string_attribute(root, "format", checkpoint_format) && written;
-    written = write_int64_attribute(root, "format_version", checkpoint_format_version) && written;
-    written = write_int64_attribute(root, "step", state.step) && written;
-    written = write_int64_attribute(root, "data_position", state.data_position) && written;
-    written = write_string_attribute(root, "config", description.config_ini) && written;
-    written = write_string_attribute(root, "layout", description.layout) && written;
-    written = write_int64_attribute(root, "seed", description.seed) && written;
-    const Precision& precision = state.placement.precision;
-    written = write_string_attribute(root, "param_dtype", std::string(data_type_name(precision.param))) && written;
-    written = write_string_attribute(root, "reduce_dtype", std::string(data_type_name(precision.reduce))) && written;
-    Hdf5Handle optimizer = group_handle(H5Gopen2(root, "/optimizer", H5P_DEFAULT));
-    written = write_int64_attribute(optimizer.get(), "step", state.optimizer_step) && written;
-    if (state.loss_scale > 0)
-      written = write_double_attribute(optimizer.get(), "loss_scale", state.loss_scale) &&
-                write_int64_attribute(optimizer.get(), "loss_scale_finite_steps", state.loss_scale_finite_steps) &&
-                written;
-    optimizer.close();
-    if (!file.close() || !written)
-      throw RuntimeFailure("checkpoint: writing '" + temporary.string() + "' failed");
-  });
-  agree_or_throw(scope.world, [&] {
-    if (scope.world.rank() == 0) publish(temporary, final_path);
-  });
-  return final_path.string();
-}
-
 namespace {
 
-fs::path resolve_checkpoint(const std::string& path) {
-  std::error_code error;
-  if (!fs::exists(path, error)) throw UsageError("--resume: no such file or directory '" + path + "'");
-  if (!fs::is_directory(path, error)) return path;
-  std::ifstream latest(fs::path(path) / "latest");
-  std::string name;
-  if (!(latest >> name)) throw UsageError("--resume: directory '" + path + "' has no 'latest' file");
-  const fs::path file = fs::path(path) / name;
-  if (!fs::exists(file, error))
-    throw UsageError("--resume: '" + path + "/latest' names missing file '" + name + "'");
-  return file;
-}
-
-std::int64_t count_links(hid_t file, const char* group_name) {
-  if (H5Lexists(file, "/model", H5P_DEFAULT) <= 0 || H5Lexists(file, group_name, H5P_DEFAULT) <= 0)
-    return -1;
-  Hdf5Handle group = group_handle(H5Gopen2(file, group_name, H5P_DEFAULT));
-  H5G_info_t info;
-  if (!group.valid() || H5Gget_info(group.get(), &info) < 0) return -1;
-  return static_cast<std::int64_t>(info.nlinks);
-}
-
-// The shape of a dataset, or empty when it does not exist.
-std::vector<std::int64_t> dataset_shape(hid_t file, const std::string& name) {
-  // H5Lexists needs every parent to exist, so walk the path.
-  for (std::size_t slash = name.find('/', 1); slash != std::string::npos;
-       slash = name.find('/', slash + 1))
-    if (H5Lexists(file, name.substr(0, slash).c_str(), H5P_DEFAULT) <= 0) return {};
-  if (H5Lexists(file, name.c_str(), H5P_DEFAULT) <= 0) return {};
-  Hdf5Handle dataset = dataset_handle(H5Dopen2(file, name.c_str(), H5P_DEFAULT));
-  if (!dataset.valid()) return {};
-  Hdf5Handle space = dataspace_handle(H5Dget_space(dataset.get()));
-  const int rank = H5Sget_simple_extent_ndims(space.get());
-  std::vector<hsize_t> dims(static_cast<std::size_t>(std::max(rank, 0)));
-  H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr);
-  return {dims.begin(), dims.end()};
-}
+constexpr std::size_t page_bytes = 4096;
+constexpr std::size_t floats_per_page = page_bytes / sizeof(float);
 
 }  // namespace
 
-std::string load_checkpoint(const std::string& path, TrainingState& state,
-                            const CheckpointScope& scope) {
-  fs::path file_path;
-  agree_or_throw(scope.world, [&] {
-    file_path = resolve_checkpoint(path);
-    if (H5Fis_hdf5(file_path.c_str()) <= 0)
-      throw UsageError("--resume: '" + file_path.string() + "' is not an HDF5 file");
-  });
-  const std::string where = "--resume: '" + file_path.string() + "'";
-  // When the checkpoint does not fit: the options it was written with that this run changed.
-  const auto differing = [&](hid_t file) {
-    const std::string options = differing_options(read_string_attribute(file, "config").value_or(""),
-                                                  scope.config_ini, scope.shape_options);
-    return options.empty() ? std::string() : " (written with " + options + ")";
-  };
-  Hdf5Handle access = mpio_access(scope.mpi_comm);
-  Hdf5Handle file = file_handle(H5Fopen(file_path.c_str(), H5F_ACC_RDONLY, access.get()));
-  std::vector<std::uint32_t> stored_checksums;
-  agree_or_throw(scope.world, [&] {
-    if (!file.valid()) throw UsageError(where + " cannot be opened (corrupted?)");
-    if (read_string_attribute(file.get(), "format") != std::string(checkpoint_format))
-      throw UsageError(where + " is not an mlptrain checkpoint (no format attribute)");
-    const auto version = read_int64_attribute(file.get(), "format_version");
-    if (!version || *version < 1 || *version > checkpoint_format_version)
-      throw UsageError(where + " has unsupported format_version " +
-                       (version ? std::to_string(*version) : std::string("(missing)")));
-    const auto step = read_int64_attribute(file.get(), "step");
-    if (!step || *step < 0) throw UsageError(where + " has no valid step attribute");
-    state.step = *step;
-    const auto position = read_int64_attribute(file.get(), "data_position");
-    if (!position || *position < 0) throw UsageError(where + " has no valid data_position attribute");
-    state.data_position = *position;
-    Hdf5Handle optimizer = group_handle(H5Gopen2(file.get(), "/optimizer", H5P_DEFAULT));
-    const auto optimizer_step = optimizer.valid() ? read_int64_attribute(optimizer.get(), "step") : std::nullopt;
-    if (!optimizer_step || *optimizer_step < 0 || *optimizer_step > *step)
-      throw UsageError(where + " has no valid step attribute on /optimizer");
-    state.optimizer_step = *optimizer_step;
-    // A run that scales its loss continues with the stored scale (none stored: its own start).
-    if (const auto scale = read_double_attribute(optimizer.get(), "loss_scale"); scale && state.loss_scale > 0) {
-      const auto finite_steps = read_int64_attribute(optimizer.get(), "loss_scale_finite_steps");
-      if (!(*scale >= 1) || !finite_steps || *finite_steps < 0)
-        throw UsageError(where + " has an invalid loss_scale or loss_scale_finite_steps attribute on /optimizer");
-      state.loss_scale = *scale;
-      state.loss_scale_finite_steps = *finite_steps;
-    }
-    const std::int64_t layers = count_links(file.get(), "/model/layers");
-    if (layers != scope.layer_count)
-      throw UsageError(where + " holds " + std::to_string(std::max<std::int64_t>(layers, 0)) +
-                       " layers but the model has " + std::to_string(scope.layer_count) +
-                       " (--layers)" + differing(file.get()));
-    for (const ParameterTensor& global : scope.global_tensors) {
-      for (int part = 0; part < part_count; ++part) {
-        const std::string name = dataset_name(global, part);
-        const auto shape = dataset_shape(file.get(), name);
-        if (shape.empty()) throw UsageError(where + " has no dataset " + name);
-        if (shape != global.global_shape)
-          throw UsageError(where + ": " + name + " has shape " + shape_text(shape) +
-                           " but the model needs " + shape_text(global.global_shape) + differing(file.get()));
-        Hdf5Handle dataset = dataset_handle(H5Dopen2(file.get(), name.c_str(), H5P_DEFAULT));
-        const auto checksum = read_int64_attribute(dataset.get(), "crc32");
-        if (!checksum) throw UsageError(where + ": " + name + " has no crc32 attribute");
-        stored_checksums.push_back(static_cast<std::uint32_t>(*checksum));
+float* CheckpointSaver::snapshot(std::size_t floats) {
+  if (floats > snapshot_floats_) {
+    // Page-aligned, in whole pages: the writes then go from whole pages of memory. Huge pages
+    // where the kernel gives them: a first save touches the whole buffer.
+    const std::size_t bytes = (floats * sizeof(float) + page_bytes - 1) / page_bytes * page_bytes;
+    snapshot_.reset(static_cast<float*>(std::aligned_alloc(page_bytes, bytes)));
+    if (!snapshot_) throw std::bad_alloc();
+    ::madvise(snapshot_.get(), bytes, MADV_HUGEPAGE);
+    snapshot_floats_ = bytes / sizeof(float);
+  }
+  return snapshot_.get();
+}
+
+std::vector<const float*> CheckpointSaver::host_sources(const RegroupPlan& plan, bool copied,
+                                                       const CheckpointScope& scope) {
+  // The written slices: the kept ones, then the domains (whose elements arrive from other ranks).
+  std::vector<WrittenSlice> written = plan.kept;
+  written.insert(written.end(), plan.domains.begin(), plan.domains.end());
+  // Part by part, each part's slices in order; a slice of a page or more sits where its offset
+  // in a page is its offset in the file's pages (datasets start on a page), so that its whole
+  // pages can be written around the page cache. Kept slices are copied only when `copied`.
+  std::vector<std::size_t> positions;
+  std::size_t floats = 0;
+  for (int part = 0; part < part_count; ++part)
+    for (std::size_t index = 0; index < written.size(); ++index) {
+      const WrittenSlice& slice = written[index];
+      if (!copied && index < plan.kept.size()) {
+        positions.push_back(0);
+        continue;
       }
-    }
-  });
-  agree_or_throw(scope.world, [&] {
-    Hdf5Handle transfer = independent_transfer();
-    bool read = true;
-    const StatePlacement& placement = state.placement;
-    for (const ParameterTensor& global : scope.global_tensors) {
-      for (int part = 0; part < part_count; ++part) {
-        // Masters and moments go wherever this rank updates them; the values (the masters
-        // rounded, with a 16-bit param type) wherever it holds them.
-        Hdf5Handle dataset = dataset_handle(H5Dopen2(file.get(), dataset_name(global, part).c_str(), H5P_DEFAULT));
-        const bool held_apart = part == 0 && placement.precision.keeps_master();
-        if (part > 0 || held_apart)
-          read = read_runs(dataset.get(), transfer.get(), runs_of(placement.updated, global.global_index),
-                           run_parts[part], DataType::float32, scope.allocator) && read;
-        if (part == 0)
-          read = read_runs(dataset.get(), transfer.get(), runs_of(placement.held, global.global_index),
-                           RunField::values, placement.precision.param, scope.allocator) && read;
+      if (slice.count >= static_cast<std::int64_t>(floats_per_page)) {
+        const auto in_page = static_cast<std::size_t>(slice.offset) % floats_per_page;
+        floats += (in_page + floats_per_page - floats % floats_per_page) % floats_per_page;
       }
+      positions.push_back(floats);
+      floats += static_cast<std::size_t>(slice.count);
     }
-    if (!read) throw RuntimeFailure(where + ": reading the tensors failed (corrupted?)");
-  });
-  file.close();
-  const std::vector<std::uint32_t> checksums = dataset_checksums(state, scope);
+  float* copy = nullptr;
+  agree_or_throw(scope.world, [&] { copy = floats > 0 ? snapshot(floats) : nullptr; });
+  std::vector<const float*> sources;
+  std::vector<float*> domain_data;
+  for (int part = 0; part < part_count; ++part)
+    for (std::size_t index = 0; index < written.size(); ++index) {
+      const WrittenSlice& slice = written[index];
+      float* at = copy + positions[sources.size()];
+      if (index >= plan.kept.size()) {
+        domain_data.push_back(at);
+      } else if (!copied) {
+        sources.push_back(slice_data(slice, part));
+        continue;
+      } else {
+        scope.allocator.copy_any_to_host(at, slice_data(slice, part), static_cast<std::size_t>(slice.count) * sizeof(float));
+      }
+      sources.push_back(at);
+    }
+  agree_or_throw(scope.world, [&] { regroup(plan, scope.global_tensors, domain_data, regroup_buffers_, scope.allocator, scope.world); });
+  return sources;
+}
+
+void CheckpointSaver::start(const std::string& directory, const TrainingState& state,
+                            const CheckpointDescription& description, const CheckpointScope& scope,
+                            bool background) {
+  if (in_flight()) throw std::logic_error("checkpoint: a save started while another was in flight");
+  const double started_ms = now_ms();
+  const RegroupPlan plan =
+      plan_regroup(written_slices(state.placement, scope.global_tensors), scope.global_tensors, scope.world);
+  // Training changes the state once this returns, and a device's memory is not the writer's to
+  // read: then the writer reads a copy.
+  const std::vector<const float*> sources =
+      host_sources(plan, background || scope.allocator.device() != Device::cpu, scope);
+  std::vector<WrittenSlice> slices = plan.kept;
+  slices.insert(slices.end(), plan.domains.begin(), plan.domains.end());
+  const std::vector<std::uint32_t> checksums =
+      dataset_checksums(slices, slice_checksums(slices, sources, scope.allocator), scope.global_tensors, scope.world);
+
+  const fs::path final_path = fs::path(directory) / checkpoint_file_name(state.step);
+  const fs::path temporary = fs::path(directory) / ("." + checkpoint_file_name(state.step) + ".partial");
+  std::vector<std::uint64_t> offsets(scope.global_tensors.size() * part_count);
   agree_or_throw(scope.world, [&] {
-    for (std::size_t dataset = 0; dataset < checksums.size(); ++dataset)
-      if (checksums[dataset] != stored_checksums[dataset])
-        throw UsageError(where + ": checksum mismatch in " +
-                         dataset_name(scope.global_tensors[dataset / part_count],
-                                      static_cast<int>(dataset % part_count)) +
-                         " (the file is corrupted)");
+    if (scope.world.rank() == 0)
+      offsets = create_checkpoint_file(temporary, state, description, scope.global_tensors, checksums);
   });
-  return file_path.string();
+  scope.world.broadcast(offsets.data(), offsets.size(), 0);
+  std::vector<FileWrite> writes;
+  for (int part = 0; part < part_count; ++part)
+    for (const WrittenSlice& slice : slices)
+      writes.push_back({.file_offset = offsets[slice.tensor * part_count + part] + static_cast<std::uint64_t>(slice.offset) * sizeof(float),
+                        .data = sources[writes.size()],
+                        .bytes = static_cast<std::size_t>(slice.count) * sizeof(float)});
+  writer_.start(temporary.string(), coalesce_writes(std::move(writes)), background);
+
+  std::uint64_t bytes = 0, rank_bytes = 0;
+  for (const ParameterTensor& tensor : scope.global_tensors) bytes += tensor.count * sizeof(float) * part_count;
+  for (const WrittenSlice& slice : slices) rank_bytes += static_cast<std::uint64_t>(slice.count) * sizeof(float) * part_count;
+  in_flight_ = InFlight{.temporary = temporary,
+                        .final_path = final_path,
+                        .saved = {.file = final_path.string(), .step = state.step, .bytes = bytes, .rank_bytes = rank_bytes},
+                        .started_ms = started_ms,
+                        .background = background};
+  in_flight_->saved.paused_ms = now_ms() - started_ms;
+}
+
+SavedCheckpoint CheckpointSaver::finish(Communicator& world) {
+  InFlight save = std::move(*in_flight_);
+  in_flight_.reset();
+  const std::optional<std::string> problem = writer_.wait();
+  agree_or_throw(world, [&] {
+    if (problem) throw RuntimeFailure(*problem);
+  });
+  agree_or_throw(world, [&] {
+    if (world.rank() == 0) publish_checkpoint(save.temporary, save.final_path);
+  });
+  save.saved.seconds = (now_ms() - save.started_ms) / 1000.0;
+  if (!save.background) save.saved.paused_ms = save.saved.seconds * 1000.0;
+  save.saved.write_start_ms = writer_.started_ms();
+  save.saved.write_end_ms = writer_.ended_ms();
+  return save.saved;
+}
+
+std::string save_checkpoint(const std::string& directory, const TrainingState& state,
+                            const CheckpointDescription& description, const CheckpointScope& scope) {
+  CheckpointSaver saver;
+  saver.start(directory, state, description, scope, false);
+  return saver.finish(scope.world).file;
 }
 
 }  // namespace mlptrain

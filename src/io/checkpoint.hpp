@@ -1,18 +1,25 @@
 // Consolidated, layout-independent checkpoints (DESIGN.md §2.5). Every tensor is stored whole at
-// its global shape; each rank writes the boxes it owns as hyperslabs, collectively, through
-// parallel HDF5, and reads back whichever boxes its own layout needs, so a checkpoint written in
-// one layout loads into any other whose shapes fit. Each dataset carries the CRC-32 of its
-// elements (little-endian float32, row-major), combined from per-rank pieces with crc32_combine.
+// its global shape, written once: the ranks holding a part alike (replicas) each write a slice of
+// it. Rank 0 makes the file's frame; every rank then writes its slices' bytes to their offsets,
+// from a copy in host memory on a thread of its own while training goes on (or before going on).
+// Loading reads, through parallel HDF5, whichever boxes a rank's own layout needs, so a checkpoint
+// written in one layout loads into any other whose shapes fit. Each dataset carries the CRC-32 of
+// its elements (little-endian float32, row-major), joined from the slices with crc32_combine.
 #pragma once
 
 #include <mpi.h>
 
 #include <cstdint>
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "comm/communicator.hpp"
 #include "core/buffer.hpp"
+#include "io/background_writer.hpp"
 #include "model/state_runs.hpp"
 
 namespace mlptrain {
@@ -54,8 +61,65 @@ struct CheckpointScope {
 
 std::string checkpoint_file_name(std::int64_t step);
 
-// Writes DIR/step_NNNNNNNN.h5 through a temporary name and renames it into place, then points
-// DIR/latest at it. Returns the final path. Collective over scope.world.
+struct RegroupPlan;  // io/checkpoint_exchange.hpp
+
+// Host memory a save's regrouping packs into and receives into (io/checkpoint_exchange.hpp), kept
+// from save to save: fresh pages cost more than the copies.
+struct RegroupBuffers {
+  std::vector<float> send, receive;
+};
+
+// A save that has ended: the file in place and what it took.
+struct SavedCheckpoint {
+  std::string file;
+  std::int64_t step = 0;
+  std::uint64_t bytes = 0;  // the tensors' bytes in the file, every rank's together
+  std::uint64_t rank_bytes = 0;  // of those, this rank's
+  double seconds = 0;       // from the start of the save until the file was in place
+  double paused_ms = 0;     // of that, the time the caller stood still (copies, checksums, the frame; sync: all)
+  double write_start_ms = 0, write_end_ms = 0;  // this rank's writes, on the clock of core/timer.hpp
+  double gigabytes_per_second() const { return seconds > 0 ? static_cast<double>(bytes) / seconds / 1e9 : 0; }
+};
+
+// Saves checkpoints, at most one in flight. Each save writes DIR/step_NNNNNNNN.h5 under a
+// temporary name, renames it into place once every rank's writes are durable, then points
+// DIR/latest at it; a save that does not end leaves the previous `latest` as it was.
+class CheckpointSaver {
+ public:
+  // Starts a save (none may be in flight): copies this rank's slices of the state to host memory
+  // (unless written before returning from host memory), joins the checksums, has rank 0 create
+  // the file's frame and starts the writes: on a thread of their own when `background`, else
+  // before returning. Collective over scope.world.
+  void start(const std::string& directory, const TrainingState& state, const CheckpointDescription& description,
+             const CheckpointScope& scope, bool background);
+  bool in_flight() const { return in_flight_.has_value(); }
+  // Whether this rank's writes of the save in flight are still going on.
+  bool writing() const { return in_flight() && !writer_.ended(); }
+  // Ends the save in flight: waits for this rank's writes, agrees on them (a failed write on any
+  // rank is an AgreedError naming the file on every rank) and puts the file in place. Collective.
+  SavedCheckpoint finish(Communicator& world);
+
+ private:
+  struct InFlight {
+    std::filesystem::path temporary, final_path;
+    SavedCheckpoint saved;
+    double started_ms = 0;
+    bool background = false;
+  };
+  float* snapshot(std::size_t floats);  // host memory for the copies, kept from save to save
+  // Where the writer reads each written slice of each part (the kept slices, then the domains;
+  // index part x slices + slice): the state's own host memory, or the snapshot, where the kept
+  // slices are copied when `copied` and the domains' elements arrive. Collective.
+  std::vector<const float*> host_sources(const RegroupPlan& plan, bool copied, const CheckpointScope& scope);
+
+  std::optional<InFlight> in_flight_;
+  std::unique_ptr<float[], void (*)(void*)> snapshot_{nullptr, std::free};
+  std::size_t snapshot_floats_ = 0;
+  RegroupBuffers regroup_buffers_;
+  BackgroundWriter writer_;  // after the memory it reads, so that it ends first
+};
+
+// One save from start to end, before returning. Returns the final path. Collective.
 std::string save_checkpoint(const std::string& directory, const TrainingState& state,
                             const CheckpointDescription& description, const CheckpointScope& scope);
 

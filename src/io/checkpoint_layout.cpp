@@ -1,6 +1,7 @@
 // The checkpoint file's layout (see checkpoint_layout.hpp).
 #include "io/checkpoint_layout.hpp"
 
+#include <isa-l/crc.h>
 #include <zlib.h>
 
 #include <algorithm>
@@ -29,21 +30,66 @@ std::string shape_text(const std::vector<std::int64_t>& shape) {
   return text + "]";
 }
 
-std::vector<const StateRun*> owned_runs_of(const std::vector<StateRun>& runs, int global_index) {
-  std::vector<const StateRun*> owned = runs_of(runs, global_index);
-  std::erase_if(owned, [](const StateRun* run) { return !run->owned; });
-  return owned;
+std::vector<WrittenSlice> written_slices(const StatePlacement& placement,
+                                         const std::vector<ParameterTensor>& global_tensors) {
+  constexpr std::int64_t alignment = 1024;  // elements: 4 KiB of float32
+  std::vector<WrittenSlice> slices;
+  for (std::size_t index = 0; index < global_tensors.size(); ++index) {
+    const int global_index = global_tensors[index].global_index;
+    const std::vector<const StateRun*> runs = runs_of(placement.updated, global_index);
+    if (runs.empty()) continue;
+    std::int64_t total = 0;
+    for (const StateRun* run : runs) total += run->count;
+    // The copies of a rank's runs of one tensor hold the same runs; slice j of their
+    // concatenation is copy j's, rotated by tensor so that the small tensors (whose slices
+    // round to nothing but the last) spread over the copies too.
+    const RunCopies copies = runs.front()->copies;
+    const int slice = (copies.index + global_index) % copies.count;
+    const auto boundary = [&](int j) {
+      return j == copies.count ? total : total * j / copies.count / alignment * alignment;
+    };
+    const std::int64_t begin = boundary(slice), end = boundary(slice + 1);
+    std::int64_t at = 0;
+    for (const StateRun* run : runs) {
+      const std::int64_t first = std::max(begin, at), last = std::min(end, at + run->count);
+      if (first < last)
+        slices.push_back({.tensor = index, .offset = run->offset + (first - at), .count = last - first,
+                          .run = run, .run_skip = first - at});
+      at += run->count;
+    }
+  }
+  return slices;
+}
+
+const float* slice_data(const WrittenSlice& slice, int part) {
+  return static_cast<const float*>(field_of(*slice.run, run_parts[part])) + slice.run_skip;
+}
+
+std::vector<std::uint32_t> slice_checksums(const std::vector<WrittenSlice>& slices,
+                                           const std::vector<const float*>& sources, Allocator& allocator) {
+  std::vector<std::uint32_t> checksums;
+  std::vector<float> host;  // a slice in device memory, copied
+  for (int part = 0; part < part_count; ++part)
+    for (const WrittenSlice& slice : slices) {
+      const auto bytes = static_cast<std::size_t>(slice.count) * sizeof(float);
+      const float* at = sources.empty() ? slice_data(slice, part) : sources[checksums.size()];
+      if (sources.empty() && allocator.device() != Device::cpu) {
+        host.resize(static_cast<std::size_t>(slice.count));
+        allocator.copy_any_to_host(host.data(), at, bytes);
+        at = host.data();
+      }
+      checksums.push_back(crc32_gzip_refl(0, reinterpret_cast<const unsigned char*>(at), bytes));
+    }
+  return checksums;
 }
 
 Hdf5Handle mpio_access(MPI_Comm comm) {
   Hdf5Handle access = property_handle(H5Pcreate(H5P_FILE_ACCESS));
   H5Pset_fapl_mpio(access.get(), comm, MPI_INFO_NULL);
-  // Metadata is written collectively: one writer instead of every rank touching the headers.
-  H5Pset_coll_metadata_write(access.get(), true);
   return access;
 }
 
-// Independent transfers: a rank's owned runs are few long contiguous ranges of each dataset,
+// Independent transfers: a rank's runs are few long contiguous ranges of each dataset,
 // which MPI-IO writes as they are, while a collective transfer synchronizes every rank once per
 // dataset (measured at 4 ranks on 2 cores: a checkpointing run took 2.1 s with collective
 // transfers, 0.9 s with independent ones).
@@ -53,31 +99,20 @@ Hdf5Handle independent_transfer() {
   return transfer;
 }
 
-// Every element must be owned exactly once; anything else is a broken invariant, not a user error.
-std::vector<std::uint32_t> dataset_checksums(const TrainingState& state,
-                                             const CheckpointScope& scope) {
+// Every element must be written exactly once; anything else is a broken invariant, not a user error.
+std::vector<std::uint32_t> dataset_checksums(const std::vector<WrittenSlice>& slices,
+                                             const std::vector<std::uint32_t>& slice_crcs,
+                                             const std::vector<ParameterTensor>& global_tensors,
+                                             Communicator& world) {
   std::vector<std::uint64_t> local;
-  const auto& globals = scope.global_tensors;
-  const bool host_memory = scope.allocator.device() == Device::cpu;
-  std::vector<float> host;  // a device's runs are summed from a host copy
-  for (std::size_t index = 0; index < globals.size(); ++index) {
-    for (const StateRun* run : owned_runs_of(state.placement.updated, globals[index].global_index)) {
-      for (int part = 0; part < part_count; ++part) {
-        const auto bytes = static_cast<uInt>(run->count * sizeof(float));
-        const auto* data = static_cast<const float*>(field_of(*run, run_parts[part]));
-        if (!host_memory) {
-          host.resize(static_cast<std::size_t>(run->count));
-          scope.allocator.copy_any_to_host(host.data(), data, bytes);
-          data = host.data();
-        }
-        const auto crc = crc32(0L, reinterpret_cast<const Bytef*>(data), bytes);
-        local.insert(local.end(), {index * part_count + part,
-                                   static_cast<std::uint64_t>(run->offset) * 4, bytes, crc});
-      }
+  for (int part = 0; part < part_count; ++part)
+    for (std::size_t index = 0; index < slices.size(); ++index) {
+      const WrittenSlice& slice = slices[index];
+      local.insert(local.end(), {slice.tensor * part_count + part, static_cast<std::uint64_t>(slice.offset) * 4,
+                                 static_cast<std::uint64_t>(slice.count) * 4,
+                                 slice_crcs[static_cast<std::size_t>(part) * slices.size() + index]});
     }
-  }
-  // Gather every rank's runs (padded to the longest list).
-  Communicator& world = scope.world;
+  // Gather every rank's slices (padded to the longest list).
   std::uint64_t longest = local.size();
   world.all_reduce(&longest, 1, ReduceOp::max);
   local.resize(longest, ~std::uint64_t{0});
@@ -90,7 +125,7 @@ std::vector<std::uint32_t> dataset_checksums(const TrainingState& state,
     return a.dataset != b.dataset ? a.dataset < b.dataset : a.offset < b.offset;
   });
 
-  std::vector<std::uint32_t> checksums(globals.size() * part_count, 0);
+  std::vector<std::uint32_t> checksums(global_tensors.size() * part_count, 0);
   std::vector<std::uint64_t> covered(checksums.size(), 0);
   for (const ChecksumRun& run : runs) {
     if (run.offset != covered[run.dataset])
@@ -101,9 +136,9 @@ std::vector<std::uint32_t> dataset_checksums(const TrainingState& state,
   }
   for (std::size_t dataset = 0; dataset < checksums.size(); ++dataset) {
     std::int64_t elements = 1;
-    for (std::int64_t extent : globals[dataset / part_count].global_shape) elements *= extent;
+    for (std::int64_t extent : global_tensors[dataset / part_count].global_shape) elements *= extent;
     if (covered[dataset] != static_cast<std::uint64_t>(elements) * 4)
-      throw RuntimeFailure("checkpoint: a tensor is not fully owned by the ranks");
+      throw RuntimeFailure("checkpoint: a tensor is not written whole by the ranks");
   }
   return checksums;
 }

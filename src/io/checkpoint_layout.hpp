@@ -1,6 +1,7 @@
 // How a checkpoint lays the training state out in its file (DESIGN.md §2.5), shared by saving
-// and loading: the three parts stored per tensor and their dataset names, the MPI-IO properties
-// both use, and the per-dataset CRC-32 combined from every rank's owned runs.
+// and loading: the three parts stored per tensor and their dataset names, the slices each rank
+// writes, the per-dataset CRC-32 joined from every rank's slices, and the MPI-IO properties of
+// loading.
 #pragma once
 
 #include <mpi.h>
@@ -24,14 +25,38 @@ inline constexpr RunField run_parts[part_count] = {RunField::master, RunField::e
 
 std::string dataset_name(const ParameterTensor& tensor, int part);
 std::string shape_text(const std::vector<std::int64_t>& shape);
-// A rank's owned runs of one tensor: what it writes and checksums.
-std::vector<const StateRun*> owned_runs_of(const std::vector<StateRun>& runs, int global_index);
-// File access through MPI-IO over `comm`, metadata written collectively.
+
+// A slice of a tensor that this rank writes: `count` elements from `offset` (flat, row-major in
+// the whole tensor), which sit `run_skip` elements into `run`.
+struct WrittenSlice {
+  std::size_t tensor = 0;  // index into the scope's global tensors
+  std::int64_t offset = 0;
+  std::int64_t count = 0;
+  const StateRun* run = nullptr;
+  std::int64_t run_skip = 0;
+};
+// What this rank writes of every tensor (the same slices serve all three parts): of the runs it
+// updates, its copy's share. The ranks holding runs alike split them in slices aligned to 4 KiB of
+// their concatenation, so each element is written once and the writers share the bytes evenly.
+std::vector<WrittenSlice> written_slices(const StatePlacement& placement,
+                                         const std::vector<ParameterTensor>& global_tensors);
+// A slice's elements of one part, as float32 in row-major order.
+const float* slice_data(const WrittenSlice& slice, int part);
+
+// The CRC-32 of each slice of each part (index part x slices + slice), read from `sources` (host
+// memory, the same index) when given, else from the state's memory through `allocator`.
+std::vector<std::uint32_t> slice_checksums(const std::vector<WrittenSlice>& slices,
+                                           const std::vector<const float*>& sources, Allocator& allocator);
+// CRC-32 of every dataset (index tensor x part_count + part), joined from every rank's slices.
+// Throws RuntimeFailure when the slices overlap or leave a gap. Collective over `world`.
+std::vector<std::uint32_t> dataset_checksums(const std::vector<WrittenSlice>& slices,
+                                             const std::vector<std::uint32_t>& slice_crcs,
+                                             const std::vector<ParameterTensor>& global_tensors,
+                                             Communicator& world);
+
+// File access through MPI-IO over `comm` (for loading).
 Hdf5Handle mpio_access(MPI_Comm comm);
 // Independent data transfers (why: checkpoint_layout.cpp).
 Hdf5Handle independent_transfer();
-// CRC-32 of every dataset (index tensor x part_count + part) from the runs this rank owns,
-// combined over all ranks. Collective over scope.world.
-std::vector<std::uint32_t> dataset_checksums(const TrainingState& state, const CheckpointScope& scope);
 
 }  // namespace mlptrain

@@ -111,24 +111,6 @@ void* field_of(const StateRun& run, RunField field) {
   return nullptr;
 }
 
-bool write_runs(hid_t dataset, hid_t transfer, const std::vector<const StateRun*>& runs, RunField field,
-                Allocator& allocator) {
-  Hdf5Handle file_space = dataspace_handle(H5Dget_space(dataset));
-  hsize_t total = 0;
-  Hdf5Handle memory_space = select_runs(file_space.get(), runs, total);
-  const float* data = contiguous(runs, field, DataType::float32, allocator);
-  HostStagingBuffer staging;
-  if (data == nullptr && total > 0) {
-    float* at = staging.get(allocator, total);
-    data = at;
-    for (const StateRun* run : runs) {
-      allocator.copy_any_to_host(at, field_of(*run, field), static_cast<std::size_t>(run->count) * sizeof(float));
-      at += run->count;
-    }
-  }
-  return H5Dwrite(dataset, H5T_NATIVE_FLOAT, memory_space.get(), file_space.get(), transfer, data) >= 0;
-}
-
 bool read_runs(hid_t dataset, hid_t transfer, const std::vector<const StateRun*>& runs, RunField field,
                DataType type, Allocator& allocator) {
   Hdf5Handle file_space = dataspace_handle(H5Dget_space(dataset));

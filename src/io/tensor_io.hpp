@@ -1,6 +1,6 @@
-// Moving one tensor's runs between a rank's memory and an HDF5 dataset of the whole tensor: each
+// Reading one tensor's runs from an HDF5 dataset of the whole tensor into a rank's memory: each
 // run (a flat row-major range) becomes a few hyperslabs of the dataset, their union is this rank's
-// selection, and the data moves in one collective transfer, through a host staging buffer when the
+// selection, and the data moves in one transfer, through a host staging buffer when the
 // runs are not one contiguous piece of host memory (`allocator` says where they are, and copies).
 #pragma once
 
@@ -30,10 +30,8 @@ enum class RunField { values, master, exp_avg, exp_avg_sq };
 void* field_of(const StateRun& run, RunField field);
 
 // Collective (every rank calls it for the same dataset; a rank without runs passes none). The
-// dataset holds float32; `type` is the field's element type in memory (only values may be of a
-// 16-bit type, and are only read).
-bool write_runs(hid_t dataset, hid_t transfer, const std::vector<const StateRun*>& runs, RunField field,
-                Allocator& allocator);
+// dataset holds float32; `type` is the field's element type in memory (values may be of a 16-bit
+// type, rounded from the file's float32).
 bool read_runs(hid_t dataset, hid_t transfer, const std::vector<const StateRun*>& runs, RunField field,
                DataType type, Allocator& allocator);
 

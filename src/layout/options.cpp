@@ -85,6 +85,8 @@ void visit_options(Config_& c, Visit&& visit) {
   visit(S::output, "trace", c.trace_path, "Chrome trace file");
   visit(S::output, "checkpoint-dir", c.checkpoint_dir, "directory for checkpoints");
   visit(S::output, "save-every", c.save_every, "checkpoint every N steps (0: only at the end)");
+  visit(S::output, "save-mode", c.save_mode,
+        "async (a checkpoint is copied to host memory, then written while training goes on) | sync");
   visit(S::output, "resume", c.resume, "checkpoint file, or directory with 'latest'");
   visit(S::output, "predict", c.predict, "print predicted memory and communication, no training");
   visit(S::output, "timeout", c.timeout_s, "seconds a step may take before the job is reported hung "

@@ -137,16 +137,16 @@ std::vector<ReplicaSegment> replica_segments(const std::vector<ParameterTensor>&
   return segments;
 }
 
-bool ParameterStore::owns(const ParameterTensor& tensor, const GridShape& shape,
-                          const GridCoordinates& place) {
+RunCopies ParameterStore::copies_of(const ParameterTensor& tensor, const GridShape& shape,
+                                   const GridCoordinates& place) {
+  RunCopies copies;
   if (tensor.replicated_over_data) {
     // Experts split over an EP group have dp/ep replicas, told apart by expert_replica.
     const bool by_expert = tensor.replica_group(shape) == GroupKind::expert_data;
-    const int replicas = by_expert ? shape.dp / shape.ep : shape.dp;
-    if ((by_expert ? place.expert_replica : place.dp) != tensor.global_index % replicas) return false;
+    copies = by_expert ? RunCopies{place.expert_replica, shape.dp / shape.ep} : RunCopies{place.dp, shape.dp};
   }
-  if (tensor.replicated_over_tensor && place.tp != tensor.global_index % shape.tp) return false;
-  return true;
+  if (tensor.replicated_over_tensor) copies = copies.within(place.tp, shape.tp);
+  return copies;
 }
 
 }  // namespace mlptrain

@@ -72,6 +72,17 @@ FlatRange unit_range(const std::vector<ParameterTensor>& tensors, int layer, int
 // Elements of a store holding `tensors`: the end of the last unit, padded.
 std::size_t store_size(const std::vector<ParameterTensor>& tensors, int unit_multiple);
 
+// The ranks that hold a run alike (the replicas of a tensor or of a shard) and which of them this
+// rank is: one of them counts the run in norms, and each writes its own slice of it to checkpoints.
+struct RunCopies {
+  int index = 0;
+  int count = 1;
+  // These copies, each held again by `inner_count` ranks (this rank being `inner_index` of those).
+  RunCopies within(int inner_index, int inner_count) const {
+    return {index * inner_count + inner_index, count * inner_count};
+  }
+};
+
 // The values are the parameters' compute copy, of the precision's param type; the gradients are of
 // its reduce type.
 class ParameterStore {
@@ -97,10 +108,10 @@ class ParameterStore {
   // A layer's tensors and the padding after them.
   FlatRange unit_range(int layer) const { return mlptrain::unit_range(tensors_, layer, unit_multiple_); }
 
-  // Whether this rank is the one replica that counts a tensor (norms, checkpoint writes, checksums).
-  // Replicated tensors are spread over the replicas by index, so that work is balanced.
-  static bool owns(const ParameterTensor& tensor, const GridShape& shape,
-                   const GridCoordinates& place);
+  // The ranks holding this rank's part of a tensor alike (its data-parallel or expert-data
+  // replicas, times its tensor-parallel copies where it is replicated there), and which one this is.
+  static RunCopies copies_of(const ParameterTensor& tensor, const GridShape& shape,
+                             const GridCoordinates& place);
 
  private:
   std::vector<ParameterTensor> tensors_;

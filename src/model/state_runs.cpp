@@ -15,7 +15,7 @@ StatePlacement store_placement(const ParameterStore& store, const GridShape& sha
   for (const ParameterTensor& tensor : store.tensors()) {
     append_local_range(placement.updated, tensor, 0, tensor.count, store.value_at(tensor.offset),
                        store.grad_at(tensor.offset), placement.moment_count,
-                       ParameterStore::owns(tensor, shape, place), store.precision());
+                       ParameterStore::copies_of(tensor, shape, place), store.precision());
     placement.moment_count += tensor.count;
   }
   placement.held = placement.updated;
@@ -24,7 +24,7 @@ StatePlacement store_placement(const ParameterStore& store, const GridShape& sha
 
 void append_local_range(std::vector<StateRun>& runs, const ParameterTensor& tensor,
                         std::size_t local_offset, std::size_t count, void* values, void* grads,
-                        std::size_t moment_offset, bool owned, const Precision& precision) {
+                        std::size_t moment_offset, RunCopies copies, const Precision& precision) {
   const auto begin = static_cast<std::int64_t>(local_offset);
   const auto end = begin + static_cast<std::int64_t>(count);
   for_each_run(tensor.global_shape, tensor.local_start, tensor.local_shape,
@@ -42,7 +42,7 @@ void append_local_range(std::vector<StateRun>& runs, const ParameterTensor& tens
                                  // fp32 values are their own masters; else the optimizer's
                                  .master = precision.keeps_master() ? nullptr
                                                                     : static_cast<float*>(advance(values, skip, precision.param)),
-                                 .owned = owned});
+                                 .copies = copies});
                });
 }
 

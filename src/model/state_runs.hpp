@@ -24,8 +24,14 @@ struct StateRun {
   float* master = nullptr;        // the values themselves (fp32), or set by the optimizer
   float* exp_avg = nullptr;
   float* exp_avg_sq = nullptr;
-  bool owned = true;  // this rank counts it in norms and writes it to checkpoints
+  RunCopies copies;
 };
+
+// Whether this rank is the copy that counts the run in norms: copies are spread by tensor, so
+// the work is balanced.
+inline bool counts_in_norms(const StateRun& run) {
+  return run.copies.index == run.tensor->global_index % run.copies.count;
+}
 
 // A rank's state: the runs it updates (gradients and moments included), the runs of values it
 // holds for computing (equal to `updated` unless parameters are replicated beyond the shard), and
@@ -39,7 +45,7 @@ struct StatePlacement {
 };
 
 // The runs of a store that holds every local value and gradient: every rank updates what it
-// holds; the owner of each replicated tensor (ParameterStore::owns) counts it.
+// holds, as one of the tensor's copies (ParameterStore::copies_of).
 StatePlacement store_placement(const ParameterStore& store, const GridShape& shape,
                                const GridCoordinates& place);
 
@@ -49,7 +55,7 @@ StatePlacement store_placement(const ParameterStore& store, const GridShape& sha
 // advance with them.
 void append_local_range(std::vector<StateRun>& runs, const ParameterTensor& tensor,
                         std::size_t local_offset, std::size_t count, void* values, void* grads,
-                        std::size_t moment_offset, bool owned, const Precision& precision);
+                        std::size_t moment_offset, RunCopies copies, const Precision& precision);
 
 // Every held value and every master weight from the counter RNG keyed by (seed, tensor path,
 // global element index), so any placement starts from the same model: the masters as drawn, the

@@ -6,6 +6,8 @@
 #include <cmath>
 
 #include "core/error.hpp"
+#include "core/timer.hpp"
+#include "core/trace.hpp"
 #include "layout/options.hpp"
 
 namespace mlptrain {
@@ -42,7 +44,8 @@ Checkpointer::Resumed Checkpointer::resume(const Progress& start) {
           file};
 }
 
-std::string Checkpointer::save(const Progress& progress) {
+std::vector<SavedCheckpoint> Checkpointer::save(const Progress& progress) {
+  const double start_ms = now_ms();
   const std::int64_t step = progress.step;
   AdamW& optimizer = *run_.model->optimizer;
   optimizer.finish_update();
@@ -59,7 +62,24 @@ std::string Checkpointer::save(const Progress& progress) {
       .layout = fmt::format("dp={} tp={} pp={} ep={} zero={}", shape.dp, shape.tp, shape.pp, shape.ep,
                             run_.config.zero),
       .seed = run_.config.seed};
-  return save_checkpoint(run_.config.checkpoint_dir, state(progress), description, scope());
+  std::vector<SavedCheckpoint> ended;
+  if (saver_.in_flight()) ended.push_back(finish());
+  const bool background = run_.config.save_mode == SaveMode::async;
+  saver_.start(run_.config.checkpoint_dir, state(progress), description, scope(), background);
+  if (!background) ended.push_back(finish());
+  record_span(run_.ledgers.trace.get(), "checkpoint", start_ms, now_ms());
+  return ended;
+}
+
+SavedCheckpoint Checkpointer::finish() {
+  const SavedCheckpoint saved = saver_.finish(run_.world());
+  if (TraceRecorder* trace = run_.ledgers.trace.get())
+    trace->record({.name = "checkpoint_write",
+                   .track = TraceTrack::storage,
+                   .start_ms = saved.write_start_ms,
+                   .end_ms = saved.write_end_ms,
+                   .bytes = static_cast<std::int64_t>(saved.rank_bytes)});
+  return saved;
 }
 
 }  // namespace mlptrain

@@ -1,10 +1,13 @@
 // The run's state saved as consolidated checkpoints (io/checkpoint.hpp) and loaded back: the
 // scope every rank takes part in (the world, the whole model's tensors, the configuration), the
 // description stored with each file (the configuration as INI text, the layout, the seed), and
-// the refusal to save parameters that are not finite. Saving waits for an offloaded update.
+// the refusal to save parameters that are not finite. Saving waits for an offloaded update; its
+// writes go on behind training (--save-mode async) until the loop finds every rank's ended. The
+// trace shows the pause and each rank's writes.
 #pragma once
 
 #include <cstdint>
+#include <vector>
 #include <string>
 
 #include "io/checkpoint.hpp"
@@ -31,14 +34,21 @@ class Checkpointer {
     std::string file;
   };
   Resumed resume(const Progress& start);
-  // Saves the state; returns the file written. Collective.
-  std::string save(const Progress& progress);
+  // Starts saving the state; returns the saves this ended: the one in flight before, and with
+  // --save-mode sync this one. Collective.
+  std::vector<SavedCheckpoint> save(const Progress& progress);
+  bool saving() const { return saver_.in_flight(); }
+  // Whether this rank's writes of the save in flight are still going on.
+  bool writing() const { return saver_.writing(); }
+  // Ends the save in flight (waiting for the writes where needed). Collective.
+  SavedCheckpoint finish();
 
  private:
   CheckpointScope scope() const;
   TrainingState state(const Progress& progress) const;
 
   Run& run_;
+  CheckpointSaver saver_;
 };
 
 }  // namespace mlptrain

@@ -59,7 +59,7 @@ double AdamW::owned_square_sum(Kernels& kernels, const StatePlacement& placement
   const DataType type = grads ? placement.precision.reduce : placement.precision.param;
   double sum = 0;
   for (const StateRun& run : placement.updated)
-    if (run.owned) sum += kernels.sum_of_squares(grads ? run.grads : run.values, type, static_cast<std::size_t>(run.count));
+    if (counts_in_norms(run)) sum += kernels.sum_of_squares(grads ? run.grads : run.values, type, static_cast<std::size_t>(run.count));
   return sum;
 }
 
@@ -85,7 +85,7 @@ double AdamW::update(Kernels& kernels, const StatePlacement& placement, double l
     const double sum = kernels.adamw(run.master, run.grads, precision.reduce, run.exp_avg, run.exp_avg_sq,
                                      static_cast<std::size_t>(run.count), settings,
                                      precision.keeps_master() ? run.values : nullptr, precision.param);
-    if (run.owned) owned_sum += sum;
+    if (counts_in_norms(run)) owned_sum += sum;
   }
   return owned_sum;
 }

@@ -39,6 +39,7 @@ nlohmann::json step_json(const StepRecord& record) {
     object["loss_scale"] = *record.loss_scale;
     object["skipped_steps"] = record.skipped_steps;
   }
+  if (record.checkpoint) object["checkpoint"] = checkpoint_json(*record.checkpoint);
   if (!record.expert_load.empty()) {
     object["expert_load"] = record.expert_load;
     object["dropped_tokens"] = record.dropped_tokens;

@@ -50,6 +50,7 @@ struct StepRecord {
   std::vector<std::vector<std::int64_t>> expert_load;
   std::int64_t dropped_tokens = 0;
   double routed_all_to_all_bytes = 0;
+  std::optional<SavedCheckpoint> checkpoint;  // a save that ended with this step
 };
 
 nlohmann::json step_json(const StepRecord& record);

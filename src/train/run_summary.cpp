@@ -105,6 +105,21 @@ std::pair<nlohmann::json, nlohmann::json> prediction_json(const Prediction& pred
   return {placement, comm};
 }
 
+nlohmann::json checkpoint_json(const SavedCheckpoint& checkpoint) {
+  return {{"file", checkpoint.file},
+          {"step", checkpoint.step},
+          {"bytes", checkpoint.bytes},
+          {"seconds", checkpoint.seconds},
+          {"gb_per_s", checkpoint.gigabytes_per_second()},
+          {"paused_ms", checkpoint.paused_ms}};
+}
+
+std::string saved_line(const SavedCheckpoint& checkpoint) {
+  return fmt::format("saved checkpoint {} ({:.3f} GB in {:.2f} s: {:.2f} GB/s; training paused {:.0f} ms)",
+                     checkpoint.file, static_cast<double>(checkpoint.bytes) / 1e9, checkpoint.seconds,
+                     checkpoint.gigabytes_per_second(), checkpoint.paused_ms);
+}
+
 void add_precision(nlohmann::json& object, const Precision& precision) {
   object["param_dtype"] = data_type_name(precision.param);
   object["reduce_dtype"] = data_type_name(precision.reduce);
@@ -136,6 +151,10 @@ nlohmann::json summary_json(const RunSummary& summary) {
     predicted_by_group[std::string(group_name(entry.group))][std::string(comm_op_name(entry.op))] = entry.bytes;
   object["predicted_comm_bytes_by_group"] = predicted_by_group;
   if (summary.steps > 0) object["final_loss"] = summary.final_loss;
+  if (!summary.checkpoints.empty()) {
+    object["checkpoints"] = nlohmann::json::array();
+    for (const SavedCheckpoint& checkpoint : summary.checkpoints) object["checkpoints"].push_back(checkpoint_json(checkpoint));
+  }
   if (!summary.mfu.empty()) object["mfu"] = median(summary.mfu);
   if (std::any_of(summary.peak_host_memory.begin(), summary.peak_host_memory.end(),
                   [](std::int64_t bytes) { return bytes > 0; }))

@@ -14,6 +14,7 @@
 #include "core/memory_ledger.hpp"
 #include "core/precision.hpp"
 #include "cost/prediction.hpp"
+#include "io/checkpoint.hpp"
 
 namespace mlptrain {
 
@@ -31,6 +32,7 @@ struct RunSummary {
   double final_loss = 0;
   double routed_all_to_all_bytes_sum = 0;
   std::vector<MemoryByState> peak_memory_by_rank;
+  std::vector<SavedCheckpoint> checkpoints;  // every save that ended, in order
   MemoryByState peak_memory{};       // rank 0's, over the whole run
   MemoryByState peak_host_memory{};  // rank 0's offloaded memory, over the whole run
   Prediction prediction;
@@ -46,6 +48,9 @@ struct RunSummary {
 };
 
 nlohmann::json summary_json(const RunSummary& summary);
+// A save that ended: as JSON (a step's "checkpoint", the summary's "checkpoints") and as a log line.
+nlohmann::json checkpoint_json(const SavedCheckpoint& checkpoint);
+std::string saved_line(const SavedCheckpoint& checkpoint);
 
 // The predicted-vs-measured tables as text (measured columns omitted when `measured` is null).
 std::string placement_table(const Prediction& prediction, const RunSummary* measured);

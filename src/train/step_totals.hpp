@@ -1,7 +1,7 @@
 // The world sums a step needs every rank to agree on, as named values: the loss and the correct
 // predictions (each counted where the loss is computed, once per tensor-parallel group), the
-// squared gradient norm (each element counted by its owner), how many ranks failed to read their
-// samples, and with MoE layers the routing figures (the auxiliary loss, dropped assignments and
+// squared gradient norm (each element counted by one copy), how many ranks failed to read their
+// samples, how many ranks are still writing a checkpoint, and with MoE layers the routing figures (the auxiliary loss, dropped assignments and
 // every expert's load in every MoE layer, counted once: they are global already). They travel as
 // one all-reduce of doubles, so every rank takes the same decisions from them.
 #pragma once
@@ -18,6 +18,7 @@ struct StepTotals {
   double grad_square_sum = 0;
   double read_problems = 0;
   double data_wait_ms = 0;  // summed over ranks
+  double checkpoint_writers = 0;  // ranks whose checkpoint writes are still going on
   double aux_loss = 0;
   double dropped = 0;
   std::vector<std::vector<double>> expert_load;  // per MoE layer: assignments per expert

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
+#include <iterator>
 
 #include "core/error.hpp"
 
@@ -13,7 +14,7 @@ namespace mlptrain {
 
 namespace {
 
-constexpr const char* track_names[] = {"compute", "transfers", "collectives"};
+constexpr const char* track_names[] = {"compute", "transfers", "collectives", "storage"};
 
 // This rank's events, as JSON objects separated by commas (joined with the others' on rank 0).
 std::string rank_events(const TraceRecorder& recorder, double origin_ms, int rank,
@@ -31,7 +32,7 @@ std::string rank_events(const TraceRecorder& recorder, double origin_ms, int ran
   // Stages top to bottom, as in the pipeline papers' figures.
   append({{"ph", "M"}, {"name", "process_sort_index"}, {"pid", rank},
           {"args", {{"sort_index", rank}}}});
-  for (int track = 0; track < 3; ++track)
+  for (int track = 0; track < static_cast<int>(std::size(track_names)); ++track)
     append({{"ph", "M"}, {"name", "thread_name"}, {"pid", rank}, {"tid", track},
             {"args", {{"name", track_names[track]}}}});
   std::size_t index = 0;
@@ -52,7 +53,7 @@ std::string rank_events(const TraceRecorder& recorder, double origin_ms, int ran
               {"ts", start_us}, {"dur", duration_us}, {"args", std::move(args)}});
       continue;
     }
-    // Transfers and collectives overlap one another: asynchronous begin/end pairs, each its own.
+    // Transfers, collectives and writes overlap one another: asynchronous begin/end pairs, each its own.
     const std::string id = fmt::format("{}.{}", rank, index++);
     append({{"ph", "b"}, {"name", span.name}, {"cat", category}, {"id", id}, {"pid", rank},
             {"tid", static_cast<int>(span.track)}, {"ts", start_us}, {"args", std::move(args)}});

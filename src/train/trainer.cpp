@@ -1,6 +1,7 @@
 // The training loop (see trainer.hpp): a step runs the schedule's actions, synchronizes the
 // gradients, agrees on the step's world sums, and updates (or skips) the parameters; every
-// --eval-every steps an evaluation pass, every --save-every steps a checkpoint.
+// --eval-every steps an evaluation pass, every --save-every steps a checkpoint, whose writes go
+// on behind the following steps until every rank's have ended.
 #include "train/trainer.hpp"
 
 #include <fmt/format.h>
@@ -162,6 +163,7 @@ StepRecord Trainer::train_step(std::int64_t step) {
   const MoeStatistics moe = run_.model->take_moe_statistics();
   StepTotals totals = local_totals(local, &moe);
   totals.data_wait_ms = run_.data->take_wait_ms();
+  totals.checkpoint_writers = checkpoints_.writing() ? 1.0 : 0.0;
   const double learning_rate = scheduled_learning_rate(config_, step);
   const bool skipped = update(step, learning_rate, totals);
   if (run_.model->values_read_after_step) run_.model->optimizer->finish_update();
@@ -199,6 +201,9 @@ StepRecord Trainer::train_step(std::int64_t step) {
   record.memory = run_.ledgers.memory.current();
   record.peak_memory = run_.ledgers.memory.peak();
   note_peaks();
+  // Every rank sees the same count: a save whose writes have ended everywhere ends here, after
+  // the step's traffic is recorded (a save's own belongs to no step).
+  if (checkpoints_.saving() && totals.checkpoint_writers == 0) record.checkpoint = checkpoints_.finish();
   return record;
 }
 
@@ -243,6 +248,7 @@ void Trainer::predict_only() {
 void Trainer::train() {
   Reporter& reporter = *run_.reporter;
   reporter.line(describe_run(run_));
+  RunSummary summary;
   std::int64_t start = 0;
   if (!config_.resume.empty()) {
     const Checkpointer::Resumed resumed = checkpoints_.resume(progress(0));
@@ -254,30 +260,45 @@ void Trainer::train() {
     if (start >= config_.steps)
       reporter.line(fmt::format("the checkpoint is at or beyond --steps {}: nothing to train", config_.steps));
   }
-  const auto save = [&](std::int64_t step) {
-    run_.data->finish_reads();  // the file's reads and the checkpoint's writes share the HDF5 library
-    reporter.line("saved checkpoint " + checkpoints_.save(progress(step)));
+  const auto saved = [&](const SavedCheckpoint& checkpoint) {
+    reporter.line(saved_line(checkpoint));
+    summary.checkpoints.push_back(checkpoint);
   };
-  RunSummary summary;
+  const auto save = [&](std::int64_t step) {
+    run_.data->finish_reads();  // the file's reads and the checkpoint's frame share the HDF5 library
+    for (const SavedCheckpoint& checkpoint : checkpoints_.save(progress(step))) saved(checkpoint);
+  };
   std::int64_t last_saved = -1;
   Watchdog watchdog(config_.timeout_s, run_.world().rank(), run_.ledgers.comm);
-  for (std::int64_t step = start; step < config_.steps; ++step) {
-    watchdog.arm(step + 1);
-    StepRecord record = train_step(step);
-    if (config_.eval_every > 0 && record.step % config_.eval_every == 0) evaluate(record);
-    reporter.step(record);
-    summary.add(record);
-    if (!config_.checkpoint_dir.empty() && config_.save_every > 0 && record.step % config_.save_every == 0) {
-      watchdog.arm(record.step);  // the save gets a timeout of its own
-      save(record.step);
-      last_saved = record.step;
+  try {
+    for (std::int64_t step = start; step < config_.steps; ++step) {
+      watchdog.arm(step + 1);
+      StepRecord record = train_step(step);
+      if (config_.eval_every > 0 && record.step % config_.eval_every == 0) evaluate(record);
+      reporter.step(record);
+      if (record.checkpoint) saved(*record.checkpoint);
+      summary.add(record);
+      if (!config_.checkpoint_dir.empty() && config_.save_every > 0 && record.step % config_.save_every == 0) {
+        watchdog.arm(record.step);  // the save gets a timeout of its own
+        save(record.step);
+        last_saved = record.step;
+      }
     }
+  } catch (const AgreedError&) {
+    // Every rank stops here alike, so a save in flight (of a state before the failure) still
+    // ends; the failure that stopped the run is the one reported.
+    try {
+      if (checkpoints_.saving()) saved(checkpoints_.finish());
+    } catch (const AgreedError&) {
+    }
+    throw;
   }
   run_.model->optimizer->finish_update();
   watchdog.disarm();
   const std::int64_t final_step = std::max<std::int64_t>(start, config_.steps);
   if (!config_.checkpoint_dir.empty() && last_saved != final_step && !(start >= config_.steps && !config_.resume.empty()))
     save(final_step);
+  if (checkpoints_.saving()) saved(checkpoints_.finish());
 
   note_peaks();
   complete_summary(run_, run_peak_, summary);

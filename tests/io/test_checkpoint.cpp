@@ -1,7 +1,8 @@
 // Checkpoints at whatever world size mpiexec gives: state spread over the ranks as flat shards
-// (as ZeRO holds it) or as column blocks (as a tensor-parallel layout would), written
-// collectively, read back whole in another layout; the checksums joined from the ranks' pieces
-// equal the checksum of the whole tensor; pieces that leave a gap are refused rather than written.
+// (as ZeRO holds it), as column blocks (as a tensor-parallel layout would) or whole on every rank
+// (as data parallelism holds it, each rank writing a slice), written, read back whole in another
+// layout; the checksums joined from the ranks' pieces equal the checksum of the whole tensor;
+// pieces that leave a gap are refused rather than written.
 #include <gtest/gtest.h>
 #include <mpi.h>
 #include <unistd.h>
@@ -29,11 +30,12 @@ struct Layout {
   StatePlacement placement;
   std::vector<std::vector<float>> memory;  // values, exp_avg, exp_avg_sq per run
 
-  void add(const ParameterTensor& tensor, std::int64_t offset, std::int64_t count) {
+  void add(const ParameterTensor& tensor, std::int64_t offset, std::int64_t count, RunCopies copies = {}) {
     memory.emplace_back(3 * count);
     float* base = memory.back().data();
     placement.updated.push_back({.tensor = &tensor, .offset = offset, .count = count, .values = base,
-                                 .master = base, .exp_avg = base + count, .exp_avg_sq = base + 2 * count});
+                                 .master = base, .exp_avg = base + count, .exp_avg_sq = base + 2 * count,
+                                 .copies = copies});
     placement.held = placement.updated;
   }
   void fill() {
@@ -101,6 +103,14 @@ class CheckpointTest : public ::testing::Test {
     return layout;
   }
 
+  // Every tensor whole on every rank, as plain data parallelism holds it: each a copy.
+  Layout replicated() {
+    Layout layout;
+    for (const ParameterTensor& tensor : whole)
+      layout.add(tensor, 0, static_cast<std::int64_t>(tensor.count), {world.rank(), world.size()});
+    return layout;
+  }
+
   void round_trip(Layout written) {
     written.fill();
     const std::string dir = directory();
@@ -152,6 +162,10 @@ class CheckpointTest : public ::testing::Test {
 TEST_F(CheckpointTest, FlatShardsLoadWholeInAnotherLayout) { round_trip(flat_shards()); }
 
 TEST_F(CheckpointTest, ColumnBlocksLoadWholeInAnotherLayout) { round_trip(column_blocks()); }
+
+// Each copy writes its slice: a copy writing all of it would overlap, and one leaving its slice
+// out would leave a gap; either is refused.
+TEST_F(CheckpointTest, ReplicasWriteEachElementOnce) { round_trip(replicated()); }
 
 TEST_F(CheckpointTest, PiecesThatLeaveAGapAreRefused) {
   if (world.size() < 2) GTEST_SKIP() << "needs two ranks to leave another rank's piece out";

@@ -3,6 +3,8 @@
 
 #include <cmath>
 #include <functional>
+#include <map>
+#include <set>
 #include <vector>
 
 #include "core/rng.hpp"
@@ -207,14 +209,26 @@ TEST(ParameterStore, RunsOfBoxesInRowMajorOrder) {
   EXPECT_TRUE(runs.empty());
 }
 
-TEST(ParameterStore, ReplicatedTensorsHaveExactlyOneOwner) {
+// Each distinct part of a tensor (one per tensor-parallel rank, or one when it is replicated
+// there) has copies numbered 0..count-1 on the ranks holding it, and one of them counts it.
+TEST(ParameterStore, CopiesOfATensorAreNumberedOnceEach) {
   const auto specs = model_layer_specs(3, 4, 4, 2);
   const auto tensors = model_parameter_tensors(specs, 0, 3);
   const GridShape shape{.world = 6, .tp = 2, .dp = 3, .pp = 1, .ep = 1};
   for (const ParameterTensor& tensor : tensors) {
-    int owners = 0;
-    for (int rank = 0; rank < shape.world; ++rank)
-      owners += ParameterStore::owns(tensor, shape, coordinates_of(shape, rank)) ? 1 : 0;
-    EXPECT_EQ(owners, 1) << tensor.path;
+    std::map<int, std::set<int>> indices_by_part;  // part: the tensor-parallel rank, or 0
+    int counting = 0;
+    for (int rank = 0; rank < shape.world; ++rank) {
+      const GridCoordinates place = coordinates_of(shape, rank);
+      const RunCopies copies = ParameterStore::copies_of(tensor, shape, place);
+      EXPECT_EQ(copies.count, tensor.replicated_over_tensor ? shape.world : shape.dp) << tensor.path;
+      indices_by_part[tensor.replicated_over_tensor ? 0 : place.tp].insert(copies.index);
+      counting += copies.index == tensor.global_index % copies.count ? 1 : 0;
+    }
+    for (const auto& [part, indices] : indices_by_part) {
+      EXPECT_EQ(static_cast<int>(indices.size()), shape.world / static_cast<int>(indices_by_part.size()));
+      EXPECT_EQ(*indices.rbegin(), static_cast<int>(indices.size()) - 1) << tensor.path;
+    }
+    EXPECT_EQ(counting, static_cast<int>(indices_by_part.size())) << tensor.path;
   }
 }
