@@ -18,7 +18,11 @@ The model is --layers 26 --hidden 2048 (100.8M parameters: a checkpoint of 1.21 
   overlap    At 1 and 2 ranks (data parallel), an asynchronous save every --every steps: the
              median step time of the steps during which a save was in flight (from the step
              after it started to the step that ended it) over the median of the other steps of
-             the same run (target <= 1.05 where ranks <= cores). One GEMM thread a rank.
+             the same run (target <= 1.05 where ranks <= cores). One GEMM thread a rank. At the
+             default global batch (128: a step's GEMMs bound by the core) and at 16 (a step
+             bound by memory bandwidth, which the writes' transfers share).
+
+--parts runs some parts only; the others' figures are kept from the output file.
 
 Memory is touched once first (--warm-memory-gb): on a virtual machine whose host backs the
 guest's memory on first use, that first touch (~0.4 GB/s here) would otherwise be charged to
@@ -95,12 +99,16 @@ def main():
                         help="where checkpoints (and dd's file) are written: the disk measured")
     parser.add_argument("--layouts", nargs="*", default=list(LAYOUTS), choices=list(LAYOUTS))
     parser.add_argument("--warm-memory-gb", type=float, default=16)
+    parser.add_argument("--parts", nargs="*", default=["bandwidth", "overlap"], choices=["bandwidth", "overlap"])
     args = parser.parse_args()
+    if "bandwidth" not in args.parts:
+        args.layouts = []
     warm_memory(args.warm_memory_gb)
     modes = ("sync", "async")
     figures = {(layout, mode): {"save": [], "dd_fsync": [], "dd_direct": [], "pause_ms": []}
                for layout in args.layouts for mode in modes}
-    overlap = {ranks: {"ratio": [], "writing": [], "quiet": []} for ranks in (1, 2)}
+    batches = {"batch 128": [], "batch 16": ["--global-batch", 16]} if "overlap" in args.parts else {}
+    overlap = {(batch, ranks): {"ratio": [], "writing": [], "quiet": []} for batch in batches for ranks in (1, 2)}
     file_bytes = None
     trace = os.path.join(BUILD, "bench-checkpoint.trace.json")
     for round_index in range(args.rounds):
@@ -123,10 +131,11 @@ def main():
                 entry["pause_ms"].append(statistics.median(pauses))
                 print(f"round {round_index + 1} {layout} {mode}: {entry['save'][-1]:.2f} GB/s, dd fsync "
                       f"{entry['dd_fsync'][-1]:.2f}, dd direct {entry['dd_direct'][-1]:.2f}", flush=True)
-        for ranks in (1, 2):
+        for (batch, ranks), entry in overlap.items():
             directory = fresh(os.path.join(args.directory, "overlap"))
             name = f"checkpoint-overlap-{ranks}"
-            train(ranks, MODEL + ["--dp", ranks, "--steps", args.steps, "--save-every", args.every,
+            model = ["--layers", 26, "--hidden", 2048] + batches[batch]
+            train(ranks, model + ["--dp", ranks, "--steps", args.steps, "--save-every", args.every,
                                   "--checkpoint-dir", directory], name)
             records = [record for record in read_records(name) if not record.get("summary")]
             in_flight, writing, quiet = False, [], []
@@ -136,11 +145,11 @@ def main():
                     in_flight = False
                 if record["step"] % args.every == 0 and record["step"] < args.steps:
                     in_flight = True
-            overlap[ranks]["ratio"].append(statistics.median(writing) / statistics.median(quiet))
-            overlap[ranks]["writing"].append(statistics.median(writing))
-            overlap[ranks]["quiet"].append(statistics.median(quiet))
-            print(f"round {round_index + 1} async at {ranks} rank(s): step while writing / without "
-                  f"{overlap[ranks]['ratio'][-1]:.3f} ({len(writing)} and {len(quiet)} steps)", flush=True)
+            entry["ratio"].append(statistics.median(writing) / statistics.median(quiet))
+            entry["writing"].append(statistics.median(writing))
+            entry["quiet"].append(statistics.median(quiet))
+            print(f"round {round_index + 1} async, {batch}, {ranks} rank(s): step while writing / without "
+                  f"{entry['ratio'][-1]:.3f} ({len(writing)} and {len(quiet)} steps)", flush=True)
     shutil.rmtree(args.directory, ignore_errors=True)
     median = statistics.median
     bandwidth = {}
@@ -150,18 +159,23 @@ def main():
             "dd_fsync_gb_per_s": median(entry["dd_fsync"]), "dd_direct_gb_per_s": median(entry["dd_direct"]),
             "of_dd_fsync": median(s / d for s, d in zip(entry["save"], entry["dd_fsync"])),
             "of_dd_direct": median(s / d for s, d in zip(entry["save"], entry["dd_direct"]))}
-    result = {"model": " ".join(map(str, MODEL)), "file_bytes": file_bytes, "bandwidth": bandwidth,
-              "async_step_ratio": {f"{ranks} rank(s)": {"writing_over_quiet": median(overlap[ranks]["ratio"]),
-                                                        "writing_step_ms": median(overlap[ranks]["writing"]),
-                                                        "quiet_step_ms": median(overlap[ranks]["quiet"])}
-                                   for ranks in (1, 2)}}
+    previous = {}
+    if os.path.exists(args.output):
+        with open(args.output) as handle:
+            previous = json.load(handle)
+    result = {"model": " ".join(map(str, MODEL)), "file_bytes": file_bytes or previous.get("file_bytes"),
+              "bandwidth": bandwidth or previous.get("bandwidth", {}),
+              "async_step_ratio": {f"{batch}, {ranks} rank(s)": {"writing_over_quiet": median(entry["ratio"]),
+                                                                 "writing_step_ms": median(entry["writing"]),
+                                                                 "quiet_step_ms": median(entry["quiet"])}
+                                   for (batch, ranks), entry in overlap.items()} or previous.get("async_step_ratio", {})}
     for layout, by_mode in bandwidth.items():
         for mode in modes:
             entry = by_mode[mode]
             print(f"{layout:>12} {mode:>5}: {entry['save_gb_per_s']:.2f} GB/s, {entry['of_dd_fsync']:.2f} of dd fsync, "
                   f"{entry['of_dd_direct']:.2f} of dd direct; paused {entry['paused_ms']:.0f} ms")
-    for ranks in (1, 2):
-        print(f"async at {ranks} rank(s): step while writing / without {median(overlap[ranks]['ratio']):.3f}")
+    for (batch, ranks), entry in overlap.items():
+        print(f"async, {batch}, {ranks} rank(s): step while writing / without {median(entry['ratio']):.3f}")
     write_result(args.output, result)
 
 

@@ -157,8 +157,11 @@ SavedCheckpoint CheckpointSaver::finish(Communicator& world) {
   agree_or_throw(world, [&] {
     if (world.rank() == 0) publish_checkpoint(save.temporary, save.final_path);
   });
-  save.saved.seconds = (now_ms() - save.started_ms) / 1000.0;
-  if (!save.background) save.saved.paused_ms = save.saved.seconds * 1000.0;
+  // Until the last rank's writes were durable (the rename waits for a step boundary when async).
+  double written_s = (writer_.ended_ms() - save.started_ms) / 1000.0;
+  world.all_reduce(&written_s, 1, ReduceOp::max);
+  save.saved.seconds = written_s;
+  if (!save.background) save.saved.paused_ms = (now_ms() - save.started_ms);
   save.saved.write_start_ms = writer_.started_ms();
   save.saved.write_end_ms = writer_.ended_ms();
   return save.saved;

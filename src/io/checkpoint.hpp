@@ -75,7 +75,7 @@ struct SavedCheckpoint {
   std::int64_t step = 0;
   std::uint64_t bytes = 0;  // the tensors' bytes in the file, every rank's together
   std::uint64_t rank_bytes = 0;  // of those, this rank's
-  double seconds = 0;       // from the start of the save until the file was in place
+  double seconds = 0;       // from the start of the save until every rank's writes were durable
   double paused_ms = 0;     // of that, the time the caller stood still (copies, checksums, the frame; sync: all)
   double write_start_ms = 0, write_end_ms = 0;  // this rank's writes, on the clock of core/timer.hpp
   double gigabytes_per_second() const { return seconds > 0 ? static_cast<double>(bytes) / seconds / 1e9 : 0; }

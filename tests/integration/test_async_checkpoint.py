@@ -100,7 +100,9 @@ class AsyncCheckpoints(TrainingTestCase):
                 for save in saves:
                     self.assertEqual(save["bytes"], file_bytes)
                     self.assertAlmostEqual(save["gb_per_s"], save["bytes"] / save["seconds"] / 1e9, places=6)
-                    self.assertLessEqual(save["paused_ms"], save["seconds"] * 1000)
+                    self.assertGreater(save["paused_ms"], 0)
+                    if mode == "sync":  # training waited for all of it
+                        self.assertGreaterEqual(save["paused_ms"], save["seconds"] * 1000)
                     self.assertTrue(os.path.exists(save["file"]))
                     self.assertIn(f"saved checkpoint {save['file']} (", stdout)
                 # A save that ended during a step is in that step's record.
