@@ -3,8 +3,6 @@
 // written by a background writer; the file published once every rank agrees they are durable.
 #include "io/checkpoint.hpp"
 
-#include <sys/mman.h>
-
 #include <cstdio>
 #include <fstream>
 
@@ -45,14 +43,20 @@ constexpr std::size_t floats_per_page = page_bytes / sizeof(float);
 
 }  // namespace
 
-float* CheckpointSaver::snapshot(std::size_t floats) {
+float* CheckpointSaver::snapshot(std::size_t floats, Allocator& allocator) {
+  if (allocator.device() == Device::cpu) {
+    // The host's own memory: charged to the ledger as workspace (large blocks start on a page).
+    if (charged_snapshot_.bytes() < floats * sizeof(float)) {
+      charged_snapshot_ = Buffer();
+      charged_snapshot_ = allocator.allocate_floats(MemoryState::workspace, floats);
+    }
+    return charged_snapshot_.floats();
+  }
+  // A device's ledger counts device memory only: plain host memory, page-aligned, in whole pages.
   if (floats > snapshot_floats_) {
-    // Page-aligned, in whole pages: the writes then go from whole pages of memory. Huge pages
-    // where the kernel gives them: a first save touches the whole buffer.
     const std::size_t bytes = (floats * sizeof(float) + page_bytes - 1) / page_bytes * page_bytes;
     snapshot_.reset(static_cast<float*>(std::aligned_alloc(page_bytes, bytes)));
     if (!snapshot_) throw std::bad_alloc();
-    ::madvise(snapshot_.get(), bytes, MADV_HUGEPAGE);
     snapshot_floats_ = bytes / sizeof(float);
   }
   return snapshot_.get();
@@ -83,7 +87,7 @@ std::vector<const float*> CheckpointSaver::host_sources(const RegroupPlan& plan,
       floats += static_cast<std::size_t>(slice.count);
     }
   float* copy = nullptr;
-  agree_or_throw(scope.world, [&] { copy = floats > 0 ? snapshot(floats) : nullptr; });
+  agree_or_throw(scope.world, [&] { copy = floats > 0 ? snapshot(floats, scope.allocator) : nullptr; });
   std::vector<const float*> sources;
   std::vector<float*> domain_data;
   for (int part = 0; part < part_count; ++part)

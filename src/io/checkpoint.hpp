@@ -106,13 +106,15 @@ class CheckpointSaver {
     double started_ms = 0;
     bool background = false;
   };
-  float* snapshot(std::size_t floats);  // host memory for the copies, kept from save to save
+  // Host memory for the copies, kept from save to save: on the CPU charged to the ledger.
+  float* snapshot(std::size_t floats, Allocator& allocator);
   // Where the writer reads each written slice of each part (the kept slices, then the domains;
   // index part x slices + slice): the state's own host memory, or the snapshot, where the kept
   // slices are copied when `copied` and the domains' elements arrive. Collective.
   std::vector<const float*> host_sources(const RegroupPlan& plan, bool copied, const CheckpointScope& scope);
 
   std::optional<InFlight> in_flight_;
+  Buffer charged_snapshot_;
   std::unique_ptr<float[], void (*)(void*)> snapshot_{nullptr, std::free};
   std::size_t snapshot_floats_ = 0;
   RegroupBuffers regroup_buffers_;
