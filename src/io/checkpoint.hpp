@@ -28,7 +28,7 @@ inline constexpr const char* checkpoint_format = "mlptrain-checkpoint";
 inline constexpr std::int64_t checkpoint_format_version = 1;
 
 // The state a checkpoint holds: the runs a rank updates (fp32 master weights and AdamW moments;
-// the owned ones are written), the runs of values it holds (read back on load, rounded to the
+// each copy writes its slice of them), the runs of values it holds (read back on load, rounded to the
 // param type), the training steps taken, the updates AdamW applied (its step: skipped steps do not
 // count), the data position (global samples consumed) to continue from, and fp16's loss scale
 // with the finite steps counted toward its next doubling.

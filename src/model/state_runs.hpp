@@ -1,8 +1,9 @@
 // Where a rank's share of the training state lives, as runs: row-major ranges of one tensor's
 // elements (flat indices into the whole tensor) with pointers to their values (the compute copy,
 // of the param type), gradients (of the reduce type), fp32 master weights (the values themselves
-// in fp32) and AdamW moments. A replicated layout has one run per row range of every tensor; a sharded one has the
-// pieces of its shards. The optimizer updates runs, norms and checkpoints count the owned ones,
+// in fp32) and AdamW moments. A replicated layout has one run per row range of every tensor; a
+// sharded one has the pieces of its shards. Each run knows its copies (the ranks holding it
+// alike): norms count one copy, checkpoints write a slice from each. The optimizer updates runs
 // and initialization fills held runs, so none of them needs to know the layout.
 #pragma once
 

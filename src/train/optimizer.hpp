@@ -1,6 +1,7 @@
 // AdamW exactly as torch.optim.AdamW (one parameter group), the learning-rate schedules of
 // DESIGN.md §2.1, and the pieces of global-norm clipping: every rank sums the squares of the
-// gradients it owns (each element is owned by one rank), the trainer sums those over the world.
+// gradients it counts (each element is counted by one of its copies), the trainer sums those over
+// the world.
 // With --offload the moments live in host memory and the update runs there (ZeRO-Offload's
 // split), overlapping the next forward (offloaded_update.hpp).
 #pragma once
@@ -33,7 +34,7 @@ class AdamW {
   AdamW(const Config& config, Allocator& device, StatePlacement& placement,
         HostSide* offload = nullptr);
 
-  // Sum of squares of the owned runs' gradients (or values), as stored (a scaled loss's
+  // Sum of squares of the counted runs' gradients (or values), as stored (a scaled loss's
   // gradients are scaled).
   enum class Field { grads, values };
   static double owned_square_sum(Kernels& kernels, const StatePlacement& placement,
@@ -41,7 +42,7 @@ class AdamW {
 
   // One update of every run (the placement's updated runs) as optimizer step `step` (counting
   // from 1), with the gradients multiplied by `grad_scale` first (unscaling and clipping).
-  // Returns the sum of squares of the owned gradients it read, so multiplied. Offloaded, the
+  // Returns the sum of squares of the counted gradients it read, so multiplied. Offloaded, the
   // values are in flux when it returns: see wait_for_layer and finish_update.
   double update(Kernels& kernels, const StatePlacement& placement, double learning_rate, std::int64_t step,
                 float grad_scale = 1.0f);
