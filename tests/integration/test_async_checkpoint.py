@@ -124,7 +124,10 @@ class AsyncCheckpoints(TrainingTestCase):
 
     def test_a_rank_killed_during_an_async_save_leaves_the_previous_checkpoint(self):
         directory = self.path("killed")
-        arguments = LARGE + ["--save-every", "4"]
+        # A 50 MB checkpoint: its save is in flight for at least a step and the copy, write and
+        # fsync of that much, far longer than noticing its partial file takes.
+        arguments = ["--layers", "3", "--hidden", "2048", "--global-batch", "16", "--log-every", "0", "--shuffle",
+                     "--save-every", "4"]
         launcher = subprocess.Popen([MPIEXEC, "-n", "2", MLPTRAIN] + arguments +
                                     ["--steps", "100000", "--checkpoint-dir", directory],
                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
@@ -133,10 +136,13 @@ class AsyncCheckpoints(TrainingTestCase):
         partial = os.path.join(directory, ".step_00000008.h5.partial")
         try:
             deadline = time.monotonic() + 120
-            while not os.path.exists(partial) and time.monotonic() < deadline:
-                time.sleep(0.001)
-            ranks = rank_processes(directory)
+            ranks = []
+            while len(ranks) < 2 and time.monotonic() < deadline:
+                ranks = rank_processes(directory)
+                time.sleep(0.01)
             self.assertEqual(len(ranks), 2)
+            while not os.path.exists(partial) and time.monotonic() < deadline:
+                time.sleep(0.0005)
             os.kill(ranks[-1], signal.SIGKILL)
             launcher.wait(timeout=30)
             self.assertNotEqual(launcher.returncode, 0)
