@@ -57,8 +57,8 @@ class AsyncCheckpoints(TrainingTestCase):
             return steps, summary, json.load(handle), directory, result.stdout
 
     def test_replicas_write_slices_once_and_async_equals_sync(self):
-        # In each layout every element is held by ranks / (its distinct parts) ranks alike, so each
-        # rank writes a 1/ranks share of the file.
+        # In each layout an element's copies (the ranks over its distinct parts) share its writing,
+        # so each rank writes 1/ranks of the file.
         for ranks, layout in ((2, ["--dp", 2]), (4, ["--dp", 2, "--tp", 2]), (2, ["--dp", 2, "--zero", 1]),
                               (4, ["--dp", 4, "--zero", 3, "--zero-shard-size", 2])):
             with self.subTest(layout=layout):
