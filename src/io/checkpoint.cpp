@@ -36,13 +36,6 @@ void prepare_checkpoint_directory(const std::string& directory) {
   fs::remove(probe, error);
 }
 
-namespace {
-
-constexpr std::size_t page_bytes = 4096;
-constexpr std::size_t floats_per_page = page_bytes / sizeof(float);
-
-}  // namespace
-
 float* CheckpointSaver::snapshot(std::size_t floats, Allocator& allocator) {
   if (allocator.device() == Device::cpu) {
     // The host's own memory: charged to the ledger as workspace (large blocks start on a page).
@@ -79,9 +72,10 @@ std::vector<const float*> CheckpointSaver::host_sources(const RegroupPlan& plan,
         positions.push_back(0);
         continue;
       }
-      if (slice.count >= static_cast<std::int64_t>(floats_per_page)) {
-        const auto in_page = static_cast<std::size_t>(slice.offset) % floats_per_page;
-        floats += (in_page + floats_per_page - floats % floats_per_page) % floats_per_page;
+      if (slice.count >= floats_per_page) {
+        const auto page = static_cast<std::size_t>(floats_per_page);
+        const auto in_page = static_cast<std::size_t>(slice.offset) % page;
+        floats += (in_page + page - floats % page) % page;
       }
       positions.push_back(floats);
       floats += static_cast<std::size_t>(slice.count);

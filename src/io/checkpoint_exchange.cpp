@@ -10,13 +10,11 @@ namespace mlptrain {
 
 namespace {
 
-constexpr std::int64_t alignment = 1024;               // elements: 4 KiB of float32
 constexpr std::int64_t short_slice_elements = 65536;  // 256 KiB
 
 // Rank `rank`'s domain of a tensor of `elements`: [begin, end).
 std::pair<std::int64_t, std::int64_t> domain_of(std::int64_t elements, int rank, int ranks) {
-  const auto boundary = [&](int r) { return r == ranks ? elements : elements * r / ranks / alignment * alignment; };
-  return {boundary(rank), boundary(rank + 1)};
+  return {aligned_split(elements, rank, ranks), aligned_split(elements, rank + 1, ranks)};
 }
 
 int domain_rank(std::int64_t element, std::int64_t elements, int ranks) {

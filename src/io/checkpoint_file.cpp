@@ -22,7 +22,7 @@ std::vector<std::uint64_t> create_checkpoint_file(const fs::path& path, const Tr
   const auto failed = [&] { return RuntimeFailure("checkpoint: cannot create '" + path.string() + "'"); };
   // Datasets of 4 KiB or more start on a 4 KiB boundary: the slices' writes then fill whole pages.
   Hdf5Handle access = property_handle(H5Pcreate(H5P_FILE_ACCESS));
-  H5Pset_alignment(access.get(), 4096, 4096);
+  H5Pset_alignment(access.get(), page_bytes, page_bytes);
   Hdf5Handle file = file_handle(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, access.get()));
   if (!file.valid()) throw failed();
   Hdf5Handle links = property_handle(H5Pcreate(H5P_LINK_CREATE));

@@ -32,7 +32,6 @@ std::string shape_text(const std::vector<std::int64_t>& shape) {
 
 std::vector<WrittenSlice> written_slices(const StatePlacement& placement,
                                          const std::vector<ParameterTensor>& global_tensors) {
-  constexpr std::int64_t alignment = 1024;  // elements: 4 KiB of float32
   std::vector<WrittenSlice> slices;
   for (std::size_t index = 0; index < global_tensors.size(); ++index) {
     const int global_index = global_tensors[index].global_index;
@@ -45,10 +44,8 @@ std::vector<WrittenSlice> written_slices(const StatePlacement& placement,
     // round to nothing but the last) spread over the copies too.
     const RunCopies copies = runs.front()->copies;
     const int slice = (copies.index + global_index) % copies.count;
-    const auto boundary = [&](int j) {
-      return j == copies.count ? total : total * j / copies.count / alignment * alignment;
-    };
-    const std::int64_t begin = boundary(slice), end = boundary(slice + 1);
+    const std::int64_t begin = aligned_split(total, slice, copies.count);
+    const std::int64_t end = aligned_split(total, slice + 1, copies.count);
     std::int64_t at = 0;
     for (const StateRun* run : runs) {
       const std::int64_t first = std::max(begin, at), last = std::min(end, at + run->count);

@@ -26,6 +26,17 @@ inline constexpr RunField run_parts[part_count] = {RunField::master, RunField::e
 std::string dataset_name(const ParameterTensor& tensor, int part);
 std::string shape_text(const std::vector<std::int64_t>& shape);
 
+// Slices, regrouping domains and datasets start on a page of the file where they can, so that
+// their whole pages can be written around the page cache.
+inline constexpr std::size_t page_bytes = 4096;
+inline constexpr std::int64_t floats_per_page = page_bytes / sizeof(float);
+
+// Where part `part` of `parts` splitting `elements` begins: an even share, rounded down to a
+// page of elements (the last part ends at `elements`).
+inline std::int64_t aligned_split(std::int64_t elements, int part, int parts) {
+  return part == parts ? elements : elements * part / parts / floats_per_page * floats_per_page;
+}
+
 // A slice of a tensor that this rank writes: `count` elements from `offset` (flat, row-major in
 // the whole tensor), which sit `run_skip` elements into `run`.
 struct WrittenSlice {
