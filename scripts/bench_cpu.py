@@ -23,7 +23,7 @@ import os
 import statistics
 import sys
 
-from benchlib import BUILD, PROGRAM, ROOT, arguments, run_json, train, write_result
+from benchlib import BUILD, PROGRAM, ROOT, arguments, cpu_model, run_json, train, write_result
 
 GEMMS = ("forward", "weight_grad", "input_grad")
 
@@ -159,7 +159,7 @@ def main():
                        "torch_step_ms_2_ranks": torch_2, "ours_over_torch_1_rank": ours_1 / torch_1,
                        "ours_over_torch_2_ranks": ours_2 / torch_2})
     write_result(args.output, result)
-    print(f"cpu: {result['cpu']}\nkernels: {result['kernels']}")
+    print(f"cpu: {cpu_model()}\nkernels: {result['kernels']}")
     for key, value in result.items():
         if isinstance(value, float):
             print(f"{key:40s} {value:10.3f}")

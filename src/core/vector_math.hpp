@@ -1,4 +1,4 @@
-// Branch-free float approximations of exp, log, sin/cos and the Gaussian CDF, written as plain
+// Branch-free float approximations of exp, log, sin/cos, the Gaussian CDF and GELU's derivative, written as plain
 // inline arithmetic so that loops calling them vectorize (a scalar libm call per element would
 // not). Each is accurate to a few float ulps and is tested against double-precision libm.
 #pragma once
@@ -23,7 +23,7 @@ inline float round_nearest(float x) {
   return (x + magic) - magic;
 }
 
-// e^x; inputs below about -87 give 0 and above 88 give about 2^127.
+// e^x; inputs below -87 give e^-87 (about 1.6e-38: no subnormals) and above 88 about 2^127.
 inline float exp(float x) {
   x = std::clamp(x, -87.0f, 88.0f);
   const float n = round_nearest(x * log2_e);
@@ -101,11 +101,9 @@ inline float exp_minus_half_square(float x, float c = 0.0f) {
   return exp(sum) * (1.0f + (sum_error - 0.5f * square_error));
 }
 
-// erfc(|x| / sqrt(2)) with relative error below 1.2e-7 (the Chebyshev-fitted form of Numerical
-// Recipes' erfcc, erfc(z) = t exp(-z^2 + P(t))), so the Gaussian tail keeps its relative accuracy.
-inline float erfc_of_scaled(float x) {
-  const float a = std::abs(x);
-  const float t = 1.0f / (1.0f + 0.5f * (a * inverse_sqrt_two));
+// The fitted exponent of Numerical Recipes' erfcc (Chebyshev): erfc(z) = t exp(-z^2 + P(t)) with
+// t = 1 / (1 + z/2), relative error below 1.2e-7.
+inline float erfc_exponent(float t) {
   float p = 0.17087277f;
   p = p * t - 0.82215223f;
   p = p * t + 1.48851587f;
@@ -115,8 +113,15 @@ inline float erfc_of_scaled(float x) {
   p = p * t + 0.09678418f;
   p = p * t + 0.37409196f;
   p = p * t + 1.00002368f;
-  p = p * t - 1.26551223f;
-  return t * exp_minus_half_square(a, p);
+  return p * t - 1.26551223f;
+}
+
+// erfc(|x| / sqrt(2)), so the Gaussian tail keeps its relative accuracy.
+inline float erfc_of_scaled(float x) {
+  // Beyond 16 the result underflows to 0 anyway; clamped, x^2 cannot overflow to a NaN.
+  const float a = std::min(std::abs(x), 16.0f);
+  const float t = 1.0f / (1.0f + 0.5f * (a * inverse_sqrt_two));
+  return t * exp_minus_half_square(a, erfc_exponent(t));
 }
 
 // The standard normal CDF Phi(x) = erfc(-x/sqrt(2))/2, exact to float precision in both tails.
@@ -125,7 +130,16 @@ inline float normal_cdf(float x) {
   return x >= 0.0f ? 1.0f - half_tail : half_tail;
 }
 
-// The standard normal density.
-inline float normal_pdf(float x) { return inverse_sqrt_two_pi * exp_minus_half_square(x); }
+// Phi(x) + x phi(x), GELU's derivative, with one compensated exp(-x^2/2) for both terms (the
+// erfc as t exp(-x^2/2) exp(P(t)): exp(P) needs no compensation, |P| < 1.3): a third faster
+// than the two functions, as accurate.
+inline float normal_cdf_plus_x_pdf(float x) {
+  const float a = std::min(std::abs(x), 16.0f);
+  const float t = 1.0f / (1.0f + 0.5f * (a * inverse_sqrt_two));
+  const float gaussian = std::abs(x) < 16.0f ? exp_minus_half_square(a) : 0.0f;
+  const float half_tail = 0.5f * t * gaussian * exp(erfc_exponent(t));
+  const float cdf = x >= 0.0f ? 1.0f - half_tail : half_tail;
+  return cdf + x * (inverse_sqrt_two_pi * gaussian);
+}
 
 }  // namespace mlptrain::vector_math

@@ -133,8 +133,21 @@ TEST(VectorMath, NormalCdfIsAccurateInBothTails) {
     // float argument (its relative condition number grows like x^2).
     EXPECT_LT(std::abs(got - exact) / exact, 5e-7 * (1.0 + x * x)) << "x = " << x;
   }
-  for (float x = -8.0f; x < 8.0f; x += 0.011f) {
-    const double exact = std::exp(-0.5 * x * x) / std::sqrt(2.0 * M_PI);
-    EXPECT_NEAR(vector_math::normal_pdf(x), exact, 1e-7 + 3e-7 * exact);
+  // Far beyond the float range of the density: the limits (below the normal floats' 1.2e-38
+  // for 0: no subnormals), never a NaN.
+  EXPECT_LT(std::abs(vector_math::normal_cdf(-1e30f)), 1.2e-38f);
+  EXPECT_EQ(vector_math::normal_cdf(1e30f), 1.0f);
+  EXPECT_LT(std::abs(vector_math::normal_cdf_plus_x_pdf(-1e30f)), 1.2e-38f);
+  EXPECT_EQ(vector_math::normal_cdf_plus_x_pdf(1e30f), 1.0f);
+}
+
+// GELU's derivative Phi(x) + x phi(x): accurate relative to its terms (they cancel near x =
+// -0.75), and in the far tail, where both are tiny, relative to itself.
+TEST(VectorMath, NormalCdfPlusXPdfMatchesLibm) {
+  for (float x = -12.0f; x < 12.0f; x += 0.0071f) {
+    const double cdf = 0.5 * std::erfc(-static_cast<double>(x) / std::sqrt(2.0));
+    const double x_pdf = x * std::exp(-0.5 * static_cast<double>(x) * x) / std::sqrt(2.0 * M_PI);
+    const double got = vector_math::normal_cdf_plus_x_pdf(x);
+    EXPECT_LE(std::abs(got - (cdf + x_pdf)), 5e-7 * (1.0 + x * x) * (cdf + std::abs(x_pdf))) << "x = " << x;
   }
 }

@@ -47,7 +47,7 @@ double gelu_derivative(double x) {
 // One step of `type` at `value`: the distance to the next representable magnitude.
 double step_at(double value, DataType type) {
   const int bits = type == DataType::bfloat16 ? 8 : 11;
-  const double smallest_normal = type == DataType::bfloat16 ? 1.17549435e-38 : 6.103515625e-05;
+  const double smallest_normal = std::ldexp(1.0, type == DataType::bfloat16 ? -126 : -14);
   const double magnitude = std::max(std::abs(value), smallest_normal);
   return std::ldexp(1.0, std::ilogb(magnitude) + 1 - bits);
 }
@@ -72,6 +72,35 @@ TEST_P(HalfKernels, GeluForwardRoundsTheGeluOfTheStoredPreActivation) {
   for (std::int64_t i = 0; i < rows * cols; ++i) {
     const double exact = gelu(pre.widened[i]);
     ASSERT_LE(std::abs(load(activated, i) - exact), step_at(exact, type)) << i;
+  }
+}
+
+// Every finite value of the type as a pre-activation (the kernels look 16-bit GELU up in tables
+// of all of them): the output, and d(pre) for an upstream gradient of 1, within half a step of
+// the double-precision value plus fp32's few ulps (of the derivative's two terms: they cancel
+// near x = -0.75), so a misplaced or stale entry fails.
+TEST_P(HalfKernels, GeluOfEveryFiniteValueIsRoundedToNearest) {
+  std::vector<std::uint16_t> pre, ones;
+  for (std::uint32_t bits = 0; bits < (1u << 16); ++bits) {
+    const auto value = static_cast<std::uint16_t>(bits);
+    if (std::isfinite(load_element(&value, 0, type))) pre.push_back(value);
+  }
+  const auto count = static_cast<std::int64_t>(pre.size());
+  ones.resize(pre.size());
+  for (std::int64_t i = 0; i < count; ++i) store_element(ones.data(), i, type, 1.0f);
+  std::vector<std::uint16_t> activated(pre.size()), grad_pre(pre.size());
+  std::vector<float> bias_grad(1);
+  kernels->gelu_forward(pre.data(), activated.data(), count, 1, type);
+  kernels->gelu_backward(ones.data(), pre.data(), grad_pre.data(), type, bias_grad.data(), DataType::float32, false,
+                         count, 1);
+  for (std::int64_t i = 0; i < count; ++i) {
+    const double x = load_element(pre.data(), i, type);
+    const double output = gelu(x), derivative = gelu_derivative(x);
+    const double output_bound = 0.5 * step_at(output, type) + 4e-7 * std::abs(output);
+    const double terms = 0.5 * std::erfc(-x / std::sqrt(2.0)) + std::abs(derivative - 0.5 * std::erfc(-x / std::sqrt(2.0)));
+    const double derivative_bound = 0.5 * step_at(derivative, type) + 4e-7 * terms;
+    ASSERT_LE(std::abs(load(activated, i) - output), output_bound) << "GELU(" << x << ")";
+    ASSERT_LE(std::abs(load(grad_pre, i) - derivative), derivative_bound) << "GELU'(" << x << ")";
   }
 }
 
