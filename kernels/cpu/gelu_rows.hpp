@@ -1,8 +1,7 @@
 // GELU's row kernels on the CPU: fp32 through vector_math's branch-free functions, and the 16-bit
 // types through tables of every one of their 65,536 values. A bf16 or fp16 pre-activation can
-// only be one of those values, so a table holds each one's GELU and GELU' exactly as evaluating
-// them would (correctly rounded, even), at a load per element instead of an erfc and an exp
-// (3-4x faster here).
+// only be one of those values, so a table can hold each one's GELU and GELU', at a load per
+// element instead of an erfc and an exp (3-4x faster here).
 #pragma once
 
 #include <cmath>
@@ -36,7 +35,7 @@ struct HalfGeluTable {
 };
 
 // Filled from double-precision libm, so each entry is GELU rounded to the type (through fp32)
-// all the way down to bf16's subnormals, where the fp32 function flushes to zero.
+// all the way down to bf16's subnormals, below the range of the fp32 function's exp.
 template <typename E>
 HalfGeluTable make_half_gelu_table() {
   static_assert(std::is_same_v<typename E::Storage, std::uint16_t>);
@@ -46,7 +45,7 @@ HalfGeluTable make_half_gelu_table() {
     const double cdf = 0.5 * std::erfc(-x * std::numbers::sqrt2 / 2);
     const double pdf = std::exp(-0.5 * x * x) * std::numbers::inv_sqrtpi / std::numbers::sqrt2;
     table.activated[bits] = E::store(static_cast<float>(x * cdf));
-    // 0 * inf is NaN: beyond the float range the density's term is 0.
+    // At the infinities the density's term is 0 (not inf * 0, a NaN).
     table.derivative[bits] = static_cast<float>(cdf + (pdf == 0.0 ? 0.0 : x * pdf));
   }
   return table;
