@@ -15,6 +15,10 @@ namespace mlptrain {
 
 enum class Transpose { no, yes };
 
+// A GEMM dimension that changes from call to call (an expert's share of the routed rows):
+// a backend that plans each shape (oneDNN's primitives) plans once for all its values.
+enum class Varying { nothing, m, k };
+
 // One GEMM, c = alpha * op(a) op(b) + beta * c, row-major, with op(a) [m, k], op(b) [k, n] and
 // c [m, n] (leading dimensions in elements). a and b hold `input` elements: fp32, or bf16 or fp16,
 // whose products are exact in fp32. Products are accumulated in fp32 whatever the input; c holds
@@ -39,6 +43,7 @@ struct Gemm {
   DataType input = DataType::float32;
   DataType output = DataType::float32;
   const void* bias = nullptr;
+  Varying varying = Varying::nothing;
 };
 
 // One AdamW update, as torch.optim.AdamW computes it (hyper-parameters in double, as Python

@@ -114,6 +114,7 @@ OneDnnMatmul::Primitive* OneDnnMatmul::find(const Problem& problem) {
           problem.bias ? dnnl::matmul::desc(a, b, bias, c) : dnnl::matmul::desc(a, b, c), attributes, library_->engine);
       primitive = std::make_unique<Primitive>(
           Primitive{dnnl::matmul(description), a, b, c, bias, description.impl_info_str()});
+      ++created_;
     } catch (const dnnl::error&) {
       // No implementation for these element types here: run_widened takes over (cached too).
     }
@@ -127,18 +128,52 @@ OneDnnMatmul::Primitive* OneDnnMatmul::find(const Problem& problem) {
 }
 
 void OneDnnMatmul::run(const Gemm& gemm) {
-  const Problem problem{gemm.transpose_a, gemm.transpose_b, gemm.m, gemm.n, gemm.k, gemm.lda, gemm.ldb,
-                        gemm.ldc, gemm.input, gemm.output, gemm.alpha, gemm.beta, gemm.bias != nullptr};
   if (gemm.bias != nullptr && gemm.beta != 0.0f)
     throw std::logic_error("a GEMM's bias is for beta = 0 (it would be added to the old output too)");
+  if (gemm.varying == Varying::m && gemm.m >= 2 * row_block) {
+    run_blocks(gemm);
+  } else {
+    run_one(gemm);
+  }
+}
+
+void OneDnnMatmul::run_blocks(const Gemm& gemm) {
+  // Blocks of row_block rows, the last one taking the rest too (row_block to 2 row_block - 1
+  // rows): no short GEMM at the end.
+  for (std::int64_t first = 0; first < gemm.m;) {
+    Gemm block = gemm;
+    block.m = gemm.m - first < 2 * row_block ? gemm.m - first : row_block;
+    // Row `first` of op(a): a row of a, or a column of a read transposed.
+    const std::int64_t a_offset = gemm.transpose_a == Transpose::yes ? first : first * gemm.lda;
+    block.a = advance(gemm.a, static_cast<std::size_t>(a_offset), gemm.input);
+    block.c = advance(gemm.c, static_cast<std::size_t>(first * gemm.ldc), gemm.output);
+    run_one(block);
+    first += block.m;
+  }
+}
+
+void OneDnnMatmul::run_one(const Gemm& gemm) {
+  const bool runtime_k = gemm.varying == Varying::k;
+  const Problem problem{gemm.transpose_a, gemm.transpose_b, gemm.m, gemm.n, runtime_k ? DNNL_RUNTIME_DIM_VAL : gemm.k,
+                        gemm.lda, gemm.ldb, gemm.ldc, gemm.input, gemm.output, gemm.alpha, gemm.beta,
+                        gemm.bias != nullptr};
   Primitive* primitive = find(problem);
+  if (primitive == nullptr && runtime_k) {  // no run-time k for these types: the exact shape
+    Gemm exact = gemm;
+    exact.varying = Varying::nothing;
+    run_one(exact);
+    return;
+  }
   if (primitive == nullptr) {
     run_widened(gemm);
     return;
   }
-  // The library takes non-const handles; it only reads a and b.
-  memory a(primitive->a, library_->engine, const_cast<void*>(gemm.a));
-  memory b(primitive->b, library_->engine, const_cast<void*>(gemm.b));
+  // The library takes non-const handles; it only reads a and b. A k given at run time is given
+  // by the operands' own descriptions.
+  memory a(runtime_k ? matrix(gemm.m, gemm.k, gemm.lda, gemm.transpose_a, gemm.input) : primitive->a,
+           library_->engine, const_cast<void*>(gemm.a));
+  memory b(runtime_k ? matrix(gemm.k, gemm.n, gemm.ldb, gemm.transpose_b, gemm.input) : primitive->b,
+           library_->engine, const_cast<void*>(gemm.b));
   memory c(primitive->c, library_->engine, gemm.c);
   std::unordered_map<int, memory> arguments{{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}};
   if (gemm.bias != nullptr)

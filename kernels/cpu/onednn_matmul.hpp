@@ -1,8 +1,13 @@
 // The CPU backend's GEMMs through oneDNN's matmul primitive, which picks its kernel from the
 // instruction sets the CPU reports at run time (AVX-512, AVX512_BF16, AMX, ...) rather than from a
 // table of CPU models. A primitive is made for one exact problem (shape, strides, element types,
-// alpha, beta, bias or none) and making one costs far more than running a small GEMM, so primitives are cached
-// by problem, least recently used first out (MoE experts see a new row count with each routing).
+// alpha, beta, bias or none) and making one (0.2-0.3 ms) costs more than running a small GEMM, so
+// primitives are cached by problem, least recently used first out. MoE experts see a new row
+// count with each routing: a varying m of 2 row_block rows or more runs in blocks of row_block
+// rows, the last taking the rest (so at most 2 row_block - 1 shapes, each made once, however
+// large the batch), a varying k through one primitive whose k is given at run time (oneDNN's
+// gemm:jit, as fast here for the weight gradient's shape; for a varying m it was 10-30 % slower
+// than exact shapes).
 // Element types the library cannot multiply on this CPU (fp16 without AVX512_FP16) are widened to
 // fp32 first: a product of two 16-bit floats is exact in fp32, so the result is the same GEMM
 // with fp32 accumulation.
@@ -30,9 +35,12 @@ class OneDnnMatmul {
   // "oneDNN 2.6.3 (avx512_core_bf16), fp32 brg:avx512_core, bf16 brg:avx512_core_bf16, ..."
   std::string description() const;
 
-  // Cached primitives, and how many are kept at most.
+  // Cached primitives, how many are kept at most, and how many were made in all.
   std::size_t cached() const { return order_.size(); }
   static constexpr std::size_t capacity = 1024;
+  std::size_t created() const { return created_; }
+  // Rows of a block of a varying m (blocks of 64 rows cost 2-8 % over one GEMM of all of them).
+  static constexpr std::int64_t row_block = 64;
 
  private:
   struct Problem {
@@ -52,6 +60,8 @@ class OneDnnMatmul {
   // The cached primitive of `problem`, made now if needed; null when the library has none for
   // its element types on this CPU.
   Primitive* find(const Problem& problem);
+  void run_blocks(const Gemm& gemm);
+  void run_one(const Gemm& gemm);
   void run_widened(const Gemm& gemm);
   std::string implementation(DataType input) const;
 
@@ -59,6 +69,7 @@ class OneDnnMatmul {
   std::unique_ptr<Library> library_;
   std::unordered_map<Problem, std::pair<std::unique_ptr<Primitive>, Order::iterator>, ProblemHash> cache_;
   Order order_;  // most recently used first
+  std::size_t created_ = 0;
   std::vector<float> widened_a_, widened_b_, widened_c_, widened_bias_;
 };
 

@@ -147,7 +147,8 @@ void MoeLayer::forward(const Pass& pass, const void* input, std::int64_t rows, v
                   .a = advance(saved.expert_input.as<void>(), static_cast<std::size_t>(offset * hidden), type),
                   .lda = hidden, .b = advance(parameters.weight, static_cast<std::size_t>(local * hidden * hidden), type),
                   .ldb = hidden, .c = pre, .ldc = hidden, .input = type, .output = type,
-                  .bias = advance(parameters.bias, static_cast<std::size_t>(local * hidden), type)});
+                  .bias = advance(parameters.bias, static_cast<std::size_t>(local * hidden), type),
+                  .varying = Varying::m});
     kernels.gelu_forward(pre, advance(expert_output.as<void>(), static_cast<std::size_t>(offset * hidden), type), count,
                          hidden, type);
     offset += count;
@@ -207,12 +208,13 @@ void MoeLayer::backward(const Pass& pass, const void* input, const void* grad_ou
                           grad_type, accumulate, count, hidden);
     kernels.gemm({.m = count, .n = hidden, .k = hidden, .a = pre_grad, .lda = hidden,
                   .b = at(parameters.weight, local * hidden * hidden), .ldb = hidden,
-                  .c = at(input_grads.as<void>(), offset * hidden), .ldc = hidden, .input = type, .output = type});
+                  .c = at(input_grads.as<void>(), offset * hidden), .ldc = hidden, .input = type, .output = type,
+                  .varying = Varying::m});
     kernels.gemm({.transpose_a = Transpose::yes, .m = hidden, .n = hidden, .k = count, .a = pre_grad, .lda = hidden,
                   .b = at(saved.expert_input.as<void>(), offset * hidden), .ldb = hidden,
                   .beta = accumulate ? 1.0f : 0.0f,
                   .c = advance(parameters.weight_grad, static_cast<std::size_t>(local * hidden * hidden), grad_type),
-                  .ldc = hidden, .input = type, .output = grad_type});
+                  .ldc = hidden, .input = type, .output = grad_type, .varying = Varying::k});
     offset += count;
   }
   output_grads.reset();

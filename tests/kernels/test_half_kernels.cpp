@@ -80,11 +80,10 @@ TEST_P(HalfKernels, GeluForwardRoundsTheGeluOfTheStoredPreActivation) {
 // the double-precision value plus fp32's few ulps (of the derivative's two terms: they cancel
 // near x = -0.75), so a misplaced or stale entry fails.
 TEST_P(HalfKernels, GeluOfEveryFiniteValueIsRoundedToNearest) {
-  std::vector<std::uint16_t> pre, ones;
-  for (std::uint32_t bits = 0; bits < (1u << 16); ++bits) {
-    const auto value = static_cast<std::uint16_t>(bits);
-    if (std::isfinite(load_element(&value, 0, type))) pre.push_back(value);
-  }
+  std::vector<std::uint16_t> every(1u << 16), pre, ones;
+  for (std::size_t bits = 0; bits < every.size(); ++bits) every[bits] = static_cast<std::uint16_t>(bits);
+  for (std::size_t i = 0; i < every.size(); ++i)
+    if (std::isfinite(load(every, i))) pre.push_back(every[i]);
   const auto count = static_cast<std::int64_t>(pre.size());
   ones.resize(pre.size());
   for (std::int64_t i = 0; i < count; ++i) store_element(ones.data(), i, type, 1.0f);

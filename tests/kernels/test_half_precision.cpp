@@ -127,6 +127,22 @@ std::vector<std::uint16_t> half_matrix(const std::vector<float>& values, DataTyp
   return half;
 }
 
+// A GEMM operand of `type`: its memory, and its values as the GEMM reads them (rounded).
+class Operand {
+ public:
+  Operand(std::vector<float> values, DataType type, Kernels& kernels) : values_(std::move(values)) {
+    if (!is_half(type)) return;
+    half_ = half_matrix(values_, type, kernels);
+    kernels.convert(half_.data(), type, values_.data(), DataType::float32, values_.size());
+  }
+  const void* data() const { return half_.empty() ? static_cast<const void*>(values_.data()) : half_.data(); }
+  float at(std::int64_t i) const { return values_[static_cast<std::size_t>(i)]; }
+
+ private:
+  std::vector<float> values_;
+  std::vector<std::uint16_t> half_;
+};
+
 std::vector<float> random_values(std::size_t count, std::uint64_t seed) {
   std::vector<float> values(count);
   CounterRng(seed, "half-gemm").fill_uniform(values.data(), 0, count, -2.0f, 2.0f);
@@ -244,4 +260,56 @@ TEST(HalfPrecision, PrimitiveCacheStaysBounded) {
     ASSERT_LE(matmul.cached(), OneDnnMatmul::capacity);
   }
   EXPECT_EQ(matmul.cached(), OneDnnMatmul::capacity);
+}
+
+// An MoE expert's GEMMs see a new row count with each routing: a varying m (forward, input
+// gradient) runs in blocks through fewer than 2 row_block primitives, a varying k (weight gradient,
+// accumulated or not) through one a beta, whatever the count; the results match sums in double.
+TEST(HalfPrecision, VaryingDimensionsArePlannedOnce) {
+  const auto kernels = make_cpu_kernels();
+  for (DataType type : {DataType::float32, DataType::bfloat16}) {
+    const std::int64_t most = 4 * OneDnnMatmul::row_block + 11, n = 24, width = 40;
+    const Operand rows(random_values(static_cast<std::size_t>(most * width), 7), type, *kernels);
+    const Operand other(random_values(static_cast<std::size_t>(most * n), 8), type, *kernels);
+    // Within the error of an fp32 sum of `terms` terms of these magnitudes.
+    const auto close = [](double got, double exact, double magnitude, std::int64_t terms) {
+      return std::abs(got - exact) <= 2.0 * static_cast<double>(terms) * std::ldexp(magnitude, -24);
+    };
+    OneDnnMatmul by_rows, by_inner;
+    std::vector<float> c(static_cast<std::size_t>(most * n)), sums(static_cast<std::size_t>(width * n), 0.0f);
+    for (std::int64_t count = 1; count <= most; ++count) {
+      // c [count, n] = rows [count, width] other [n, width]^T
+      by_rows.run({.transpose_b = Transpose::yes, .m = count, .n = n, .k = width, .a = rows.data(), .lda = width,
+                   .b = other.data(), .ldb = width, .c = c.data(), .ldc = n, .input = type, .varying = Varying::m});
+      for (std::int64_t i = 0; i < count; ++i)
+        for (std::int64_t j = 0; j < n; ++j) {
+          double exact = 0, magnitude = 0;
+          for (std::int64_t l = 0; l < width; ++l) {
+            const double term = static_cast<double>(rows.at(i * width + l)) * other.at(j * width + l);
+            exact += term;
+            magnitude += std::abs(term);
+          }
+          ASSERT_TRUE(close(c[static_cast<std::size_t>(i * n + j)], exact, magnitude, width)) << count << " " << i;
+        }
+      // sums [width, n] (+)= rows [count, width]^T other [count, n]: the weight gradient's shape,
+      // accumulated at odd counts.
+      const bool accumulate = count % 2 == 1;
+      const std::vector<float> before = sums;
+      by_inner.run({.transpose_a = Transpose::yes, .m = width, .n = n, .k = count, .a = rows.data(), .lda = width,
+                    .b = other.data(), .ldb = n, .beta = accumulate ? 1.0f : 0.0f, .c = sums.data(), .ldc = n,
+                    .input = type, .varying = Varying::k});
+      for (std::int64_t i = 0; i < width; ++i)
+        for (std::int64_t j = 0; j < n; ++j) {
+          double exact = accumulate ? before[static_cast<std::size_t>(i * n + j)] : 0.0, magnitude = std::abs(exact);
+          for (std::int64_t l = 0; l < count; ++l) {
+            const double term = static_cast<double>(rows.at(l * width + i)) * other.at(l * n + j);
+            exact += term;
+            magnitude += std::abs(term);
+          }
+          ASSERT_TRUE(close(sums[static_cast<std::size_t>(i * n + j)], exact, magnitude, count + 1)) << count;
+        }
+    }
+    EXPECT_LT(by_rows.created(), static_cast<std::size_t>(2 * OneDnnMatmul::row_block)) << data_type_name(type);
+    EXPECT_LE(by_inner.created(), 2u) << data_type_name(type);
+  }
 }
