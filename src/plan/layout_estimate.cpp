@@ -251,6 +251,9 @@ LayoutEstimate estimate_layout(const PlanInputs& inputs) {
     }
     const StepTime step{
         .compute = micro_batches * (work.forward_compute + work.backward_compute) + work.optimizer,
+        .forward = micro_batches * work.forward_compute,
+        .backward = micro_batches * work.backward_compute,
+        .optimizer = work.optimizer,
         .exposed_comm = micro_batches * (work.forward_comm + work.backward_comm) + work.after_backward,
         .bubble = timeline.makespan - timeline.busy[index],
         .data = work.data};

@@ -37,7 +37,8 @@ struct LinkBytes {
 // bias/GELU passes and the optimizer), communication nothing hides, the pipeline's idle time,
 // and the wait for samples where they are read on the step's path.
 struct StepTime {
-  double compute = 0;
+  double compute = 0;  // forward + backward + optimizer, below
+  double forward = 0, backward = 0, optimizer = 0;
   double exposed_comm = 0;
   double bubble = 0;
   double data = 0;
