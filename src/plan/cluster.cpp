@@ -4,9 +4,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <fmt/format.h>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -23,6 +25,17 @@ double Cluster::gemm_flops_per_s(DataType type) const {
   if (type == DataType::bfloat16) return gemm_bf16_flops_per_s;
   if (type == DataType::float16) return gemm_fp16_flops_per_s;
   return gemm_fp32_flops_per_s;
+}
+
+double Cluster::gemm_rows_share(double rows) const {
+  if (gemm_rows_shares.empty()) return 1.0;
+  if (rows <= gemm_rows_shares.front().first) return gemm_rows_shares.front().second;
+  if (rows >= gemm_rows_shares.back().first) return gemm_rows_shares.back().second;
+  const auto above = std::find_if(gemm_rows_shares.begin(), gemm_rows_shares.end(),
+                                  [rows](const auto& point) { return point.first >= rows; });
+  const auto below = std::prev(above);
+  const double position = std::log(rows / below->first) / std::log(above->first / below->first);
+  return below->second + position * (above->second - below->second);
 }
 
 double Cluster::sample_values_per_s(DatasetKind dataset, bool held_in_memory) const {
@@ -171,6 +184,8 @@ Cluster calibrated_cluster(const std::vector<std::string>& files) {
   std::map<CommOp, LinkRates> measured;
   std::map<CommOp, double> smallest;
   bool gemm_seen = false;
+  std::map<double, double> fp32_sequence_rates;  // by rows
+  double optimizer_parameters_timed = 0;
   for (const std::string& path : files)
     for (const nlohmann::json& row : json_lines(path)) {
       if (row.contains("gemm_gflops") && row.contains("dtype")) {
@@ -188,11 +203,15 @@ Cluster calibrated_cluster(const std::vector<std::string>& files) {
                        : dtype == "fp16" ? cluster.gemm_fp16_flops_per_s
                                          : cluster.gemm_fp32_flops_per_s;
         slot = std::max(slot, rate);
-        // AdamW over the parameters the bench updated (older benches: the layer's).
+        if (dtype == "fp32" && sequence_ms > 0) fp32_sequence_rates[row.value("rows", 0.0)] = rate;
+        // AdamW over the parameters the bench updated (older benches: the layer's), from the
+        // row that updated the most: a rank's update runs from memory, not from the caches.
         const double parameters = row.value("adamw_parameters", row.value("in", 0.0) * row.value("out", 0.0) +
                                                                     row.value("out", 0.0));
-        if (dtype == "fp32" && row.value("adamw_ms", 0.0) > 0)
+        if (dtype == "fp32" && row.value("adamw_ms", 0.0) > 0 && parameters > optimizer_parameters_timed) {
           cluster.optimizer_parameters_per_s = parameters / (row.value("adamw_ms", 0.0) * 1e-3);
+          optimizer_parameters_timed = parameters;
+        }
         // GELU's pass (files from before the bias moved into the GEMM name it with the bias).
         const double gelu_ms = row.value("gelu_forward_ms", row.value("bias_gelu_forward_ms", 0.0));
         if (dtype == "fp32" && gelu_ms > 0)
@@ -221,6 +240,9 @@ Cluster calibrated_cluster(const std::vector<std::string>& files) {
       }
     }
   if (measured.contains(CommOp::send)) measured[CommOp::recv] = measured[CommOp::send];
+  if (fp32_sequence_rates.size() > 1)
+    for (const auto& [rows, rate] : fp32_sequence_rates)
+      cluster.gemm_rows_shares.emplace_back(rows, rate / cluster.gemm_fp32_flops_per_s);
   if (!gemm_seen || cluster.optimizer_parameters_per_s <= 0)
     throw UsageError(fmt::format("--calibrate {}: no layerbench rows (fp32 GEMM and AdamW times)", fmt::join(files, " ")));
   if (!measured.contains(CommOp::all_reduce))

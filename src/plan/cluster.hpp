@@ -54,7 +54,14 @@ struct Cluster {
   int cores_per_device = 1;
   std::array<std::array<LinkRates, comm_op_count>, all_link_classes.size()> links{};
 
+  // The share of those rates a step's GEMMs of `rows` rows reach, by rows (layerbench
+  // --sequence at several row counts, fp32: fewer rows read the same weights for less work);
+  // empty, so 1 everywhere, where the bench timed one row count, and for presets.
+  std::vector<std::pair<double, double>> gemm_rows_shares;
+
   double gemm_flops_per_s(DataType type) const;
+  // The share above at `rows` rows: interpolated in log rows, the ends' beyond them.
+  double gemm_rows_share(double rows) const;
   // The rate above for `dataset`, held in memory or not (a file read a batch at a time: 0).
   double sample_values_per_s(DatasetKind dataset, bool held_in_memory) const;
   // The part of the memory-bound rates a rank gets when it holds `share` of a device.

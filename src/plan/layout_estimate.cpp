@@ -1,7 +1,8 @@
 // The planner's estimate of one layout (see layout_estimate.hpp). The time model, per pipeline
 // stage (one rank stands for its stage):
 //   forward and backward of a micro-batch: GEMM FLOPs at the cluster's rate for the param type
-//     (backward twice forward, plus recomputation's second forward), bias/GELU passes and MoE
+//     and the share of it the GEMMs' rows reach (an MoE expert's: the rows of balanced routing;
+//     backward twice forward, plus recomputation's second forward), bias/GELU passes and MoE
 //     layers' row gathers and scatters at the memory-bound rates (cost/flops.hpp), and the
 //     communication they wait for: tensor-parallel sums (and
 //     sequence parallelism's gathers) and expert exchanges (half in each pass) and the
@@ -116,6 +117,14 @@ class StageModel {
     const PlanInputs& in = inputs_;
     const auto rows = static_cast<double>(layout.rows);
     const double gemm_rate = in.cluster.gemm_flops_per_s(in.config.param_dtype) * share_;
+    // GEMMs of fewer rows run at a smaller share of that rate: a layer's multiply-adds count
+    // as many more as its rows' share is short, an MoE layer's at the rows each of its experts
+    // gets when the router spreads them evenly (recomputation's at the micro-batch's rows).
+    const auto rows_weight = [&](const LayerSpec& spec) {
+      const double gemm_rows =
+          spec.moe() ? rows * spec.top_k * layout.shape.ep / static_cast<double>(spec.experts) : rows;
+      return 1.0 / in.cluster.gemm_rows_share(gemm_rows);
+    };
     const double memory_share = in.cluster.memory_bound_share(share_);
     const double elementwise_rate = in.cluster.elementwise_elements_per_s * memory_share;
     const double row_move_rate = in.cluster.row_move_elements_per_s * memory_share;
@@ -126,7 +135,7 @@ class StageModel {
       LayerPasses passes;
       for (int layer = range.first; layer < range.last; ++layer) {
         specs.push_back(layout.local_spec(layer));
-        const double cost = local_multiply_adds(specs.back(), layout.shape.tp);
+        const double cost = local_multiply_adds(specs.back(), layout.shape.tp) * rows_weight(specs.back());
         multiply_adds += cost;
         // A Linear layer's weight gradient can run apart (W); an MoE layer's backward is one B.
         if (!specs.back().moe()) split_multiply_adds += cost;
@@ -140,7 +149,7 @@ class StageModel {
       chunk.times.backward_weight = 2 * split_multiply_adds * rows / gemm_rate;
       chunk.times.backward_input =
           (4 * multiply_adds - 2 * split_multiply_adds - 2 * unneeded_input_gradient +
-           recompute_flops_per_sample(specs, in.config.recompute)) *
+           recompute_flops_per_sample(specs, in.config.recompute) / in.cluster.gemm_rows_share(rows)) *
               rows / gemm_rate +
           passes.elementwise_backward * rows / elementwise_rate + passes.moved_backward * rows / row_move_rate;
       work.forward_compute += chunk.times.forward;

@@ -7,6 +7,7 @@ from a calibration written here; sequence parallelism's split rows; every layout
 ranked; a million ranks answered; bad input (flags, presets, cluster and calibration files) one
 line and exit 2, a layout mlptrain refuses refused with mlptrain's line."""
 import json
+import math
 import os
 import subprocess
 import unittest
@@ -258,6 +259,17 @@ class Mlpplan(TrainingTestCase):
         self.assertAlmostEqual(sequenced["compute"],
                                1e3 * ((6 * parameters - 2 * first) * 32 / rate + elementwise + update),
                                delta=1e-9)
+        # Timed at two row counts, the GEMMs of the step's 32 rows run at the share of the best
+        # rate interpolated in log rows between them: half of it at 25 rows, all at 100.
+        fewer_rows = {"dtype": "fp32", "gemm_gflops": gemm_gflops, "kernels": f"test; {threads} GEMM thread(s)",
+                      "rows": 25, "in": 99, "out": 100, "sequence_layers": 6, "library_sequence_gemm_ms": sequence_ms / 2}
+        with open(bench, "w") as handle:
+            handle.write("\n".join(json.dumps(row) for row in rows + [fewer_rows]) + "\n")
+        by_rows = plan_json(SMALL + ["--world", 1, "--calibrate", bench])["step_ms"]
+        share = 0.5 + 0.5 * math.log(32 / 25) / math.log(100 / 25)
+        self.assertAlmostEqual(by_rows["compute"],
+                               1e3 * ((6 * parameters - 2 * first) * 32 / (rate * share) + elementwise + update),
+                               delta=1e-9)
         # MoE layers (1 and 2 here): router and k experts' GEMMs, the experts' bias/GELU passes
         # (k rows a token, backward two), and the rows they move at the gather rate: forward
         # gathers k rows and scatter-adds k into a zeroed output, backward gathers, dots and
@@ -278,6 +290,19 @@ class Mlpplan(TrainingTestCase):
         update = parameters / ((99 * 100 + 100) / (adamw_ms * 1e-3))
         expected = gemm + passes / (100 * 100 / (gelu_ms * 1e-3)) + moved / (100 * 100 / (gather_ms * 1e-3)) + update
         self.assertAlmostEqual(moe["compute"], 1e3 * expected, delta=1e-9)
+        # Timed at two row counts: an expert's GEMMs run at the share of its rows when evenly
+        # routed (32 rows x 2 / 4 experts = 16, below the 25 timed: half the rate), the dense
+        # layers' at the step's 32 rows.
+        rows[0].update({"sequence_layers": 6, "library_sequence_gemm_ms": sequence_ms})
+        with open(bench, "w") as handle:
+            handle.write("\n".join(json.dumps(row) for row in rows + [fewer_rows]) + "\n")
+        moe_by_rows = plan_json(SMALL + ["--world", 1, "--calibrate", bench, "--moe-every", 1, "--experts", experts,
+                                         "--top-k", top_k])["step_ms"]
+        dense = (16 * 32 + 32) + (32 * 8 + 8)
+        gemm = ((6 * dense - 2 * first) * 32 / (rate * share) +
+                6 * (multiply_adds - dense) * 32 / (rate * 0.5))
+        expected = gemm + passes / (100 * 100 / (gelu_ms * 1e-3)) + moved / (100 * 100 / (gather_ms * 1e-3)) + update
+        self.assertAlmostEqual(moe_by_rows["compute"], 1e3 * expected, delta=1e-9)
 
     def test_a_pipeline_bubble_shrinks_with_micro_batches(self):
         bubbles = []
