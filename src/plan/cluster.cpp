@@ -176,8 +176,9 @@ Cluster calibrated_cluster(const std::vector<std::string>& files) {
   cluster.device_memory_bytes =
       static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
   const double cores = std::max(1L, sysconf(_SC_NPROCESSORS_ONLN));
-  // The elementwise, row-gather and AdamW kernels run on one thread: their measured rates are one
-  // core's, which each rank has while ranks are no more than cores.
+  // The elementwise and row-gather kernels run on one thread, AdamW on the rank's GEMM threads:
+  // the bench, run as the world runs, measures them as a rank has them while ranks are no more
+  // than cores.
   cluster.cores_per_device = static_cast<int>(cores);
   // Per collective: the smallest message's time stands for the latency, the best bus bandwidth
   // for the bandwidth (fp32 rows of one path, the host's where there are several).

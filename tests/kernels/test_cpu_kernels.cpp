@@ -1,5 +1,6 @@
 // CPU kernels against naive double-precision references.
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <cmath>
 #include <vector>
@@ -161,28 +162,41 @@ TEST_F(CpuKernelsTest, CrossEntropySumGradientAndArgmaxTies) {
   EXPECT_GE(result.correct, 1);  // row 4: the tie picks class 1, its label
 }
 
-TEST_F(CpuKernelsTest, AdamwMatchesTheTorchFormulaAndReturnsTheSquareSum) {
-  const std::size_t count = 1003;  // not a multiple of the vector width
-  auto params = random_values(count, 13), exp_avg = random_values(count, 14, -0.1f, 0.1f),
-       exp_avg_sq = random_values(count, 15, 0.0f, 0.01f);
-  const auto grads = random_values(count, 16);
-  const auto p0 = params, m0 = exp_avg, v0 = exp_avg_sq;
+// Over more elements than one thread's chunk, on one thread and on two: the torch formula
+// either way, and the same bits (each chunk's sum of squares is its own, added in order).
+TEST_F(CpuKernelsTest, AdamwMatchesTheTorchFormulaAndReturnsTheSquareSumOnAnyThreads) {
+  const std::size_t count = 2 * 65536 + 1003;  // three chunks, not a multiple of the vector width
+  const auto p0 = random_values(count, 13), m0 = random_values(count, 14, -0.1f, 0.1f),
+             v0 = random_values(count, 15, 0.0f, 0.01f), grads = random_values(count, 16);
   const AdamWStep step{.learning_rate = 0.01, .beta1 = 0.8, .beta2 = 0.99, .eps = 1e-6,
                        .weight_decay = 0.1, .step = 3};
-  const double squares = kernels->adamw(params.data(), grads.data(), exp_avg.data(),
-                                        exp_avg_sq.data(), count, step);
-  double expected_squares = 0;
-  for (std::size_t i = 0; i < count; ++i) {
-    const double g = grads[i];
-    expected_squares += g * g;
-    const double m = 0.8 * m0[i] + 0.2 * g, v = 0.99 * v0[i] + 0.01 * g * g;
-    const double p = p0[i] * (1 - 0.01 * 0.1) -
-                     0.01 / (1 - std::pow(0.8, 3)) * m / (std::sqrt(v / (1 - std::pow(0.99, 3))) + 1e-6);
-    EXPECT_NEAR(exp_avg[i], m, 1e-6);
-    EXPECT_NEAR(exp_avg_sq[i], v, 1e-7);
-    EXPECT_NEAR(params[i], p, 1e-5);
+  const int threads_before = omp_get_max_threads();
+  std::vector<std::vector<float>> results;
+  std::vector<double> sums;
+  for (int threads : {1, 2}) {
+    omp_set_num_threads(threads);
+    auto params = p0, exp_avg = m0, exp_avg_sq = v0;
+    const double squares = kernels->adamw(params.data(), grads.data(), exp_avg.data(), exp_avg_sq.data(), count, step);
+    double expected_squares = 0;
+    for (std::size_t i = 0; i < count; ++i) {
+      const double g = grads[i];
+      expected_squares += g * g;
+      const double m = 0.8 * m0[i] + 0.2 * g, v = 0.99 * v0[i] + 0.01 * g * g;
+      const double p = p0[i] * (1 - 0.01 * 0.1) -
+                       0.01 / (1 - std::pow(0.8, 3)) * m / (std::sqrt(v / (1 - std::pow(0.99, 3))) + 1e-6);
+      ASSERT_NEAR(exp_avg[i], m, 1e-6) << i;
+      ASSERT_NEAR(exp_avg_sq[i], v, 1e-7) << i;
+      ASSERT_NEAR(params[i], p, 1e-5) << i;
+    }
+    EXPECT_NEAR(squares, expected_squares, 1e-9 * expected_squares);
+    results.push_back(params);
+    results.push_back(exp_avg);
+    results.push_back(exp_avg_sq);
+    sums.push_back(squares);
   }
-  EXPECT_NEAR(squares, expected_squares, 1e-9 * expected_squares);
+  omp_set_num_threads(threads_before);
+  for (std::size_t i = 0; i < 3; ++i) EXPECT_EQ(results[i], results[i + 3]) << i;
+  EXPECT_EQ(sums[0], sums[1]);
 }
 
 TEST_F(CpuKernelsTest, ElementwiseHelpers) {
