@@ -27,6 +27,7 @@
 #include "bench/library_gemm.hpp"
 #include "comm/consensus.hpp"
 #include "comm/mpi_program.hpp"
+#include "comm/rank_texts.hpp"
 #include "core/error.hpp"
 #include "core/hdf5_handle.hpp"
 #include "core/timer.hpp"
@@ -275,7 +276,8 @@ void run(const std::vector<std::string>& arguments) {
         result.update({{"sequence_layers", sequence},
                        {"library_sequence_gemm_ms", library->best_ms / static_cast<double>(forward.size())}});
     }
-    std::puts(result.dump().c_str());
+    // One process prints every rank's line: lines mpiexec merges from several can interleave.
+    texts_to_rank_zero(MPI_COMM_WORLD, result.dump(), [](const std::string& line) { std::puts(line.c_str()); });
   }
 }
 

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <iterator>
 
+#include "comm/rank_texts.hpp"
 #include "core/error.hpp"
 
 namespace mlptrain {
@@ -74,35 +75,22 @@ void check_trace_path(const std::string& path) {
 
 void write_trace(const std::string& path, const TraceRecorder& recorder, double origin_ms,
                  MPI_Comm world, const GridCoordinates& place, const nlohmann::json& run) {
-  int rank = 0, size = 1;
+  int rank = 0;
   MPI_Comm_rank(world, &rank);
-  MPI_Comm_size(world, &size);
-  const std::string mine = rank_events(recorder, origin_ms, rank, place);
-  // Every rank's text goes to rank 0 in turn, in pieces MPI's int counts can carry, and straight
-  // into the file: rank 0 never holds more than one rank's events.
-  constexpr int trace_tag = 7301;
-  constexpr std::size_t piece = std::size_t{1} << 30;
-  if (rank != 0) {
-    const auto length = static_cast<std::int64_t>(mine.size());
-    MPI_Send(&length, 1, MPI_INT64_T, 0, trace_tag, world);
-    for (std::size_t sent = 0; sent < mine.size(); sent += piece)
-      MPI_Send(mine.data() + sent, static_cast<int>(std::min(piece, mine.size() - sent)), MPI_CHAR, 0,
-               trace_tag, world);
-    return;
-  }
+  // Every rank's events go to rank 0 in turn and straight into the file: rank 0 never holds
+  // more than one rank's events.
   const std::string temporary = path + ".tmp";
-  std::ofstream file(temporary, std::ios::trunc);
-  file << "{\"displayTimeUnit\":\"ms\",\"otherData\":" << run.dump() << ",\n\"traceEvents\":[" << mine;
-  std::string theirs;
-  for (int other = 1; other < size; ++other) {
-    std::int64_t length = 0;
-    MPI_Recv(&length, 1, MPI_INT64_T, other, trace_tag, world, MPI_STATUS_IGNORE);
-    theirs.resize(static_cast<std::size_t>(length));
-    for (std::size_t received = 0; received < theirs.size(); received += piece)
-      MPI_Recv(theirs.data() + received, static_cast<int>(std::min(piece, theirs.size() - received)),
-               MPI_CHAR, other, trace_tag, world, MPI_STATUS_IGNORE);
-    file << ",\n" << theirs;
+  std::ofstream file;
+  if (rank == 0) {
+    file.open(temporary, std::ios::trunc);
+    file << "{\"displayTimeUnit\":\"ms\",\"otherData\":" << run.dump() << ",\n\"traceEvents\":[";
   }
+  bool first = true;
+  texts_to_rank_zero(world, rank_events(recorder, origin_ms, rank, place), [&](const std::string& events) {
+    file << (first ? "" : ",\n") << events;
+    first = false;
+  });
+  if (rank != 0) return;
   file << "]}\n";
   if (!file.flush()) throw RuntimeFailure("--trace: writing '" + temporary + "' failed");
   file.close();
