@@ -15,7 +15,7 @@ import unittest
 import h5py
 import numpy as np
 
-from common import TrainingTestCase, run
+from common import MPIEXEC, TrainingTestCase, run
 
 MLPPLAN = os.path.join(os.path.dirname(os.environ.get("MLPTRAIN", "build/mlptrain")), "mlpplan")
 SMALL = ["--layers", 4, "--hidden", 32, "--input-dim", 16, "--output-dim", 8, "--global-batch", 32]
@@ -34,6 +34,16 @@ def plan_json(arguments):
 
 
 class Mlpplan(TrainingTestCase):
+    def test_layerbench_under_mpiexec_prints_each_ranks_line_whole(self):
+        """The calibration's input: run as the world runs, every rank's object on a line of its
+        own, in rank order (merged by mpiexec from two processes, lines had interleaved)."""
+        layerbench = os.path.join(os.path.dirname(MLPPLAN), "layerbench")
+        for _ in range(3):
+            result = subprocess.run([MPIEXEC, "-n", "2", layerbench, "16", "32", "32", "2", "--dtype", "fp32,bf16"],
+                                    capture_output=True, text=True, timeout=120, check=True)
+            lines = result.stdout.splitlines()
+            self.assertEqual([json.loads(line)["dtype"] for line in lines], ["fp32", "fp32", "bf16", "bf16"])
+
     def test_the_zero_papers_figure(self):
         model = ["--layers", 112, "--hidden", 8192, "--input-dim", 8192, "--output-dim", 8192, "--global-batch", 64,
                  "--param-dtype", "bf16", "--reduce-dtype", "bf16", "--world", 64]
