@@ -5,9 +5,9 @@ ratios measured together mean anything):
 
   * one process with the same global batch and micro-batches: the step time an ideal pipeline
     divides by P and stretches by its schedule's bubble b, (T1 / P) / (1 - b);
-  * 1F1B, GPipe, interleaved 1F1B (V = 2) and ZB-H1 at --pp P with --trace: step time, the
-    measured bubble against the schedule's theory ((P-1)/(M+P-1), (P-1)/(VM+P-1),
-    (P-1)/(3M+P-1): src/schedule/schedule.hpp gives the sources; scripts/trace_timeline.py
+  * 1F1B, GPipe, interleaved 1F1B (V = 2), ZB-H1 and ZB-V at --pp P with --trace: step time,
+    the measured bubble against the schedule's theory ((P-1)/(M+P-1), (P-1)/(VM+P-1),
+    (P-1)/(3M+P-1), (P-1)/(6M+P-1): src/schedule/schedule_table.cpp gives the sources; scripts/trace_timeline.py
     measures it and also gives the bubble the stages' measured compute times alone explain),
     stage 0's peak activation memory against its prediction.
 
@@ -25,7 +25,7 @@ import sys
 from benchlib import BUILD, ROOT, arguments, train, write_result
 
 MICRO_BATCHES = 8
-SCHEDULES = {"1f1b": [], "gpipe": [], "interleaved": ["--virtual-stages", 2], "zb-h1": []}
+SCHEDULES = {"1f1b": [], "gpipe": [], "interleaved": ["--virtual-stages", 2], "zb-h1": [], "zb-v": []}
 
 
 def model(args):

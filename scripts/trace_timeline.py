@@ -7,8 +7,8 @@ backward's B and W apart) and measures the pipeline bubble.
 The bubble of a step is the idle share of the stages' time between the step's first computation
 and its last: 1 - (sum over stages of computation time) / (P x that window). It is set beside the
 schedule's ideal with equal stages and no transfer cost: (P-1)/(M+P-1) for GPipe and 1F1B,
-(P-1)/(VM+P-1) for interleaved 1F1B with V chunks per stage, (P-1)/(3M+P-1) for ZB-H1 when F,
-B and W take equal time. The figure shows one
+(P-1)/(VM+P-1) for interleaved 1F1B with V chunks per stage, (P-1)/(3M+P-1) for ZB-H1 and
+(P-1)/(6M+P-1) for ZB-V (M >= 2P-1) when F, B and W take equal time. The figure shows one
 data-parallel replica (dp 0) and one tensor-parallel rank (tp 0) per stage; the bubble is the
 median over the steps after the first (which includes warm-up costs). Beside both, the bubble the
 same schedule would have with free transfers and each stage's measured compute times: the part of
@@ -64,7 +64,7 @@ def step_bubble(spans, ranks, step):
     return 1.0 - busy / (len(ranks) * window), window / 1000.0
 
 
-def simulated_bubble(spans, ranks, step):
+def simulated_bubble(spans, ranks, step, v_shape=False):
     """The bubble the step's own schedule would have with free transfers and every stage's
     computations taking their median measured time: it separates what the stages' speeds cost
     (an imbalance the FLOP-balanced split cannot see) from what transfers and waiting cost."""
@@ -76,7 +76,8 @@ def simulated_bubble(spans, ranks, step):
                           for name in {span["name"] for span in done}})
     stages = len(ranks)
     # A forward waits for the previous global chunk's forward, a backward (or its B) for the
-    # next one's; global chunk c * P + s is local chunk c of stage s. W waits for nothing else.
+    # next one's; global chunk c * P + s is local chunk c of stage s (in a V, stage s holds
+    # global chunks s and 2P - 1 - s). W waits for nothing else.
     last_global = stages * (1 + max(chunk for order in orders for _, _, chunk in order)) - 1
     finished = {}  # (global chunk, forward or backward, micro_batch) -> end time
     position = [0] * stages
@@ -86,7 +87,7 @@ def simulated_bubble(spans, ranks, step):
         for stage in range(stages):
             while position[stage] < len(orders[stage]):
                 name, micro_batch, chunk = orders[stage][position[stage]]
-                here = chunk * stages + stage
+                here = (stage if chunk == 0 else 2 * stages - 1 - stage) if v_shape else chunk * stages + stage
                 direction = "forward" if name == "forward" else "backward"
                 ready = 0.0
                 if name != "backward_weight":
@@ -126,7 +127,8 @@ def analyse(run, places, spans):
         "bubble": statistics.median(measured[step][0] for step in counted),
         "window_ms": statistics.median(measured[step][1] for step in counted),
         "bubble_from_stage_times": statistics.median(
-            value for value in (simulated_bubble(spans, ranks, step) for step in counted) if value is not None),
+            value for value in (simulated_bubble(spans, ranks, step, run.get("chunk_placement") == "v_shape")
+                                for step in counted) if value is not None),
         "bubble_by_step": {str(step): round(measured[step][0], 4) for step in sorted(measured)},
         "ranks_drawn": ranks,
     }

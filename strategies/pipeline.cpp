@@ -22,34 +22,34 @@ std::vector<std::int64_t> layer_costs(const std::vector<LayerSpec>& model) {
   return costs;
 }
 
-// Model chunks per stage: V under the interleaved schedule, else one.
-int chunks_per_stage(const Config& config) {
-  return schedule_named(config.schedule).chunked ? config.virtual_stages : 1;
-}
-
+// The stages, their model chunks (V under the interleaved schedule, two in a V under ZB-V, else
+// one) and the micro-batches.
 PipelineShape pipeline_shape(const Config& config, const GridShape& shape, int micro_batches) {
-  return {.stages = shape.pp, .chunks = chunks_per_stage(config), .micro_batches = micro_batches};
+  return schedule_shape(schedule_named(config.schedule), shape.pp, config.virtual_stages, micro_batches);
 }
 
 class Pipeline final : public Strategy, public StageTransfers {
  public:
   explicit Pipeline(const StrategyContext& context)
       : group_(context.groups.group(GroupKind::pipeline)), stage_(group_.rank()),
-        boundaries_(group_.size() * chunks_per_stage(context.config)) {}
+        shape_(schedule_shape(schedule_named(context.config.schedule), group_.size(), context.config.virtual_stages,
+                              context.config.micro_batches)),
+        boundaries_(shape_.stages * shape_.chunks) {}
 
   Request start_transfer(const TransferEvent& event) override {
     const bool to_next = event.kind == ActionKind::send_activations;
     const bool from_next = event.kind == ActionKind::receive_gradients;
     const bool sends = to_next || event.kind == ActionKind::send_gradients;
-    // The chunks go round the stages: the last stage's chunk feeds the first stage's next one.
-    const int stages = group_.size();
-    const int peer = (to_next || from_next ? stage_ + 1 : stage_ + stages - 1) % stages;
+    // The neighbouring chunk's stage: round the stages when looped (the last stage's chunk feeds
+    // the first stage's next one), in a V back up from the bottom, where a stage passes its
+    // first chunk's output to its second itself (a transfer to its own rank).
+    const int global = global_chunk(shape_, stage_, event.chunk);
+    const int peer = stage_of_chunk(shape_, to_next || from_next ? global + 1 : global - 1);
     // The boundary the tensor crosses (after global chunk `boundary`) and its micro-batch name
     // the message: with several chunks, two stages exchange tensors of several boundaries, each
     // side in its own schedule's order. (The tag wraps within MPI's guaranteed range; messages
     // with one tag between two ranks still match in order.)
-    const int global_chunk = event.chunk * stages + stage_;
-    const int boundary = to_next || from_next ? global_chunk : global_chunk - 1;
+    const int boundary = to_next || from_next ? global : global - 1;
     const int tag = (event.micro_batch * boundaries_ + boundary) % 32768;
     Operation operation{.op = sends ? CommOp::send : CommOp::recv,
                         .count = event.count,
@@ -67,6 +67,7 @@ class Pipeline final : public Strategy, public StageTransfers {
  private:
   Communicator& group_;
   const int stage_;
+  const PipelineShape shape_;
   const int boundaries_;
 };
 
@@ -87,11 +88,12 @@ void validate(const Config& c) {
   require(c.virtual_stages == 1 || schedule->chunked,
           fmt::format("--virtual-stages splits each pipeline stage into model chunks: --schedule {} holds one chunk "
                       "a stage", c.schedule));
-  require(c.layers >= c.pp * c.virtual_stages,
-          fmt::format("--pp {} x --virtual-stages {} needs at least one layer per chunk (got --layers {})", c.pp,
-                      c.virtual_stages, c.layers));
-  const std::string problem =
-      schedule_shape_problem(*schedule, {.stages = c.pp, .chunks = c.virtual_stages, .micro_batches = c.micro_batches});
+  const PipelineShape shape = schedule_shape(*schedule, c.pp, c.virtual_stages, c.micro_batches);
+  const std::string chunks = schedule->chunked ? fmt::format("--virtual-stages {}", c.virtual_stages)
+                                               : fmt::format("--schedule {}'s {} chunks a stage", c.schedule, shape.chunks);
+  require(c.layers >= shape.stages * shape.chunks,
+          fmt::format("--pp {} x {} needs at least one layer per chunk (got --layers {})", c.pp, chunks, c.layers));
+  const std::string problem = schedule_shape_problem(*schedule, shape);
   require(problem.empty(), fmt::format("--schedule {}: {}", c.schedule, problem));
 }
 
@@ -103,7 +105,7 @@ std::unique_ptr<Strategy> create(const StrategyContext& context) {
 
 RankLayers stage_layers(const Config& config, const std::vector<LayerSpec>& model, const GridShape& shape,
                         const GridCoordinates& place) {
-  return stage_chunks(layer_costs(model), shape.pp, chunks_per_stage(config), place.pp);
+  return stage_chunks(layer_costs(model), pipeline_shape(config, shape, config.micro_batches), place.pp);
 }
 
 std::vector<Action> schedule(const Config& config, const GridShape& shape, const GridCoordinates& place,
@@ -125,9 +127,12 @@ std::string describe(const RankLayout& layout) {
   for (const LayerRange& range : balanced_stages(layer_costs(layout.model), shape.stages * shape.chunks))
     ranges += fmt::format("{}{}-{}", ranges.empty() ? "" : ", ", range.first, range.last - 1);
   const ScheduleEntry& schedule = schedule_named(layout.config.schedule);
-  return fmt::format("pipeline of {} stages x {} chunk(s) (layers {}, chunk c on stage c mod {}), {} schedule ({}) "
+  const std::string placement = shape.placement == ChunkPlacement::v_shape
+                                    ? fmt::format("chunks c and {} - c on stage c", 2 * shape.stages - 1)
+                                    : fmt::format("chunk c on stage c mod {}", shape.stages);
+  return fmt::format("pipeline of {} stages x {} chunk(s) (layers {}, {}), {} schedule ({}) "
                      "over {} micro-batch(es): ideal bubble {} = {:.3f}",
-                     shape.stages, shape.chunks, ranges, shape.stages, schedule.name, schedule.source,
+                     shape.stages, shape.chunks, ranges, placement, schedule.name, schedule.source,
                      shape.micro_batches, schedule.bubble_formula, schedule.bubble(shape));
 }
 

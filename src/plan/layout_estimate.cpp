@@ -23,6 +23,7 @@
 #include <algorithm>
 
 #include "schedule/schedule_check.hpp"
+#include "schedule/schedule_table.hpp"
 
 namespace mlptrain {
 
@@ -243,9 +244,8 @@ LayoutEstimate estimate_layout(const PlanInputs& inputs) {
     lists.push_back(stages.back().schedule);
     times.push_back(stages.back().chunk_times());
   }
-  const PipelineShape shape{.stages = inputs.shape.pp,
-                            .chunks = static_cast<int>(times.front().size()),
-                            .micro_batches = inputs.config.micro_batches};
+  const PipelineShape shape = schedule_shape(schedule_named(inputs.config.schedule), inputs.shape.pp,
+                                             inputs.config.virtual_stages, inputs.config.micro_batches);
   const Timeline timeline = schedule_timeline(lists, shape, times);
   LayoutEstimate estimate{.memory_capacity = inputs.cluster.device_memory_bytes * share};
   estimate.memory_total = -1;

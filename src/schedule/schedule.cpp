@@ -55,7 +55,7 @@ std::vector<Action> stage_schedule(const ScheduleEntry& schedule, const Pipeline
   // Where a chunk sits in the whole model: its input comes from the chunk before (unless it is
   // the model's first), its output goes to the chunk after (unless it is the last).
   const int last_chunk = shape.stages * shape.chunks - 1;
-  const auto global = [&](const Action& action) { return action.chunk * shape.stages + stage; };
+  const auto global = [&](const Action& action) { return global_chunk(shape, stage, action.chunk); };
   const auto sends_on = [](const Action& action) {
     return action.kind == ActionKind::backward || action.kind == ActionKind::backward_input;
   };
@@ -160,11 +160,22 @@ std::vector<LayerRange> balanced_stages(const std::vector<std::int64_t>& layer_c
   return ranges;
 }
 
-RankLayers stage_chunks(const std::vector<std::int64_t>& layer_costs, int stages, int chunks, int stage) {
-  const std::vector<LayerRange> ranges = balanced_stages(layer_costs, stages * chunks);
+RankLayers stage_chunks(const std::vector<std::int64_t>& layer_costs, const PipelineShape& shape, int stage) {
+  const std::vector<LayerRange> ranges = balanced_stages(layer_costs, shape.stages * shape.chunks);
   RankLayers layers;
-  for (int chunk = 0; chunk < chunks; ++chunk) layers.chunks.push_back(ranges[static_cast<std::size_t>(chunk * stages + stage)]);
+  for (int chunk = 0; chunk < shape.chunks; ++chunk)
+    layers.chunks.push_back(ranges[static_cast<std::size_t>(global_chunk(shape, stage, chunk))]);
   return layers;
+}
+
+int global_chunk(const PipelineShape& shape, int stage, int local_chunk) {
+  if (shape.placement == ChunkPlacement::v_shape) return local_chunk == 0 ? stage : 2 * shape.stages - 1 - stage;
+  return local_chunk * shape.stages + stage;
+}
+
+int stage_of_chunk(const PipelineShape& shape, int global) {
+  if (shape.placement == ChunkPlacement::v_shape) return global < shape.stages ? global : 2 * shape.stages - 1 - global;
+  return global % shape.stages;
 }
 
 int RankLayers::count() const {

@@ -5,8 +5,10 @@
 // that complete only once their receive is posted, proves that every transfer pairs up and that
 // no order of theirs can deadlock (schedule_check.hpp).
 // A stage may hold several model chunks (virtual stages): the layers split into P x V chunks,
-// global chunk c on stage c mod P as the stage's local chunk c / P; an action names the local
-// chunk it works on. A backward may run whole, or as two actions: B (the input gradient, which
+// placed in a loop (global chunk c on stage c mod P as the stage's local chunk c / P) or, two a
+// stage, in a V (stage s holds chunks s and 2P - 1 - s, so the first and the last layers are both
+// on stage 0, and the boundary between chunks P - 1 and P stays on stage P - 1); an action names
+// the local chunk it works on. A backward may run whole, or as two actions: B (the input gradient, which
 // the previous chunk waits for) and W (the weight gradient, which nothing waits for).
 #pragma once
 
@@ -37,11 +39,18 @@ struct Action {
 
 struct ScheduleEntry;  // a pipeline schedule (schedule_table.hpp)
 
+enum class ChunkPlacement { looped, v_shape };
+
 struct PipelineShape {
   int stages = 1;
-  int chunks = 1;  // per stage (interleaved: V; the others 1)
+  int chunks = 1;  // per stage (interleaved: V; ZB-V: 2; the others 1)
   int micro_batches = 1;
+  ChunkPlacement placement = ChunkPlacement::looped;
 };
+
+// The global chunk a stage's local chunk is, and the stage a global chunk is on.
+int global_chunk(const PipelineShape& shape, int stage, int local_chunk);
+int stage_of_chunk(const PipelineShape& shape, int global);
 
 // Stage `stage`'s list under `schedule` (the shape must suit it when training): the computations in
 // the schedule's order, each receive posted one computation ahead of the one that needs it (so
@@ -113,8 +122,8 @@ struct RankLayers {
 // largest stage's total cost, from the layers' costs.
 std::vector<LayerRange> balanced_stages(const std::vector<std::int64_t>& layer_costs, int stages);
 
-// Stage `stage`'s chunks when the layers split into stages x chunks balanced ranges, global
-// chunk c going to stage c mod stages (Megatron-LM's placement of virtual stages).
-RankLayers stage_chunks(const std::vector<std::int64_t>& layer_costs, int stages, int chunks, int stage);
+// Stage `stage`'s chunks when the layers split into stages x chunks balanced ranges, placed as
+// the shape says (looped: Megatron-LM's placement of virtual stages; or in a V).
+RankLayers stage_chunks(const std::vector<std::int64_t>& layer_costs, const PipelineShape& shape, int stage);
 
 }  // namespace mlptrain

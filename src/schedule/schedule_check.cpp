@@ -51,11 +51,11 @@ class Simulation {
   }
 
  private:
-  int global(int stage, const Action& action) const { return action.chunk * shape_.stages + stage; }
+  int global(int stage, const Action& action) const { return global_chunk(shape_, stage, action.chunk); }
   int last_chunk() const { return shape_.stages * shape_.chunks - 1; }
   int sender(const Message& message) const {
     const int boundary = std::get<2>(message);
-    return (std::get<0>(message) ? boundary : boundary + 1) % shape_.stages;
+    return stage_of_chunk(shape_, std::get<0>(message) ? boundary : boundary + 1);
   }
   int count(const std::map<Message, int>& posts, const Message& message) const {
     const auto found = posts.find(message);
@@ -230,7 +230,7 @@ Timeline schedule_timeline(const std::vector<std::vector<Action>>& lists, const 
           ++next[index];
           continue;
         }
-        const int chunk = action.chunk * stages + stage, micro_batch = action.micro_batch;
+        const int chunk = global_chunk(shape, stage, action.chunk), micro_batch = action.micro_batch;
         const ComputeTimes& times = chunk_times.at(index).at(static_cast<std::size_t>(action.chunk));
         const double* input_end = nullptr;
         double duration = times.forward;

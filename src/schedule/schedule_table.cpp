@@ -85,6 +85,53 @@ std::vector<Action> zero_bubble_h1_order(const PipelineShape& shape, int stage) 
   return order;
 }
 
+// Zero-bubble V (Qi et al., 2023, section 6), in the order of PyTorch's ScheduleZBVZeroBubble:
+// stage s holds chunks s (local 0) and 2P - 1 - s (local 1). It warms up with 2(P - s) - 1
+// forwards of chunk 0, then s pairs of forwards (chunk 1, chunk 0), then P - s rounds of chunk
+// 1's F, B and W; in the steady state each round runs chunk 0's F (while any remain), B and W,
+// then chunk 1's; it cools down with s pairs of B (chunk 0, chunk 1), P - s of chunk 0's B and
+// W, and the deferred W's, chunk 1's first. The order is laid out for max(2P - 1, M)
+// micro-batches and the ones beyond M dropped. Each kind runs in micro-batch order per chunk.
+std::vector<Action> zero_bubble_v_order(const PipelineShape& shape, int stage) {
+  const int stages = shape.stages, micro_batches = shape.micro_batches;
+  const int laid_out = std::max(2 * stages - 1, micro_batches);
+  int forwards[2] = {0, 0}, inputs[2] = {0, 0}, weights[2] = {0, 0};
+  std::vector<Action> order;
+  const auto add = [&](ActionKind kind, int chunk) {
+    int& next = kind == ActionKind::forward ? forwards[chunk] : kind == ActionKind::backward_input ? inputs[chunk]
+                                                                                                  : weights[chunk];
+    if (next < micro_batches) order.push_back({kind, next, chunk});
+    ++next;
+  };
+  const auto round = [&](int chunk) {
+    add(ActionKind::backward_input, chunk);
+    add(ActionKind::backward_weight, chunk);
+  };
+  for (int k = 0; k < 2 * (stages - stage) - 1; ++k) add(ActionKind::forward, 0);
+  for (int k = 0; k < stage; ++k) {
+    add(ActionKind::forward, 1);
+    add(ActionKind::forward, 0);
+  }
+  for (int k = 0; k < stages - stage; ++k) {
+    add(ActionKind::forward, 1);
+    round(1);
+  }
+  while (forwards[1] < forwards[0] || forwards[0] < laid_out) {
+    if (forwards[0] < laid_out) add(ActionKind::forward, 0);
+    round(0);
+    add(ActionKind::forward, 1);
+    round(1);
+  }
+  for (int k = 0; k < stage; ++k) {
+    add(ActionKind::backward_input, 0);
+    add(ActionKind::backward_input, 1);
+  }
+  for (int k = 0; k < stages - stage; ++k) round(0);
+  while (weights[1] < inputs[1]) add(ActionKind::backward_weight, 1);
+  while (weights[0] < inputs[0]) add(ActionKind::backward_weight, 0);
+  return order;
+}
+
 std::string interleaved_shape_problem(const PipelineShape& shape) {
   if (shape.chunks > 1 && shape.stages < 2) return "interleaving chunks needs at least 2 stages";
   if (shape.chunks > 1 && shape.micro_batches % shape.stages != 0)
@@ -143,6 +190,22 @@ constexpr ScheduleEntry table[] = {
        return idle / (3 * shape.micro_batches + idle);
      },
      .bubble_formula = "(P-1)/(3M+P-1) with F = B = W"},
+    // Zero-bubble V (Qi et al., 2023, section 6): two chunks a stage in a V, backward split into
+    // B and W. A chunk is half a stage, so a stage keeps at most 2P chunk-micro-batches in flight,
+    // 1F1B's activations; at equal F, B and W only the first forwards' fill is idle, (P - 1)
+    // chunk steps: (P - 1) / (6M + P - 1) once M >= 2P - 1, half ZB-H1's.
+    {.name = "zb-v",
+     .source = "zero bubble V, Qi et al. 2023 (PyTorch's ScheduleZBVZeroBubble order)",
+     .placement = ChunkPlacement::v_shape,
+     .order = zero_bubble_v_order,
+     .peak_in_flight = [](const PipelineShape& shape, int stage) {
+       return std::min({2 * shape.stages, 2 * shape.micro_batches, shape.micro_batches + 1 + stage});
+     },
+     .bubble = [](const PipelineShape& shape) {
+       const double idle = shape.stages - 1;
+       return idle / (6 * shape.micro_batches + idle);
+     },
+     .bubble_formula = "(P-1)/(6M+P-1) with F = B = W, M >= 2P-1"},
 };
 
 }  // namespace
@@ -174,8 +237,19 @@ std::string schedule_names() {
 std::string schedule_shape_problem(const ScheduleEntry& schedule, const PipelineShape& shape) {
   if (shape.stages < 1 || shape.chunks < 1 || shape.micro_batches < 1)
     return "stages, chunks and micro-batches must be at least 1";
-  if (!schedule.chunked && shape.chunks != 1) return std::string(schedule.name) + " holds one chunk per stage";
+  if (shape.placement != schedule.placement)
+    return std::string(schedule.name) + (schedule.placement == ChunkPlacement::v_shape ? " places its chunks in a V"
+                                                                                         : " places its chunks in a loop");
+  if (schedule.placement == ChunkPlacement::v_shape && shape.chunks != 2)
+    return std::string(schedule.name) + " holds two chunks a stage";
+  if (!schedule.chunked && schedule.placement == ChunkPlacement::looped && shape.chunks != 1)
+    return std::string(schedule.name) + " holds one chunk per stage";
   return schedule.shape_problem != nullptr ? schedule.shape_problem(shape) : "";
+}
+
+PipelineShape schedule_shape(const ScheduleEntry& schedule, int stages, int virtual_stages, int micro_batches) {
+  const int chunks = schedule.chunked ? virtual_stages : schedule.placement == ChunkPlacement::v_shape ? 2 : 1;
+  return {.stages = stages, .chunks = chunks, .micro_batches = micro_batches, .placement = schedule.placement};
 }
 
 }  // namespace mlptrain

@@ -18,8 +18,9 @@ namespace mlptrain {
 struct ScheduleEntry {
   std::string_view name;    // as --schedule and INI files spell it
   std::string_view source;  // the literature it follows, for the run's header
-  // Several model chunks a stage (--virtual-stages V); the others hold one.
+  // Several model chunks a stage (--virtual-stages V); the others hold one, or two in a V.
   bool chunked = false;
+  ChunkPlacement placement = ChunkPlacement::looped;
   // What the shape must satisfy beyond one chunk a stage for an unchunked schedule (empty: it
   // suits); null: nothing more.
   std::string (*shape_problem)(const PipelineShape& shape) = nullptr;
@@ -45,8 +46,12 @@ const ScheduleEntry& schedule_named(std::string_view name);
 // "1f1b | gpipe | ...": the names, for help and messages.
 std::string schedule_names();
 
-// Why a shape does not suit `schedule` (empty when it does): every count at least 1, one chunk a
-// stage unless the schedule is chunked, and the schedule's own rule.
+// Why a shape does not suit `schedule` (empty when it does): every count at least 1, the
+// schedule's placement, one chunk a stage unless the schedule is chunked (two in a V), and the
+// schedule's own rule.
 std::string schedule_shape_problem(const ScheduleEntry& schedule, const PipelineShape& shape);
+
+// The shape `schedule` runs: V chunks a stage where it is chunked, two in a V, else one.
+PipelineShape schedule_shape(const ScheduleEntry& schedule, int stages, int virtual_stages, int micro_batches);
 
 }  // namespace mlptrain

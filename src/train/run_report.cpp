@@ -123,9 +123,8 @@ void write_trace_file(Run& run) {
       {"global_batch", config.global_batch}, {"layers", config.layers}};
   // The schedule's theory, from its table entry, for the timeline to hold the measured bubble to.
   const ScheduleEntry& schedule = schedule_named(config.schedule);
-  const PipelineShape pipeline{.stages = shape.pp,
-                               .chunks = schedule.chunked ? config.virtual_stages : 1,
-                               .micro_batches = config.micro_batches};
+  const PipelineShape pipeline = schedule_shape(schedule, shape.pp, config.virtual_stages, config.micro_batches);
+  layout["chunk_placement"] = pipeline.placement == ChunkPlacement::v_shape ? "v_shape" : "looped";
   layout["theoretical_bubble"] = schedule.bubble(pipeline);
   layout["bubble_formula"] = schedule.bubble_formula;
   agree_or_throw(run.world(), [&] {

@@ -99,12 +99,14 @@ class Mlpplan(TrainingTestCase):
         self.assertEqual(row["memory_bytes"]["total"], total0)
 
     def test_each_schedule_plans_what_its_stages_predict(self):
-        """Under interleaved and ZB-H1 the planner's largest rank holds what that rank's own
+        """Under interleaved, ZB-H1 and ZB-V the planner's largest rank holds what that rank's own
         --predict says (activations follow each schedule's lists, per chunk, B keeping what W frees)."""
-        model = SMALL[2:] + ["--layers", 8, "--micro-batches", 4]
-        for schedule in (["--schedule", "interleaved", "--virtual-stages", 2], ["--schedule", "zb-h1"]):
+        model = ["--hidden", 32, "--global-batch", 32, "--layers", 8, "--micro-batches", 4]
+        # (ZB-V's stage 0 holds the first and the last layers: wide ones make it the largest rank.)
+        for schedule, widths in ((["--schedule", "interleaved", "--virtual-stages", 2], (16, 8)),
+                                 (["--schedule", "zb-h1"], (16, 8)), (["--schedule", "zb-v"], (256, 256))):
             with self.subTest(schedule=schedule):
-                layout = model + ["--pp", 2] + schedule
+                layout = model + ["--input-dim", widths[0], "--output-dim", widths[1], "--pp", 2] + schedule
                 row = plan_json(layout + ["--world", 2])
                 metrics = self.path(f"predict_{schedule[1]}.jsonl")
                 run(layout + ["--predict", "--metrics", metrics], 2)
@@ -328,7 +330,8 @@ class Mlpplan(TrainingTestCase):
         (hidden-wide layers behind a first layer of one input, whose work is 0.2 % of a stage's;
         transfers and elementwise passes nearly free) the planner's bubble,
         from the trainer's own lists per chunk with B and W apart, is each schedule's theory:
-        (P-1)/(M+P-1) for GPipe and 1F1B, (P-1)/(VM+P-1) interleaved, (P-1)/(3M+P-1) ZB-H1."""
+        (P-1)/(M+P-1) for GPipe and 1F1B, (P-1)/(VM+P-1) interleaved, (P-1)/(3M+P-1) ZB-H1,
+        (P-1)/(6M+P-1) ZB-V (M >= 2P-1)."""
         bench = self.path("free_transfers.jsonl")
         rows = [{"dtype": "fp32", "gemm_gflops": 1.0, "kernels": "test; 1 GEMM thread(s)", "adamw_ms": 1e-9,
                  "gelu_forward_ms": 1e-9, "rows": 100, "in": 99, "out": 100},
@@ -340,7 +343,7 @@ class Mlpplan(TrainingTestCase):
         model = ["--layers", 17, "--hidden", 512, "--input-dim", 1, "--output-dim", 512, "--global-batch", 64,
                  "--world", stages, "--pp", stages, "--micro-batches", micro_batches, "--calibrate", bench]
         for schedule, chunks, work in (("gpipe", 1, 1), ("1f1b", 1, 1), ("interleaved", 2, 2), ("interleaved", 4, 4),
-                                       ("zb-h1", 1, 3)):
+                                       ("zb-h1", 1, 3), ("zb-v", 1, 6)):
             with self.subTest(schedule=schedule, chunks=chunks):
                 step = plan_json(model + ["--schedule", schedule] +
                                  (["--virtual-stages", chunks] if chunks > 1 else []))["step_ms"]
@@ -381,7 +384,8 @@ class Mlpplan(TrainingTestCase):
         # Every schedule where there is a pipeline; model chunks where a stage's layers split (2 x 2 <= 4).
         schedules = {(r["layout"]["pp"], r["layout"]["schedule"], r["layout"]["virtual_stages"]) for r in rows}
         self.assertEqual(schedules, {(1, "none", 1), (2, "1f1b", 1), (2, "gpipe", 1), (2, "zb-h1", 1),
-                                     (2, "interleaved", 2), (4, "1f1b", 1), (4, "gpipe", 1), (4, "zb-h1", 1)})
+                                     (2, "interleaved", 2), (2, "zb-v", 1), (4, "1f1b", 1), (4, "gpipe", 1),
+                                     (4, "zb-h1", 1)})  # ZB-V's 2 chunks a stage: 4 layers fill 2 stages
         fitting = [r["step_ms"]["total"] for r in rows if r["fits"]]
         self.assertEqual(fitting, sorted(fitting))
         self.assertTrue(all(r["fits"] for r in rows[:len(fitting)]))

@@ -26,9 +26,9 @@ void for_every_valid_shape(Check check) {
     for (int stages = 1; stages <= 8; ++stages)
       for (int chunks = 1; chunks <= (kind.chunked ? 4 : 1); ++chunks)
         for (int micro_batches = 1; micro_batches <= 32; ++micro_batches) {
-          const PipelineShape shape{.stages = stages, .chunks = chunks, .micro_batches = micro_batches};
+          const PipelineShape shape = schedule_shape(kind, stages, chunks, micro_batches);
           if (!schedule_shape_problem(kind, shape).empty()) continue;
-          SCOPED_TRACE(fmt::format("{} P {} V {} M {}", kind.name, stages, chunks, micro_batches));
+          SCOPED_TRACE(fmt::format("{} P {} V {} M {}", kind.name, stages, shape.chunks, micro_batches));
           check(kind, shape);
         }
 }
@@ -59,7 +59,7 @@ TEST(PipelineSchedules, ChunksGoRoundTheStages) {
   const std::vector<std::int64_t> costs(12, 1);
   std::vector<int> seen;
   for (int stage = 0; stage < 3; ++stage) {
-    const RankLayers layers = stage_chunks(costs, 3, 2, stage);
+    const RankLayers layers = stage_chunks(costs, {.stages = 3, .chunks = 2}, stage);
     ASSERT_EQ(layers.chunks.size(), 2u);
     // Global chunk c (two layers each) on stage c mod 3, as local chunk c / 3.
     EXPECT_EQ(layers.chunks[0].first, 2 * stage);
@@ -102,22 +102,26 @@ TEST(PipelineSchedules, BubblesAtEqualCostsMatchTheFormulas) {
     for (int micro_batches = stages; micro_batches <= 24; micro_batches += stages) {
       SCOPED_TRACE(fmt::format("P {} M {}", stages, micro_batches));
       const auto makespan = [&](const ScheduleEntry& kind, int chunks) {
-        const PipelineShape shape{.stages = stages, .chunks = chunks, .micro_batches = micro_batches};
-        const double part = 1.0 / chunks;
+        const PipelineShape shape = schedule_shape(kind, stages, chunks, micro_batches);
+        const double part = 1.0 / shape.chunks;
         return schedule_timeline(all_stage_schedules(kind, shape, true), shape, {part, part, part}).makespan;
       };
       const double work = 3.0 * micro_batches, idle = stages - 1.0;
       EXPECT_DOUBLE_EQ(makespan(schedule_named("1f1b"), 1), work + 3 * idle);
       EXPECT_DOUBLE_EQ(makespan(schedule_named("gpipe"), 1), work + 3 * idle);
       EXPECT_DOUBLE_EQ(makespan(schedule_named("zb-h1"), 1), work + idle);
+      // ZB-V: only the first forwards' fill, P - 1 chunk steps of half a stage, once M >= 2P - 1.
+      if (micro_batches >= 2 * stages - 1) {
+        EXPECT_DOUBLE_EQ(makespan(schedule_named("zb-v"), 1), work + idle / 2);
+      }
       for (int chunks = 2; chunks <= 4 && stages > 1; ++chunks)
         EXPECT_NEAR(makespan(schedule_named("interleaved"), chunks), work + 3 * idle / chunks, 1e-9) << chunks;
       // Each table entry's own bubble is the idle fraction of its timeline.
       for (const ScheduleEntry& schedule : schedule_table())
         for (int chunks = 1; chunks <= (schedule.chunked && stages > 1 ? 4 : 1); ++chunks) {
+          if (schedule.placement == ChunkPlacement::v_shape && micro_batches < 2 * stages - 1) continue;
           const double span = makespan(schedule, chunks);
-          EXPECT_NEAR(schedule.bubble({.stages = stages, .chunks = chunks, .micro_batches = micro_batches}),
-                      (span - work) / span, 1e-9)
+          EXPECT_NEAR(schedule.bubble(schedule_shape(schedule, stages, chunks, micro_batches)), (span - work) / span, 1e-9)
               << schedule.name << " V " << chunks;
         }
     }
