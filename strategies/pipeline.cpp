@@ -1,7 +1,8 @@
 // Pipeline parallelism: the layers split into P contiguous stages of about equal cost (the first
 // and last layers have other shapes, so a stage's cost is its multiply-adds per sample, not its
-// layer count), one stage per rank of the pipeline group. The strategy supplies each stage's
-// schedule (1F1B or GPipe, schedule/schedule.hpp) and moves the tensors across stage
+// layer count), one stage per rank of the pipeline group, or into 2P or VP chunks placed in a V or
+// a loop over them. The strategy supplies each stage's schedule (an entry of
+// schedule/schedule_table.hpp) and moves the tensors across chunk
 // boundaries with non-blocking sends and receives on the pipeline group: a micro-batch's output
 // activations forward, its input gradients backward. Ranks of a stage that share a
 // tensor-parallel group exchange their own slices with the same slices of the next stage, and
@@ -85,9 +86,10 @@ void validate(const Config& c) {
   at_least("virtual-stages", c.virtual_stages, 1);
   const ScheduleEntry* schedule = find_schedule(c.schedule);
   require(schedule != nullptr, fmt::format("--schedule: unknown value '{}' (choose {})", c.schedule, schedule_names()));
+  const int fixed_chunks = schedule_shape(*schedule, c.pp, 1, c.micro_batches).chunks;
   require(c.virtual_stages == 1 || schedule->chunked,
-          fmt::format("--virtual-stages splits each pipeline stage into model chunks: --schedule {} holds one chunk "
-                      "a stage", c.schedule));
+          fmt::format("--virtual-stages splits each pipeline stage into model chunks: --schedule {} holds {} a stage",
+                      c.schedule, fixed_chunks == 1 ? "one chunk" : fmt::format("{} chunks", fixed_chunks)));
   const PipelineShape shape = schedule_shape(*schedule, c.pp, c.virtual_stages, c.micro_batches);
   const std::string chunks = schedule->chunked ? fmt::format("--virtual-stages {}", c.virtual_stages)
                                                : fmt::format("--schedule {}'s {} chunks a stage", c.schedule, shape.chunks);
