@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """mlpplan against measured runs on this machine: for every layout of the placement test's list
 (data, tensor, pipeline and expert parallelism, ZeRO 1-3, recompute, MoE, at 1, 2 and 4 ranks)
-and the interleaved and zero-bubble pipeline schedules,
+and the interleaved and zero-bubble (H1, V) pipeline schedules,
 mlpplan calibrated on this machine (layerbench and commbench output made here first) is held
 against mlptrain's own ledger and step times: parameters, gradients, optimizer state and
 communication buffers equal, activations within 5 % (an upper bound with MoE layers, whose rows
@@ -39,6 +39,7 @@ from test_placement import LAYOUTS as PLACEMENT_LAYOUTS  # noqa: E402  (the same
 NEWER_SCHEDULES = [
     (2, DENSE, ["--pp", 2, "--micro-batches", 4, "--schedule", "interleaved", "--virtual-stages", 2]),
     (2, DENSE, ["--pp", 2, "--micro-batches", 4, "--schedule", "zb-h1"]),
+    (2, DENSE, ["--pp", 2, "--micro-batches", 4, "--schedule", "zb-v"]),
 ]
 STATES_EXACT = ("params", "grads", "optimizer", "comm_buffers")
 CALIBRATED_ROWS = (32, 64, 128, 256, 512)  # the GEMMs' rows the layouts below give (MoE experts: 64-256)
