@@ -25,16 +25,15 @@ std::vector<std::int64_t> layer_costs(const std::vector<LayerSpec>& model) {
 
 // The stages, their model chunks (V under the interleaved schedule, two in a V under ZB-V, else
 // one) and the micro-batches.
-PipelineShape pipeline_shape(const Config& config, const GridShape& shape, int micro_batches) {
-  return schedule_shape(schedule_named(config.schedule), shape.pp, config.virtual_stages, micro_batches);
+PipelineShape pipeline_shape(const Config& config, int stages, int micro_batches) {
+  return schedule_shape(schedule_named(config.schedule), stages, config.virtual_stages, micro_batches);
 }
 
 class Pipeline final : public Strategy, public StageTransfers {
  public:
   explicit Pipeline(const StrategyContext& context)
       : group_(context.groups.group(GroupKind::pipeline)), stage_(group_.rank()),
-        shape_(schedule_shape(schedule_named(context.config.schedule), group_.size(), context.config.virtual_stages,
-                              context.config.micro_batches)),
+        shape_(pipeline_shape(context.config, group_.size(), context.config.micro_batches)),
         boundaries_(shape_.stages * shape_.chunks) {}
 
   Request start_transfer(const TransferEvent& event) override {
@@ -107,12 +106,12 @@ std::unique_ptr<Strategy> create(const StrategyContext& context) {
 
 RankLayers stage_layers(const Config& config, const std::vector<LayerSpec>& model, const GridShape& shape,
                         const GridCoordinates& place) {
-  return stage_chunks(layer_costs(model), pipeline_shape(config, shape, config.micro_batches), place.pp);
+  return stage_chunks(layer_costs(model), pipeline_shape(config, shape.pp, config.micro_batches), place.pp);
 }
 
 std::vector<Action> schedule(const Config& config, const GridShape& shape, const GridCoordinates& place,
                              int micro_batches, bool training) {
-  return stage_schedule(schedule_named(config.schedule), pipeline_shape(config, shape, micro_batches), place.pp, training);
+  return stage_schedule(schedule_named(config.schedule), pipeline_shape(config, shape.pp, micro_batches), place.pp, training);
 }
 
 // The loop predicts the transfers and the activations from the schedule it executes; each stage
@@ -124,7 +123,7 @@ void predict(const RankLayout&, Prediction& prediction) {
 }
 
 std::string describe(const RankLayout& layout) {
-  const PipelineShape shape = pipeline_shape(layout.config, layout.shape, layout.config.micro_batches);
+  const PipelineShape shape = pipeline_shape(layout.config, layout.shape.pp, layout.config.micro_batches);
   std::string ranges;
   for (const LayerRange& range : balanced_stages(layer_costs(layout.model), shape.stages * shape.chunks))
     ranges += fmt::format("{}{}-{}", ranges.empty() ? "" : ", ", range.first, range.last - 1);

@@ -39,11 +39,13 @@ class RunData {
   BatchLayout& batch() { return batch_; }
   const BatchLayout& batch() const { return batch_; }
 
-  // Reads training micro-batch `micro_batch` of step `step` into `activations` and starts
-  // reading the next one ahead (the first of step + 1 after the last, unless that is the end).
-  void read_training(std::int64_t step, int micro_batch, MicroBatchActivations& activations);
-  // Reads the samples `indices` of `split` into `activations`.
-  void read(Split split, const std::vector<std::int64_t>& indices, MicroBatchActivations& activations);
+  // Reads training micro-batch `micro_batch` of step `step` into `activations` (its inputs only
+  // with `inputs`) and, at the rank's first read of it, starts reading the next one ahead (the
+  // first of step + 1 after the last, unless that is the end).
+  void read_training(std::int64_t step, int micro_batch, MicroBatchActivations& activations, bool inputs);
+  // Reads the samples `indices` of `split` into `activations` (their inputs only with `inputs`:
+  // a chunk that computes the loss without starting the model takes the targets or labels).
+  void read(Split split, const std::vector<std::int64_t>& indices, MicroBatchActivations& activations, bool inputs);
   // Waits for the samples being read ahead: before the caller uses the HDF5 library itself.
   void finish_reads() { feed_->finish_reads(); }
   // Milliseconds the training reads waited for samples since the last call (reading them, or

@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <fmt/format.h>
 #include <stdexcept>
-#include <utility>
 
 #include "core/timer.hpp"
 
@@ -102,14 +101,7 @@ LossTotals ScheduleExecutor::run(const std::vector<Action>& actions, const Sched
         if (!runner.reads_inputs()) require_posted(entry.input_posted, action);
         finish(ActionKind::receive_activations, action);
         const double start_ms = now_ms();
-        if (runner.reads_inputs() || runner.computes_loss()) {
-          // A chunk that computes the loss but does not start the model (a V's last chunk, on the
-          // stage whose first chunk reads the inputs) takes the targets or labels alone: its
-          // input has arrived from the chunk before.
-          Buffer arrived = runner.reads_inputs() ? Buffer{} : std::exchange(activations.input, Buffer{});
-          work.read(micro_batch, activations);
-          if (!runner.reads_inputs()) activations.input = std::move(arrived);
-        }
+        if (runner.reads_inputs() || runner.computes_loss()) work.read(micro_batch, activations, runner.reads_inputs());
         const LossSums sums = runner.forward(activations, micro_batch, work.micro_batches, work.training,
                                              work.loss_kind, work.loss_samples, work.loss_scale);
         computed(work.training ? "forward" : "evaluate_forward", start_ms);

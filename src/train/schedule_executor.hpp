@@ -28,9 +28,11 @@ struct ScheduleWork {
   std::int64_t loss_samples = 0;  // the loss is a mean over this many samples
   float loss_scale = 1.0f;        // its gradient is multiplied by this (fp16's loss scaling)
   std::function<std::int64_t(int micro_batch)> rows;
-  // Fills what this rank needs of a micro-batch's samples (inputs, targets or labels): called
-  // before the forward of a chunk that starts the model or computes the loss.
-  std::function<void(int micro_batch, MicroBatchActivations& activations)> read;
+  // Fills what a chunk needs of a micro-batch's samples: called before the forward of a chunk
+  // that starts the model (`inputs`: the inputs, and the targets or labels where the rank
+  // computes the loss) or computes the loss (the targets or labels alone where another of the
+  // rank's chunks starts the model, as a V's last chunk on stage 0).
+  std::function<void(int micro_batch, MicroBatchActivations& activations, bool inputs)> read;
 };
 
 class ScheduleExecutor {

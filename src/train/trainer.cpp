@@ -152,8 +152,8 @@ StepRecord Trainer::train_step(std::int64_t step) {
        .loss_samples = config_.global_batch,
        .loss_scale = scaler_.scale(),
        .rows = [&](int) { return run_.data->batch().local_size(); },
-       .read = [&](int micro_batch, MicroBatchActivations& activations) {
-         run_.data->read_training(step, micro_batch, activations);
+       .read = [&](int micro_batch, MicroBatchActivations& activations, bool inputs) {
+         run_.data->read_training(step, micro_batch, activations, inputs);
        }});
   const double synchronize_start_ms = now_ms();
   strategies.synchronize_gradients(event);
@@ -225,10 +225,10 @@ void Trainer::evaluate(StepRecord& record) {
        .loss_kind = run_.data->loss_kind(),
        .loss_samples = test_size,
        .rows = [&](int index) { return slice(index).second - slice(index).first; },
-       .read = [&](int index, MicroBatchActivations& activations) {
+       .read = [&](int index, MicroBatchActivations& activations, bool inputs) {
          std::vector<std::int64_t> indices(static_cast<std::size_t>(activations.rows));
          std::iota(indices.begin(), indices.end(), slice(index).first);
-         run_.data->read(Split::test, indices, activations);
+         run_.data->read(Split::test, indices, activations, inputs);
        }});
   record_span(run_.ledgers.trace.get(), "evaluate", start_ms, now_ms());
   StepTotals totals = local_totals(local, nullptr);
