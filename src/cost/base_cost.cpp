@@ -48,8 +48,9 @@ ActivationProfile activation_profile(const RankLayout& layout, const RoutingSeen
   const auto row_bytes = static_cast<std::int64_t>(size_of(row_type));
   // What arrives with a micro-batch: its input, and targets or labels where the loss is.
   ActivationProfile profile{.received = rows * specs.front().in_features * row_bytes};
-  if (computes_loss)
-    profile.received += layout.loss_kind == LossKind::mse ? rows * output_width * 4 : rows * 4;
+  const std::int64_t targets_bytes =
+      !computes_loss ? 0 : layout.loss_kind == LossKind::mse ? rows * output_width * 4 : rows * 4;
+  profile.received += targets_bytes;
   // Forward and backward, allocation by allocation, as the runner makes them.
   std::int64_t alive = profile.received, peak = alive;
   const auto allocate = [&](std::int64_t bytes) { peak = std::max(peak, alive += bytes); };
@@ -72,7 +73,10 @@ ActivationProfile activation_profile(const RankLayout& layout, const RoutingSeen
     }
   }
   allocate(moe_seen);
-  if (computes_loss) allocate(rows * output_width * row_bytes);  // the loss gradient
+  if (computes_loss) {
+    allocate(rows * output_width * row_bytes);  // the loss gradient, beside the targets
+    alive -= targets_bytes;                     // which the runner then frees
+  }
   profile.forward_peak = peak;
   profile.kept = alive;
   // A split backward's B frees nothing: it adds the recomputed activations and each Linear

@@ -67,12 +67,18 @@ std::vector<Action> stage_schedule(const ScheduleEntry& schedule, const Pipeline
     if (sends_on(computation) && global(computation) < last_chunk)
       actions.push_back({ActionKind::receive_gradients, computation.micro_batch, computation.chunk});
   };
+  // Each receive is posted one computation ahead, so its transfer overlaps that computation;
+  // but a W frees the output gradients kept for it, so the receive after a W is posted once the
+  // W is done: its buffer never sits beside them (a V's stage 0 would otherwise peak one chunk
+  // input above 1F1B plus the deferred W's gradients), and the W sends nothing a neighbour waits on.
   std::vector<Action> actions;
   for (std::size_t index = 0; index < order.size(); ++index) {
-    if (index == 0) post_receive(actions, order[0]);
-    if (index + 1 < order.size()) post_receive(actions, order[index + 1]);
     const Action& computation = order[index];
+    const bool frees_after = computation.kind == ActionKind::backward_weight;
+    if (index == 0) post_receive(actions, order[0]);
+    if (index + 1 < order.size() && !frees_after) post_receive(actions, order[index + 1]);
     actions.push_back(computation);
+    if (index + 1 < order.size() && frees_after) post_receive(actions, order[index + 1]);
     if (computation.kind == ActionKind::forward && global(computation) < last_chunk)
       actions.push_back({ActionKind::send_activations, computation.micro_batch, computation.chunk});
     if (sends_on(computation) && global(computation) > 0)

@@ -195,6 +195,10 @@ LossSums ModelRunner::loss(MicroBatchActivations& activations, bool training, Lo
                    activations.targets.floats(), activations.labels.as<std::int32_t>(), rows, outputs, loss_samples,
                    grad);
   if (grad == nullptr) return sums;
+  // The backward starts from the loss's gradient: the targets are not needed past this point,
+  // and a loss stage holding several micro-batches (a V's stage 0) should not keep them.
+  activations.targets.reset();
+  activations.labels.reset();
   if (loss_scale != 1.0f) kernels_.scale(grad, count, loss_scale);
   if (widened) kernels_.convert(grad, DataType::float32, activations.loss_grad.as<void>(), activation_type_, count);
   return sums;

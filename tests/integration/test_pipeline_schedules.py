@@ -76,6 +76,22 @@ class PipelineSchedules(TrainingTestCase):
             (4, zero_bubble_v(2, 4) + ["--ep", "2", "--dp", "2"]),
         ])
 
+    def test_zero_bubble_v_keeps_one_f_one_b_memory_plus_the_deferred_gradients(self):
+        """Stage 0 of a V holds the first and the last chunk: measured, its activation peak is no
+        more than 1F1B's stage 0 plus one micro-batch's deferred W gradients (d loss / d product of
+        the stage's 4 layers), on 8 layers of one width, whose chunks halve the stages."""
+        width, rows, micro_batches = 64, 8, 8
+        model = ["--dataset", "teacher", "--input-dim", str(width), "--output-dim", str(width), "--hidden",
+                 str(width), "--layers", "8", "--global-batch", str(rows * micro_batches), "--steps", "2",
+                 "--log-every", "0"]
+        peaks = {}
+        for schedule in ("1f1b", "zb-v"):
+            _, summary, _ = self.train(schedule, model + zero_bubble(2, micro_batches, schedule), 2)
+            self.assert_predicted(summary)
+            peaks[schedule] = summary["peak_mem_bytes_by_rank"][0]["activations"]
+        deferred_gradients = 4 * rows * width * 4
+        self.assertLessEqual(peaks["zb-v"], peaks["1f1b"] + deferred_gradients)
+
     def test_evaluation_runs_through_the_chunks(self):
         """Evaluation's micro-batches (a ragged last one included) go through every chunk."""
         model = DENSE + ["--steps", "4", "--eval-every", "2", "--micro-batches", "2"]
