@@ -35,8 +35,8 @@ class Dataset {
   // HDF5 library, which is not built thread-safe and which checkpoints use on the main thread
   // meanwhile).
   virtual bool readable_from_any_thread() const { return false; }
-  // Whether reads go to a file: worth reading ahead on another thread even on the CPU, where
-  // the wait is the disk's or the page cache's, not the cores' (one read at a time).
+  // Whether reads go to a file: worth reading ahead on another thread even where reads may not
+  // run on any thread (then one read at a time, beside no HDF5 call of the main thread's).
   virtual bool reads_from_file() const { return false; }
 };
 

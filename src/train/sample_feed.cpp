@@ -17,8 +17,7 @@ SampleFeed::SampleFeed(Dataset& dataset, Allocator& memory, SampleParts parts, i
                        parts.labels ? sizeof(std::int32_t) : 0};
   reads_nothing_ = bytes_per_sample_ == std::array<std::size_t, 3>{};
   const bool any_thread = dataset.readable_from_any_thread();
-  reads_ahead_ = !reads_nothing_ && reader_threads > 0 &&
-                 ((memory.device() != Device::cpu && any_thread) || dataset.reads_from_file());
+  reads_ahead_ = !reads_nothing_ && reader_threads > 0 && (any_thread || dataset.reads_from_file());
   reader_threads_ = reads_ahead_ && any_thread ? std::max(1, reader_threads) : 1;
 }
 

@@ -2,9 +2,11 @@
 // into the buffers where the model takes them. Off the CPU they are read into host memory and
 // copied to the device, and the next micro-batch's samples are read ahead on a host thread
 // while the device computes: generating or reading a batch can take as long as a GPU's step.
-// Data read from a file is read ahead on the CPU too where the rank has a core its GEMMs leave
-// free, one read at a time: the main thread waits for it (finish_reads) before it uses the HDF5
-// library itself, which is not built thread-safe.
+// On the CPU the same holds where the rank has a core its GEMMs leave free (generating the
+// built-in data is 1-2 % of a step, reading a file can be much more); with none, samples are
+// read straight into the buffers. A file is read ahead one read at a time: the main thread
+// waits for it (finish_reads) before it uses the HDF5 library itself, which is not built
+// thread-safe.
 // Off the CPU a batch is read by several host threads, each a slice of its samples, where the
 // dataset allows it: generating a large batch on one core can take many times a GPU's step.
 // A read that fails gives zeros and a problem the trainer reports once every rank agrees.
@@ -34,9 +36,9 @@ struct SampleParts {
 class SampleFeed {
  public:
   // `memory` holds the buffers reads fill. Reading ahead needs a reader thread (a core the
-  // rank's computation leaves free) and either device memory with a dataset that may be read
-  // from another thread or a dataset read from a file; reading on several of the
-  // `reader_threads` needs a dataset that may be read from several at once.
+  // rank's computation leaves free) and a dataset that may be read from another thread or one
+  // read from a file; reading on several of the `reader_threads` needs a dataset that may be
+  // read from several at once.
   SampleFeed(Dataset& dataset, Allocator& memory, SampleParts parts, int reader_threads);
   ~SampleFeed();  // waits for a read ahead in flight
   SampleFeed(const SampleFeed&) = delete;

@@ -84,14 +84,14 @@ TEST(SampleFeed, ReadsAheadOnAnotherThreadTheSamplesItWouldReadAtOnce) {
   EXPECT_FALSE(feed.problem());
 }
 
-TEST(SampleFeed, ReadsAtOnceOnTheCpuOrWhenTheDatasetKeepsToOneThread) {
+TEST(SampleFeed, ReadsAtOnceWithoutAFreeCoreOrWhenTheDatasetKeepsToOneThread) {
   MemoryLedger ledger;
   auto loopback = make_loopback_allocator(ledger);
   RecordingDataset one_thread(false);
   EXPECT_FALSE(SampleFeed(one_thread, *loopback, {.inputs = true}, 1).reads_ahead());
   HostAllocator host(ledger);
   RecordingDataset any_thread(true);
-  SampleFeed feed(any_thread, host, {.inputs = true, .labels = true}, 1);
+  SampleFeed feed(any_thread, host, {.inputs = true, .labels = true}, 0);  // the GEMMs use every core
   EXPECT_FALSE(feed.reads_ahead());
   feed.read_ahead(Split::train, {1});
   EXPECT_EQ(feed_through(feed, host, {8}).inputs, (std::vector<float>{80, 81}));
@@ -101,6 +101,18 @@ TEST(SampleFeed, ReadsAtOnceOnTheCpuOrWhenTheDatasetKeepsToOneThread) {
   EXPECT_FALSE(none.reads_ahead());
   none.read(Split::train, {1, 2}, {nullptr, nullptr, nullptr});
   EXPECT_EQ(any_thread.readers.size(), 1u);
+}
+
+TEST(SampleFeed, ReadsAheadOnTheCpuWhereACoreIsFree) {
+  MemoryLedger ledger;
+  HostAllocator host(ledger);
+  RecordingDataset any_thread(true);
+  SampleFeed feed(any_thread, host, {.inputs = true, .labels = true}, 1);
+  ASSERT_TRUE(feed.reads_ahead());
+  feed.read_ahead(Split::train, {5});
+  EXPECT_EQ(feed_through(feed, host, {5}).inputs, (std::vector<float>{50, 51}));
+  ASSERT_EQ(any_thread.readers.size(), 1u);
+  EXPECT_NE(any_thread.readers[0], std::this_thread::get_id());
 }
 
 TEST(SampleFeed, AFailedReadGivesZerosAndAProblem) {
