@@ -196,12 +196,12 @@ class CudaKernels final : public Kernels {
 
   double adamw(float* master, const void* grads, DataType grads_type, float* exp_avg, float* exp_avg_sq,
                std::size_t count, const AdamWStep& step, void* compute_copy, DataType compute_type) override {
-    // The scalars are formed as torch.optim.AdamW forms them: in double, then used as float.
+    // The scalars are formed as the CPU's update forms them (kernels/cpu/cpu_kernels.cpp).
     const double correction1 = 1.0 - std::pow(step.beta1, static_cast<double>(step.step));
     const double correction2 = 1.0 - std::pow(step.beta2, static_cast<double>(step.step));
     const auto beta1 = static_cast<float>(step.beta1), beta2 = static_cast<float>(step.beta2);
     const AdamWScalars scalars{.step_size = static_cast<float>(step.learning_rate / correction1),
-                               .correction2_sqrt = static_cast<float>(std::sqrt(correction2)),
+                               .inverse_correction2_sqrt = 1.0f / static_cast<float>(std::sqrt(correction2)),
                                .decay = static_cast<float>(1.0 - step.learning_rate * step.weight_decay),
                                .beta1 = beta1,
                                .beta2 = beta2,

@@ -224,7 +224,7 @@ __global__ void row_dots_kernel(const Stored<E>* a, const std::int32_t* indices,
 }
 
 struct AdamWScalars {
-  float step_size, correction2_sqrt, decay, beta1, beta2, one_minus_beta1, one_minus_beta2, eps, grad_scale;
+  float step_size, inverse_correction2_sqrt, decay, beta1, beta2, one_minus_beta1, one_minus_beta2, eps, grad_scale;
 };
 
 template <typename G>
@@ -237,7 +237,7 @@ __global__ void adamw_kernel(float* params, const Stored<G>* grads, float* exp_a
     const float second = exp_avg_sq[i] * s.beta2 + s.one_minus_beta2 * gradient * gradient;
     exp_avg[i] = first;
     exp_avg_sq[i] = second;
-    const float denominator = sqrtf(second) / s.correction2_sqrt + s.eps;
+    const float denominator = sqrtf(second) * s.inverse_correction2_sqrt + s.eps;
     params[i] = params[i] * s.decay - s.step_size * (first / denominator);
     sum += static_cast<double>(gradient) * gradient;
   }
