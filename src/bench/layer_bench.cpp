@@ -1,7 +1,8 @@
 // layerbench: times one Linear layer's kernels as the trainer calls them (forward GEMM, the two
 // backward GEMMs, bias+GELU forward and backward, a gather of its rows as MoE layers move them,
 // AdamW over the layer's parameters, or over --optimizer-parameters N where a rank updates more
-// than the caches hold) on a device
+// than the caches hold, and there also each layer-sized piece updated as soon as its gradient is
+// written against all after every gradient) on a device
 // (the CPU by default; --device cuda [--tf32] or loopback), and prints one JSON object per GEMM
 // param type (--dtype fp32,bf16,fp16: activations and weights of that type, fp32 accumulation,
 // fp32 weight gradients and optimizer state). On the CPU each object also holds the same GEMMs
@@ -217,6 +218,31 @@ void run(const std::vector<std::string>& arguments) {
     // moments written, and a 16-bit run's compute copy written.
     const double adamw_bytes = 28.0 + (half ? 2.0 : 0.0);
     result.update({{"adamw_ms", adamw}, {"adamw_gbytes_per_s", adamw_bytes * static_cast<double>(parameters) / adamw / 1e6}});
+    // Whether updating each layer as soon as its gradient is written pays (the gradient still in
+    // cache) against updating after every gradient: the same writes and updates in both orders,
+    // over --optimizer-parameters N in pieces of this layer's size.
+    const auto layer_parameters = static_cast<std::size_t>(out * in + out);
+    if (const std::size_t pieces = parameters / layer_parameters; pieces >= 2) {
+      const auto write_gradient = [&](std::size_t piece) {
+        kernels.fill(gradients.floats() + piece * layer_parameters, fp32, layer_parameters, 0.001f);
+      };
+      const auto update = [&](std::size_t first_piece, std::size_t count) {
+        const std::size_t first = first_piece * layer_parameters;
+        kernels.adamw((half ? master.floats() : values.floats()) + first, gradients.floats() + first, fp32,
+                      m.floats() + first, v.floats() + first, count * layer_parameters, AdamWStep{},
+                      half ? static_cast<char*>(values.as<void>()) + first * size_of(type) : nullptr, type);
+      };
+      result["adamw_after_all_gradients_ms"] = time([&] {
+        for (std::size_t piece = pieces; piece-- > 0;) write_gradient(piece);
+        update(0, pieces);
+      });
+      result["adamw_after_each_gradient_ms"] = time([&] {
+        for (std::size_t piece = pieces; piece-- > 0;) {
+          write_gradient(piece);
+          update(piece, 1);
+        }
+      });
+    }
 
     // The three GEMMs of the layer's step: pre = x W^T, dW = grad^T x, dx = grad W.
     const GemmShape shapes[] = {
