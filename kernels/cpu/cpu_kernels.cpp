@@ -306,9 +306,9 @@ class CpuKernels final : public Kernels {
   double adamw(float* master, const void* grads, DataType grads_type, float* exp_avg, float* exp_avg_sq,
                std::size_t count, const AdamWStep& step, void* compute_copy, DataType compute_type) override {
     // The scalars are formed as torch.optim.AdamW forms them: in double, then used as float;
-    // sqrt(v) is divided by sqrt(1 - beta2^t) as PyTorch's CUDA division by a host scalar
-    // divides, times its reciprocal in float (one division an element fewer: the CPU update
-    // is bound by its divider from cache, 20 % faster there, 8 % from memory).
+    // sqrt(v) is divided by sqrt(1 - beta2^t) as a CUDA tensor / float divides in PyTorch (its
+    // AdamW with foreach=False), times the reciprocal in float (one division an element fewer:
+    // the CPU update is bound by its divider from cache, 20 % faster there, 8 % from memory).
     const double correction1 = 1.0 - std::pow(step.beta1, static_cast<double>(step.step));
     const double correction2 = 1.0 - std::pow(step.beta2, static_cast<double>(step.step));
     const AdamWScalars scalars{.step_size = static_cast<float>(step.learning_rate / correction1),

@@ -7,8 +7,8 @@
 // read straight into the buffers. A file is read ahead one read at a time: the main thread
 // waits for it (finish_reads) before it uses the HDF5 library itself, which is not built
 // thread-safe.
-// Off the CPU a batch is read by several host threads, each a slice of its samples, where the
-// dataset allows it: generating a large batch on one core can take many times a GPU's step.
+// A batch read ahead is read by the rank's reader threads, each a slice of its samples, where
+// the dataset allows it: generating a large batch on one core can take many times a GPU's step.
 // A read that fails gives zeros and a problem the trainer reports once every rank agrees.
 #pragma once
 

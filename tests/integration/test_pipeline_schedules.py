@@ -79,17 +79,20 @@ class PipelineSchedules(TrainingTestCase):
     def test_zero_bubble_v_keeps_one_f_one_b_memory_plus_the_deferred_gradients(self):
         """Stage 0 of a V holds the first and the last chunk: measured, its activation peak is no
         more than 1F1B's stage 0 plus one micro-batch's deferred W gradients (d loss / d product of
-        the stage's 4 layers), on 8 layers of one width, whose chunks halve the stages."""
+        the stage's 4 layers), ZB-H1's peak, on 8 layers of one width, whose chunks halve the
+        stages; predicted == measured each."""
         width, rows, micro_batches = 64, 8, 8
         model = ["--dataset", "teacher", "--input-dim", str(width), "--output-dim", str(width), "--hidden",
                  str(width), "--layers", "8", "--global-batch", str(rows * micro_batches), "--steps", "2",
                  "--log-every", "0"]
         peaks = {}
-        for schedule in ("1f1b", "zb-v"):
+        for schedule in ("1f1b", "zb-h1", "zb-v"):
             _, summary, _ = self.train(schedule, model + zero_bubble(2, micro_batches, schedule), 2)
-            self.assert_predicted(summary)
+            activations = summary["placement"]["activations"]
+            self.assertEqual(activations["predicted_bytes"], activations["measured_bytes"], schedule)
             peaks[schedule] = summary["peak_mem_bytes_by_rank"][0]["activations"]
         deferred_gradients = 4 * rows * width * 4
+        self.assertEqual(peaks["zb-h1"], peaks["1f1b"] + deferred_gradients)
         self.assertLessEqual(peaks["zb-v"], peaks["1f1b"] + deferred_gradients)
 
     def test_evaluation_runs_through_the_chunks(self):

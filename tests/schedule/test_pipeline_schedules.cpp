@@ -4,7 +4,8 @@
 // evaluation, with every weight gradient in micro-batch order; each stage's peak of
 // (chunk, micro-batch) pairs in flight equals the schedule's theory; the bubble at equal F, B
 // and W equals each schedule's formula; interleaved with one chunk is 1F1B; the checker rejects
-// a W before its B and a chunk's gradients out of order; unsuitable shapes are refused.
+// a W before its B and a chunk's gradients out of order; a receive after a W is posted after it;
+// unsuitable shapes are refused.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -42,6 +43,26 @@ TEST(PipelineSchedules, EveryScheduleRunsToTheEndWithoutDeadlock) {
     ++checked;
   });
   EXPECT_GT(checked, 3 * 8 * 32);  // the three one-chunk schedules and the interleaved shapes
+}
+
+TEST(PipelineSchedules, AReceiveAfterAWIsPostedOnceTheWIsDone) {
+  // A W frees the gradients kept for it, so the next computation's receive (whose buffer is
+  // allocated when posted) is posted after the W, never ahead of it.
+  const auto receive = [](const Action& action) {
+    return action.kind == ActionKind::receive_activations || action.kind == ActionKind::receive_gradients;
+  };
+  int after_weights = 0;
+  for_every_valid_shape([&](const ScheduleEntry& kind, const PipelineShape& shape) {
+    for (int stage = 0; stage < shape.stages; ++stage) {
+      const std::vector<Action> actions = stage_schedule(kind, shape, stage, true);
+      for (std::size_t index = 1; index < actions.size(); ++index) {
+        const bool weight = actions[index].kind == ActionKind::backward_weight;
+        EXPECT_FALSE(weight && receive(actions[index - 1])) << "stage " << stage << " action " << index;
+        if (actions[index - 1].kind == ActionKind::backward_weight && receive(actions[index])) ++after_weights;
+      }
+    }
+  });
+  EXPECT_GT(after_weights, 0);  // the rule is met, not avoided: ZB-H1 and ZB-V receive after Ws
 }
 
 TEST(PipelineSchedules, EvaluationRunsThroughTheChunksForAnyMicroBatches) {

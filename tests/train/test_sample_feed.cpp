@@ -1,7 +1,8 @@
 // Train room: the sample feed reads the same samples whether it reads ahead or not, reads ahead
-// on another thread only off the CPU for datasets that allow it, or from a file where a core is
-// free, splits a batch over its reader threads, falls back to reading at once when the read
-// ahead was for other samples, and turns a failed read into zeros and a problem.
+// on another thread where the rank has a reader thread (on the CPU, a core its GEMMs leave free)
+// and the dataset allows it or is a file, splits a batch over its reader threads, falls back to
+// reading at once when the read ahead was for other samples, and turns a failed read into zeros
+// and a problem.
 #include <gtest/gtest.h>
 
 #include <mutex>
