@@ -44,10 +44,10 @@ std::optional<std::string> SampleFeed::fill(Split split, const std::vector<std::
   }
 }
 
-void SampleFeed::fill(Batch& batch) const {
+void SampleFeed::fill(Batch& batch, const std::array<bool, 3>& wanted) const {
   std::array<void*, 3> parts{};
   for (std::size_t part = 0; part < parts.size(); ++part) {
-    if (bytes_per_sample_[part] == 0) continue;
+    if (bytes_per_sample_[part] == 0 || !wanted[part]) continue;
     batch.parts[part].resize(bytes_per_sample_[part] * batch.indices.size());
     parts[part] = batch.parts[part].data();
   }
@@ -98,9 +98,9 @@ void SampleFeed::read(Split split, const std::vector<std::int64_t>& indices,
   if (ahead_ && ahead_->split == split && ahead_->indices == indices) {
     batch = std::move(*ahead_);
     ahead_.reset();
-  } else {
+  } else {  // only the parts asked for (a V's loss chunk reads the targets alone)
     batch = {.split = split, .indices = indices};
-    fill(batch);
+    fill(batch, {parts[0] != nullptr, parts[1] != nullptr, parts[2] != nullptr});
   }
   if (batch.problem && !problem_) problem_ = batch.problem;
   for (std::size_t part = 0; part < parts.size(); ++part)
@@ -111,7 +111,7 @@ void SampleFeed::read_ahead(Split split, std::vector<std::int64_t> indices) {
   if (!reads_ahead_) return;
   finish_reads();
   ahead_ = Batch{.split = split, .indices = std::move(indices)};
-  ahead_done_ = std::async(std::launch::async, [this] { fill(*ahead_); });
+  ahead_done_ = std::async(std::launch::async, [this] { fill(*ahead_, {true, true, true}); });
 }
 
 }  // namespace mlptrain

@@ -69,7 +69,8 @@ class SampleFeed {
   // returns what went wrong.
   std::optional<std::string> fill(Split split, const std::vector<std::int64_t>& indices,
                                   const std::array<void*, 3>& parts) const;
-  void fill(Batch& batch) const;
+  // Reads the batch's samples into its parts that are read and `wanted`.
+  void fill(Batch& batch, const std::array<bool, 3>& wanted) const;
 
   Dataset& dataset_;
   Allocator& memory_;

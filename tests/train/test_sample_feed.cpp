@@ -31,6 +31,7 @@ class RecordingDataset final : public Dataset {
     {
       const std::lock_guard lock(mutex_);
       readers.push_back(std::this_thread::get_id());
+      asked_inputs.push_back(inputs != nullptr);
     }
     for (std::size_t row = 0; row < indices.size(); ++row) {
       if (indices[row] < 0) throw RuntimeFailure("sample " + std::to_string(indices[row]) + " is unreadable");
@@ -40,6 +41,7 @@ class RecordingDataset final : public Dataset {
     }
   }
   std::vector<std::thread::id> readers;
+  std::vector<bool> asked_inputs;
 
  private:
   DatasetInfo info_{"recording", 100, 0, 2, 3, TargetKind::classification};
@@ -114,6 +116,13 @@ TEST(SampleFeed, ReadsAheadOnTheCpuWhereACoreIsFree) {
   EXPECT_EQ(feed_through(feed, host, {5}).inputs, (std::vector<float>{50, 51}));
   ASSERT_EQ(any_thread.readers.size(), 1u);
   EXPECT_NE(any_thread.readers[0], std::this_thread::get_id());
+  // A read of other samples than those read ahead (a V's loss chunk reading its labels alone)
+  // reads only the parts asked for.
+  feed.read_ahead(Split::train, {6});
+  Buffer labels = host.allocate(MemoryState::activations, sizeof(std::int32_t));
+  feed.read(Split::train, {4}, {nullptr, nullptr, &labels});
+  EXPECT_EQ(*labels.as<std::int32_t>(), 1);
+  ASSERT_EQ(any_thread.asked_inputs, (std::vector<bool>{true, true, false}));
 }
 
 TEST(SampleFeed, AFailedReadGivesZerosAndAProblem) {
