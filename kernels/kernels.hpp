@@ -123,11 +123,13 @@ class Kernels {
   // destination[i, :] = scales[i] * source[indices[i], :] for i < rows (both of `type`).
   virtual void gather_rows(const void* source, const std::int32_t* indices, const float* scales,
                            void* destination, std::int64_t rows, std::int64_t cols, DataType type) = 0;
-  // destination[indices[i], :] += scales[i] * source[i, :] for i < rows, in order of i: source of
-  // `source_type`, the destination an fp32 accumulator.
-  virtual void scatter_add_rows(const void* source, DataType source_type, const std::int32_t* indices,
-                                const float* scales, float* destination, std::int64_t rows,
-                                std::int64_t cols) = 0;
+  // destination[t, :] for t < tokens = the sum over token t's rows r (rows[row_begin[t]] up to
+  // rows[row_begin[t + 1] - 1]) of scales[r] * source[r, :], in fp32 from 0 in that order, stored
+  // as `destination_type` (rounded once; zeros for a token without rows): each token's row
+  // written once, where zeroing it and adding each row into it took three passes.
+  virtual void sum_token_rows(const void* source, DataType source_type, const std::int32_t* row_begin,
+                              const std::int32_t* rows, const float* scales, void* destination,
+                              DataType destination_type, std::int64_t tokens, std::int64_t cols) = 0;
   // dots[i] = <a[indices[i], :], b[i, :]> for i < rows, a and b of `type`.
   virtual void row_dots(const void* a, const std::int32_t* indices, const void* b, float* dots,
                         std::int64_t rows, std::int64_t cols, DataType type) = 0;
@@ -167,9 +169,9 @@ class Kernels {
                    std::int64_t rows, std::int64_t cols) {
     gather_rows(source, indices, scales, destination, rows, cols, DataType::float32);
   }
-  void scatter_add_rows(const float* source, const std::int32_t* indices, const float* scales,
-                        float* destination, std::int64_t rows, std::int64_t cols) {
-    scatter_add_rows(source, DataType::float32, indices, scales, destination, rows, cols);
+  void sum_token_rows(const float* source, const std::int32_t* row_begin, const std::int32_t* rows,
+                      const float* scales, float* destination, std::int64_t tokens, std::int64_t cols) {
+    sum_token_rows(source, DataType::float32, row_begin, rows, scales, destination, DataType::float32, tokens, cols);
   }
   void row_dots(const float* a, const std::int32_t* indices, const float* b, float* dots, std::int64_t rows,
                 std::int64_t cols) {

@@ -16,6 +16,7 @@
 #include "core/elements.hpp"
 #include "kernels/cpu/gelu_rows.hpp"
 #include "kernels/cpu/onednn_matmul.hpp"
+#include "kernels/cpu/row_moves.hpp"
 #include "kernels/kernels.hpp"
 
 namespace mlptrain {
@@ -129,7 +130,7 @@ template <typename G>
 class CpuKernels final : public Kernels {
  public:
   using Kernels::gelu_forward, Kernels::bias_add, Kernels::gelu_backward, Kernels::column_sums,
-      Kernels::gather_rows, Kernels::scatter_add_rows, Kernels::row_dots, Kernels::adamw,
+      Kernels::gather_rows, Kernels::sum_token_rows, Kernels::row_dots, Kernels::adamw,
       Kernels::sum_of_squares, Kernels::scale, Kernels::fill, Kernels::add;
 
   Device device() const override { return Device::cpu; }
@@ -266,26 +267,18 @@ class CpuKernels final : public Kernels {
   void gather_rows(const void* source, const std::int32_t* indices, const float* scales, void* destination,
                    std::int64_t rows, std::int64_t cols, DataType type) override {
     with_element(type, [&](auto element) {
-      using E = decltype(element);
-      for (std::int64_t row = 0; row < rows; ++row) {
-        const auto* __restrict in = elements<E>(source) + static_cast<std::int64_t>(indices[row]) * cols;
-        auto* __restrict out = elements<E>(destination) + row * cols;
-        const float factor = scales != nullptr ? scales[row] : 1.0f;
-        for (std::int64_t col = 0; col < cols; ++col) out[col] = E::store(factor * E::load(in[col]));
-      }
+      gather_rows_of<decltype(element)>(source, indices, scales, destination, rows, cols);
     });
   }
 
-  void scatter_add_rows(const void* source, DataType source_type, const std::int32_t* indices, const float* scales,
-                        float* destination, std::int64_t rows, std::int64_t cols) override {
-    with_element(source_type, [&](auto element) {
-      using E = decltype(element);
-      for (std::int64_t row = 0; row < rows; ++row) {
-        const auto* __restrict in = elements<E>(source) + row * cols;
-        float* __restrict out = destination + static_cast<std::int64_t>(indices[row]) * cols;
-        const float factor = scales != nullptr ? scales[row] : 1.0f;
-        for (std::int64_t col = 0; col < cols; ++col) out[col] += factor * E::load(in[col]);
-      }
+  void sum_token_rows(const void* source, DataType source_type, const std::int32_t* row_begin,
+                      const std::int32_t* rows, const float* scales, void* destination, DataType destination_type,
+                      std::int64_t tokens, std::int64_t cols) override {
+    with_element(source_type, [&](auto source_element) {
+      with_element(destination_type, [&](auto destination_element) {
+        sum_token_rows_of<decltype(source_element), decltype(destination_element)>(source, row_begin, rows, scales,
+                                                                                   destination, tokens, cols);
+      });
     });
   }
 

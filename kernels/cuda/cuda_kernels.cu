@@ -34,7 +34,7 @@ namespace {
 class CudaKernels final : public Kernels {
  public:
   using Kernels::gelu_forward, Kernels::bias_add, Kernels::gelu_backward, Kernels::column_sums,
-      Kernels::gather_rows, Kernels::scatter_add_rows, Kernels::row_dots, Kernels::adamw,
+      Kernels::gather_rows, Kernels::sum_token_rows, Kernels::row_dots, Kernels::adamw,
       Kernels::sum_of_squares, Kernels::scale, Kernels::fill, Kernels::add;
   CudaKernels(int device, bool tf32) : tf32_(tf32) {
     check(cudaSetDevice(device), "cudaSetDevice");
@@ -175,12 +175,16 @@ class CudaKernels final : public Kernels {
              static_cast<Stored<E>*>(destination), rows, cols);
     });
   }
-  void scatter_add_rows(const void* source, DataType source_type, const std::int32_t* indices, const float* scales,
-                        float* destination, std::int64_t rows, std::int64_t cols) override {
-    with_device_element(source_type, [&](auto element) {
-      using E = decltype(element);
-      launch(scatter_add_rows_kernel<E>, cols, static_cast<const Stored<E>*>(source), indices, scales, destination,
-             rows, cols);
+  void sum_token_rows(const void* source, DataType source_type, const std::int32_t* row_begin,
+                      const std::int32_t* rows, const float* scales, void* destination, DataType destination_type,
+                      std::int64_t tokens, std::int64_t cols) override {
+    with_device_element(source_type, [&](auto source_element) {
+      with_device_element(destination_type, [&](auto destination_element) {
+        using S = decltype(source_element);
+        using D = decltype(destination_element);
+        launch(sum_token_rows_kernel<S, D>, tokens * cols, static_cast<const Stored<S>*>(source), row_begin, rows,
+               scales, static_cast<Stored<D>*>(destination), tokens, cols);
+      });
     });
   }
   void row_dots(const void* a, const std::int32_t* indices, const void* b, float* dots, std::int64_t rows,

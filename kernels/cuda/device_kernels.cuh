@@ -196,16 +196,19 @@ __global__ void gather_rows_kernel(const Stored<E>* source, const std::int32_t* 
   }
 }
 
-// One thread per column, rows in order: destination rows may repeat, and the CPU's order of
-// additions is kept, so the sums agree bit for bit.
-template <typename E>
-__global__ void scatter_add_rows_kernel(const Stored<E>* source, const std::int32_t* indices, const float* scales,
-                                        float* destination, std::int64_t rows, std::int64_t cols) {
-  GRID_STRIDE(col, cols) {
-    for (std::int64_t row = 0; row < rows; ++row) {
-      const float factor = scales != nullptr ? scales[row] : 1.0f;
-      destination[static_cast<std::int64_t>(indices[row]) * cols + col] += factor * E::load(source[row * cols + col]);
+// One thread per element of a token's row, adding its rows in list order, as the CPU does.
+template <typename S, typename D>
+__global__ void sum_token_rows_kernel(const Stored<S>* source, const std::int32_t* row_begin, const std::int32_t* rows,
+                                      const float* scales, Stored<D>* destination, std::int64_t tokens,
+                                      std::int64_t cols) {
+  GRID_STRIDE(i, tokens * cols) {
+    const std::int64_t token = i / cols, col = i % cols;
+    float sum = 0.0f;
+    for (std::int32_t entry = row_begin[token]; entry < row_begin[token + 1]; ++entry) {
+      const std::int64_t row = rows[entry];
+      sum += (scales != nullptr ? scales[row] : 1.0f) * S::load(source[row * cols + col]);
     }
+    destination[i] = D::store(sum);
   }
 }
 

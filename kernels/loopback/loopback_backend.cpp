@@ -96,7 +96,7 @@ class LoopbackAllocator final : public HostAllocator {
 class LoopbackKernels final : public Kernels {
  public:
   using Kernels::gelu_forward, Kernels::bias_add, Kernels::gelu_backward, Kernels::column_sums,
-      Kernels::gather_rows, Kernels::scatter_add_rows, Kernels::row_dots, Kernels::adamw,
+      Kernels::gather_rows, Kernels::sum_token_rows, Kernels::row_dots, Kernels::adamw,
       Kernels::sum_of_squares, Kernels::scale, Kernels::fill, Kernels::add;
   Device device() const override { return Device::loopback; }
   std::string description() const override { return cpu_->description(); }
@@ -148,9 +148,11 @@ class LoopbackKernels final : public Kernels {
                    std::int64_t rows, std::int64_t cols, DataType type) override {
     cpu_->gather_rows(host(source), host(indices), host(scales), host(destination), rows, cols, type);
   }
-  void scatter_add_rows(const void* source, DataType source_type, const std::int32_t* indices, const float* scales,
-                        float* destination, std::int64_t rows, std::int64_t cols) override {
-    cpu_->scatter_add_rows(host(source), source_type, host(indices), host(scales), host(destination), rows, cols);
+  void sum_token_rows(const void* source, DataType source_type, const std::int32_t* row_begin,
+                      const std::int32_t* rows, const float* scales, void* destination, DataType destination_type,
+                      std::int64_t tokens, std::int64_t cols) override {
+    cpu_->sum_token_rows(host(source), source_type, host(row_begin), host(rows), host(scales), host(destination),
+                         destination_type, tokens, cols);
   }
   void row_dots(const void* a, const std::int32_t* indices, const void* b, float* dots, std::int64_t rows,
                 std::int64_t cols, DataType type) override {

@@ -44,8 +44,8 @@ std::vector<std::size_t> times(const std::vector<std::size_t>& rows, std::int64_
 }
 
 template <typename T>
-Buffer upload(Allocator& allocator, const std::vector<T>& values) {
-  Buffer buffer = allocator.allocate(MemoryState::activations, values.size() * sizeof(T));
+Buffer upload(Allocator& allocator, const std::vector<T>& values, MemoryState state = MemoryState::activations) {
+  Buffer buffer = allocator.allocate(state, values.size() * sizeof(T));
   allocator.copy_to_device(buffer.as<void>(), values.data(), buffer.bytes());
   return buffer;
 }
@@ -84,11 +84,21 @@ void round_sums(const MoeLayer::Pass& pass, const Buffer& sums, void* output, Da
   if (!sums.empty()) pass.kernels.convert(sums.floats(), DataType::float32, output, type, count);
 }
 
-// sums [rows, width] (fp32) = the sum over each row's kept assignments of scale x source row.
-void combine(const MoeLayer::Pass& pass, const Buffer& source, DataType type, const std::int32_t* token,
-             const float* scales, float* sums, std::int64_t rows, std::int64_t kept, std::int64_t width) {
-  pass.kernels.fill(sums, static_cast<std::size_t>(rows * width), 0.0f);
-  pass.kernels.scatter_add_rows(source.as<void>(), type, token, scales, sums, kept, width);
+// output [tokens, width] (of `output_type`) = the sum over each token's kept assignments of scale
+// x source row, in fp32, rounded once. The kernel takes each token's rows as a list, ascending
+// (the order a scatter over the assignments would add them), made here from `token`.
+void combine(const MoeLayer::Pass& pass, const Buffer& source, DataType type, const std::vector<std::int32_t>& token,
+             const float* scales, void* output, DataType output_type, std::int64_t tokens, std::int64_t width) {
+  std::vector<std::int32_t> row_begin(static_cast<std::size_t>(tokens + 1), 0), rows(token.size());
+  for (std::int32_t owner : token) ++row_begin[static_cast<std::size_t>(owner) + 1];
+  std::partial_sum(row_begin.begin(), row_begin.end(), row_begin.begin());
+  std::vector<std::int32_t> next(row_begin.begin(), row_begin.end() - 1);
+  for (std::size_t row = 0; row < token.size(); ++row)
+    rows[static_cast<std::size_t>(next[static_cast<std::size_t>(token[row])]++)] = static_cast<std::int32_t>(row);
+  const Buffer begin_table = upload(pass.allocator, row_begin, MemoryState::workspace);
+  const Buffer rows_table = upload(pass.allocator, rows, MemoryState::workspace);
+  pass.kernels.sum_token_rows(source.as<void>(), type, begin_table.as<std::int32_t>(), rows_table.as<std::int32_t>(),
+                              scales, output, output_type, tokens, width);
 }
 
 }  // namespace
@@ -158,11 +168,7 @@ void MoeLayer::forward(const Pass& pass, const void* input, std::int64_t rows, v
   // fp32, rounded once.
   saved.returned = exchange(pass, reorder(pass, std::move(expert_output), tables.ungrouping, hidden, type, passing),
                             routing.receive_rows, routing.send_rows, hidden, type, kept);
-  const auto count = static_cast<std::size_t>(rows * hidden);
-  Buffer sums;
-  combine(pass, saved.returned, type, token, tables.weight.floats(), fp32_sums(pass, type, output, count, sums), rows,
-          routing.kept(), hidden);
-  round_sums(pass, sums, output, type, count);
+  combine(pass, saved.returned, type, routing.token, tables.weight.floats(), output, type, rows, hidden);
 }
 
 void MoeLayer::backward(const Pass& pass, const void* input, const void* grad_output, std::int64_t rows,
@@ -228,7 +234,7 @@ void MoeLayer::backward(const Pass& pass, const void* input, const void* grad_ou
   const auto grad_count = static_cast<std::size_t>(rows * hidden);
   Buffer grad_sums;
   float* grad_input_sums = fp32_sums(pass, type, grad_input, grad_count, grad_sums);
-  combine(pass, token_grads, type, token, nullptr, grad_input_sums, rows, kept, hidden);
+  combine(pass, token_grads, type, routing.token, nullptr, grad_input_sums, DataType::float32, rows, hidden);
   token_grads.reset();
 
   // Through the router: d loss / d p_te is the dot product of the kept assignment (scattered on

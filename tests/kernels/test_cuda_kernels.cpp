@@ -176,10 +176,20 @@ TEST_F(CudaKernelsTest, RowMovesOfMixtureOfExperts) {
     cpu->gather_rows(source.data(), indices.data(), scaled ? scales.data() : nullptr, gathered.data(), rows, cols);
     gpu->gather_rows(dsource.get(), dindices.get(), scaled ? dscales.get() : nullptr, dgathered.get(), rows, cols);
     expect_close(dgathered.host(), gathered);
+    // Back to the sources: each one's gathered rows, listed (source 0 takes rows 0, 13, 26, 39).
+    std::vector<std::int32_t> row_begin(sources + 1, 0), listed;
+    for (std::int64_t target = 0; target < sources; ++target) {
+      for (std::int64_t row = 0; row < rows; ++row)
+        if (indices[row] == target) listed.push_back(static_cast<std::int32_t>(row));
+      row_begin[target + 1] = static_cast<std::int32_t>(listed.size());
+    }
+    DeviceArray<std::int32_t> drow_begin(row_begin), dlisted(listed);
     auto destination = random_values(static_cast<std::size_t>(sources * cols), 15);
     DeviceArray<float> ddestination(destination);
-    cpu->scatter_add_rows(gathered.data(), indices.data(), scaled ? scales.data() : nullptr, destination.data(), rows, cols);
-    gpu->scatter_add_rows(dgathered.get(), dindices.get(), scaled ? dscales.get() : nullptr, ddestination.get(), rows, cols);
+    cpu->sum_token_rows(gathered.data(), row_begin.data(), listed.data(), scaled ? scales.data() : nullptr,
+                        destination.data(), sources, cols);
+    gpu->sum_token_rows(dgathered.get(), drow_begin.get(), dlisted.get(), scaled ? dscales.get() : nullptr,
+                        ddestination.get(), sources, cols);
     expect_close(ddestination.host(), destination);
   }
   const auto other = random_values(static_cast<std::size_t>(rows * cols), 16);

@@ -58,7 +58,7 @@ class HalfKernels : public ::testing::TestWithParam<DataType> {
   DataType type = GetParam();
   float load(const std::vector<std::uint16_t>& bits, std::size_t i) const { return load_element(bits.data(), i, type); }
   float round(float value) const {
-    std::uint16_t bits = 0;
+    std::uint32_t bits = 0;  // room for any element type (the compiler cannot tell `type` is 16-bit)
     store_element(&bits, 0, type, value);
     return load_element(&bits, 0, type);
   }
@@ -174,6 +174,38 @@ TEST_P(HalfKernels, FlatOpsRoundOnce) {
   for (std::size_t i = 0; i < count; ++i) ASSERT_EQ(load(a.bits, i), round(before[i] * 0.3f)) << i;
   kernels->fill(a.bits.data(), type, count, 0.1f);
   for (std::size_t i = 0; i < count; ++i) ASSERT_EQ(load(a.bits, i), round(0.1f)) << i;
+}
+
+// MoE's combine: each token's rows scaled and summed in fp32 from 0 in list order (here not
+// ascending, and with a token of no rows), stored rounded once to the half type or as fp32.
+TEST_P(HalfKernels, SumTokenRowsAddsInFloatInListOrderAndRoundsOnce) {
+  const std::int64_t sources = 7, cols = 37, tokens = 4;
+  const Rounded source = rounded(random_values(static_cast<std::size_t>(sources * cols), 11, 3.0f), type);
+  const std::vector<float> scales = random_values(static_cast<std::size_t>(sources), 12, 1.0f);
+  const std::vector<std::int32_t> row_begin{0, 3, 3, 4, 7}, rows{5, 0, 2, 6, 1, 4, 3};
+  for (bool scaled : {false, true}) {
+    std::vector<float> sums(static_cast<std::size_t>(tokens * cols));
+    for (std::int64_t token = 0; token < tokens; ++token)
+      for (std::int64_t col = 0; col < cols; ++col) {
+        float sum = 0.0f;
+        for (std::int32_t entry = row_begin[token]; entry < row_begin[token + 1]; ++entry) {
+          const float factor = scaled ? scales[rows[entry]] : 1.0f;
+          sum += factor * source.widened[static_cast<std::size_t>(rows[entry] * cols + col)];
+        }
+        sums[static_cast<std::size_t>(token * cols + col)] = sum;
+      }
+    std::vector<std::uint16_t> half(sums.size(), 0x7777);  // garbage: every row is written
+    std::vector<float> full(sums.size(), 7.0f);
+    const float* factors = scaled ? scales.data() : nullptr;
+    kernels->sum_token_rows(source.bits.data(), type, row_begin.data(), rows.data(), factors, half.data(), type,
+                            tokens, cols);
+    kernels->sum_token_rows(source.bits.data(), type, row_begin.data(), rows.data(), factors, full.data(),
+                            DataType::float32, tokens, cols);
+    for (std::size_t i = 0; i < sums.size(); ++i) {
+      ASSERT_EQ(full[i], sums[i]) << i;
+      ASSERT_EQ(load(half, i), round(sums[i])) << i;
+    }
+  }
 }
 
 TEST_P(HalfKernels, AdamwUpdatesFloatMastersFromWidenedGradientsAndRoundsTheCopy) {
