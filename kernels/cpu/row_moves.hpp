@@ -4,6 +4,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <type_traits>
 #include <vector>
@@ -19,9 +20,15 @@ template <typename E>
 }
 
 template <typename E>
+[[gnu::noinline]] void set_scaled_row(const typename E::Storage* __restrict in, float factor,
+                                      float* __restrict sum, std::int64_t cols) {
+  for (std::int64_t col = 0; col < cols; ++col) sum[col] = factor * E::load(in[col]);
+}
+
+template <typename E>
 [[gnu::noinline]] void add_scaled_row(const typename E::Storage* __restrict in, float factor,
                                       float* __restrict sum, std::int64_t cols) {
-  for (std::int64_t col = 0; col < cols; ++col) sum[col] += factor * E::load(in[col]);
+  for (std::int64_t col = 0; col < cols; ++col) sum[col] = std::fma(factor, E::load(in[col]), sum[col]);
 }
 
 template <typename E>
@@ -38,8 +45,10 @@ void gather_rows_of(const void* source, const std::int32_t* indices, const float
                        scales != nullptr ? scales[row] : 1.0f, elements<E>(destination) + row * cols, cols);
 }
 
-// Each token's row of `destination` written once: its rows' scaled sum in fp32 from 0, in list
-// order, then rounded to D (in a row of scratch unless D is fp32).
+// Each token's row of `destination` written once: its rows' scaled sum in fp32 in list order,
+// begun with the first row's term (no pass of zeros first; a token without rows gets zeros), each
+// further term added by an FMA (so on every backend alike), then rounded to D (in a row of scratch
+// unless D is fp32).
 template <typename S, typename D>
 void sum_token_rows_of(const void* source, const std::int32_t* row_begin, const std::int32_t* rows,
                        const float* scales, void* destination, std::int64_t tokens, std::int64_t cols) {
@@ -52,10 +61,16 @@ void sum_token_rows_of(const void* source, const std::int32_t* row_begin, const 
     } else {
       sum = scratch.data();
     }
-    std::fill(sum, sum + cols, 0.0f);
+    if (row_begin[token] == row_begin[token + 1]) std::fill(sum, sum + cols, 0.0f);
     for (std::int32_t entry = row_begin[token]; entry < row_begin[token + 1]; ++entry) {
       const std::int64_t row = rows[entry];
-      add_scaled_row<S>(elements<S>(source) + row * cols, scales != nullptr ? scales[row] : 1.0f, sum, cols);
+      const auto* in = elements<S>(source) + row * cols;
+      const float factor = scales != nullptr ? scales[row] : 1.0f;
+      if (entry == row_begin[token]) {
+        set_scaled_row<S>(in, factor, sum, cols);
+      } else {
+        add_scaled_row<S>(in, factor, sum, cols);
+      }
     }
     if constexpr (!std::is_same_v<D, Fp32>) store_row<D>(sum, out, cols);
   }

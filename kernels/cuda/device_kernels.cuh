@@ -196,7 +196,7 @@ __global__ void gather_rows_kernel(const Stored<E>* source, const std::int32_t* 
   }
 }
 
-// One thread per element of a token's row, adding its rows in list order, as the CPU does.
+// One thread per element of a token's row, adding its rows in list order by FMAs, as the CPU does.
 template <typename S, typename D>
 __global__ void sum_token_rows_kernel(const Stored<S>* source, const std::int32_t* row_begin, const std::int32_t* rows,
                                       const float* scales, Stored<D>* destination, std::int64_t tokens,
@@ -206,7 +206,8 @@ __global__ void sum_token_rows_kernel(const Stored<S>* source, const std::int32_
     float sum = 0.0f;
     for (std::int32_t entry = row_begin[token]; entry < row_begin[token + 1]; ++entry) {
       const std::int64_t row = rows[entry];
-      sum += (scales != nullptr ? scales[row] : 1.0f) * S::load(source[row * cols + col]);
+      const float factor = scales != nullptr ? scales[row] : 1.0f, value = S::load(source[row * cols + col]);
+      sum = entry == row_begin[token] ? __fmul_rn(factor, value) : fmaf(factor, value, sum);
     }
     destination[i] = D::store(sum);
   }

@@ -176,8 +176,9 @@ TEST_P(HalfKernels, FlatOpsRoundOnce) {
   for (std::size_t i = 0; i < count; ++i) ASSERT_EQ(load(a.bits, i), round(0.1f)) << i;
 }
 
-// MoE's combine: each token's rows scaled and summed in fp32 from 0 in list order (here not
-// ascending, and with a token of no rows), stored rounded once to the half type or as fp32.
+// MoE's combine: each token's rows scaled and summed in fp32 in list order by FMAs after the
+// first term (here not ascending, and with a token of no rows: zeros), stored rounded once to the
+// half type or as fp32.
 TEST_P(HalfKernels, SumTokenRowsAddsInFloatInListOrderAndRoundsOnce) {
   const std::int64_t sources = 7, cols = 37, tokens = 4;
   const Rounded source = rounded(random_values(static_cast<std::size_t>(sources * cols), 11, 3.0f), type);
@@ -190,7 +191,8 @@ TEST_P(HalfKernels, SumTokenRowsAddsInFloatInListOrderAndRoundsOnce) {
         float sum = 0.0f;
         for (std::int32_t entry = row_begin[token]; entry < row_begin[token + 1]; ++entry) {
           const float factor = scaled ? scales[rows[entry]] : 1.0f;
-          sum += factor * source.widened[static_cast<std::size_t>(rows[entry] * cols + col)];
+          const float value = source.widened[static_cast<std::size_t>(rows[entry] * cols + col)];
+          sum = entry == row_begin[token] ? factor * value : std::fma(factor, value, sum);
         }
         sums[static_cast<std::size_t>(token * cols + col)] = sum;
       }
