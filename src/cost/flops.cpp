@@ -27,7 +27,7 @@ LayerPasses layer_passes(const LayerSpec& layer, int expert_ranks, int tensor_ra
   const double regrouped = expert_ranks > 1 ? 2 * assigned : 0;
   return {.elementwise_forward = assigned,
           .elementwise_backward = 2 * assigned,
-          .moved_forward = 2 * assigned + out + regrouped,
+          .moved_forward = 2 * assigned + regrouped,
           .moved_backward = 3 * assigned + out + regrouped};
 }
 

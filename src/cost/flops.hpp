@@ -24,13 +24,14 @@ double recompute_flops_per_sample(const std::vector<LayerSpec>& stage_layers, bo
 
 // Memory-bound work of one layer per sample, in elements. Bias/GELU passes: forward one per
 // output element (an MoE layer's k experts' each), backward two. Rows an MoE layer moves (the
-// k rows of each token): forward gathers them into expert order and scatter-adds the experts'
-// outputs back into a zeroed output, backward gathers the output gradient, dots it with the
-// returned rows and scatter-adds the input gradient; with experts on several ranks each
-// exchange also regroups its rows by expert, and back.
+// k rows of each token): forward gathers them into expert order and sums the experts' outputs
+// back into each token's row, written once; backward gathers the output gradient, dots it with
+// the returned rows and sums the input gradient into fp32 rows, which the router's part is added
+// to and which are then rounded; with experts on several ranks each exchange also regroups its
+// rows by expert, and back.
 // An MoE layer's tensor ranks split its experts among them and each keeps the assignments of its
-// own, so the k rows a token sends are shared among them; the zeroed output (and the router) is
-// each rank's whole.
+// own, so the k rows a token sends are shared among them; the input gradient's sums (and the
+// router) are each rank's whole.
 struct LayerPasses {
   double elementwise_forward = 0;
   double elementwise_backward = 0;
