@@ -126,8 +126,7 @@ class Kernels {
   // destination[t, :] for t < tokens = the sum over token t's rows r (rows[row_begin[t]] up to
   // rows[row_begin[t + 1] - 1]) of scales[r] * source[r, :], in fp32 in that order (begun with
   // the first term, each further one added by an FMA), stored as `destination_type` (rounded
-  // once; zeros for a token without rows):
-  // each token's row written once, where zeroing it and adding each row into it took three passes.
+  // once; zeros for a token without rows): MoE's combine, each token's row written once.
   virtual void sum_token_rows(const void* source, DataType source_type, const std::int32_t* row_begin,
                               const std::int32_t* rows, const float* scales, void* destination,
                               DataType destination_type, std::int64_t tokens, std::int64_t cols) = 0;

@@ -25,7 +25,7 @@ inline float round_nearest(float x) {
 }
 
 // e^r for |r| <= ln(2)/2 (a little beyond is fine): Taylor series to degree 7, truncation error
-// below 1e-8 relative,.
+// below 1e-8 relative.
 inline float exp_polynomial(float r) {
   float p = 1.0f / 5040.0f;
   p = p * r + 1.0f / 720.0f;
@@ -109,8 +109,9 @@ inline float exp_minus_half_square(float x) {
 }
 
 // erfc(z) = t exp(-z^2) Q(t) with t = 1 / (1 + z/2) (Numerical Recipes' erfcc variable), Q a
-// polynomial fitted to erfc(z) exp(z^2) / t for t in [0.14, 1], z from 0 to 11.8: relative error
-// below 5e-8 before its float evaluation. Q in place of erfcc's exp(P(t)) saves an exp.
+// polynomial fitted to erfc(z) exp(z^2) / t for t in [0.14, 1] (z up to 12.3; |x| <= 16 keeps
+// t >= 0.15): relative error below 5e-8 before its float evaluation. Q in place of erfcc's
+// exp(P(t)) saves an exp.
 inline float erfc_scaled_factor(float t) {
   float q = -0.059375155717134476f;
   q = q * t + 0.2860688865184784f;
@@ -123,8 +124,9 @@ inline float erfc_scaled_factor(float t) {
   return q * t + 0.2820844054222107f;
 }
 
-// t = 1 / (1 + z/2) for z = |x| / sqrt(2), |x| clamped to 16: beyond, the Gaussian tail is far
-// below the normal floats anyway, and clamped, x^2 cannot overflow (a huge x gave a NaN).
+// t = 1 / (1 + z/2) for z = a / sqrt(2), a = |x| clamped to 16 by the callers: beyond, the
+// Gaussian tail is far below the normal floats anyway, and clamped, x^2 cannot overflow (a huge x
+// gave a NaN).
 inline float erfc_variable(float magnitude) {
   return 1.0f / std::fma(magnitude, 0.5f * inverse_sqrt_two, 1.0f);
 }
