@@ -221,7 +221,7 @@ TEST(HalfPrecision, HalfGemmsAccumulateInFloat) {
 TEST(HalfPrecision, RowsDoNotDependOnTheRestOfTheCall) {
   const auto kernels = make_cpu_kernels();
   for (DataType type : {DataType::float32, DataType::bfloat16}) {
-    for (const auto [in, out] : {std::pair{64, 48}, {1024, 1024}, {24, 10}}) {
+    for (const auto& [in, out] : {std::pair{64, 48}, {1024, 1024}, {24, 10}}) {
       const std::int64_t rows = 256;
       const auto x = random_values(rows * in, 3), w = random_values(out * in, 4);
       const bool half = is_half(type);
