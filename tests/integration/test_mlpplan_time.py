@@ -97,8 +97,8 @@ class MlpplanTime(TrainingTestCase):
                                delta=1e-9)
         # MoE layers (1 and 2 here): router and k experts' GEMMs, the experts' bias/GELU passes
         # (k rows a token, backward two), and the rows they move at the gather rate: forward
-        # gathers k rows and scatter-adds k into a zeroed output, backward gathers, dots and
-        # scatter-adds k each into a zeroed input gradient.
+        # gathers k rows and sums k into each token's row (written once), backward gathers, dots
+        # and sums k each into fp32 rows of the input gradient, which are then rounded.
         gather_ms, experts, top_k = 0.05, 4, 2
         del rows[0]["sequence_layers"], rows[0]["library_sequence_gemm_ms"]
         rows[0]["gather_rows_ms"] = gather_ms
@@ -110,7 +110,7 @@ class MlpplanTime(TrainingTestCase):
         multiply_adds = (16 * 32 + 32) + (32 * 8 + 8) + 2 * (experts * 32 + top_k * expert)
         gemm = (6 * multiply_adds - 2 * first) * 32 / (gemm_gflops * 1e9 * cores / threads)
         passes = 3 * (32 + 8 + 2 * top_k * 32) * 32
-        moved = 2 * ((2 + 3) * top_k * 32 + 2 * 32) * 32
+        moved = 2 * ((2 + 3) * top_k * 32 + 32) * 32
         parameters = (16 * 32 + 32) + (32 * 8 + 8) + 2 * (experts * 32 + experts * expert)
         update = parameters / ((99 * 100 + 100) / (adamw_ms * 1e-3))
         expected = gemm + passes / (100 * 100 / (gelu_ms * 1e-3)) + moved / (100 * 100 / (gather_ms * 1e-3)) + update
