@@ -85,18 +85,11 @@ void round_sums(const MoeLayer::Pass& pass, const Buffer& sums, void* output, Da
 }
 
 // output [tokens, width] (of `output_type`) = the sum over each token's kept assignments of scale
-// x source row, in fp32, rounded once. The kernel takes each token's rows as a list, ascending
-// (the order a scatter over the assignments would add them), made here from `token`.
-void combine(const MoeLayer::Pass& pass, const Buffer& source, DataType type, const std::vector<std::int32_t>& token,
+// x source row, in fp32, rounded once, the rows taken from the routing's per-token lists.
+void combine(const MoeLayer::Pass& pass, const Buffer& source, DataType type, const MoeRouting& routing,
              const float* scales, void* output, DataType output_type, std::int64_t tokens, std::int64_t width) {
-  std::vector<std::int32_t> row_begin(static_cast<std::size_t>(tokens + 1), 0), rows(token.size());
-  for (std::int32_t owner : token) ++row_begin[static_cast<std::size_t>(owner) + 1];
-  std::partial_sum(row_begin.begin(), row_begin.end(), row_begin.begin());
-  std::vector<std::int32_t> next(row_begin.begin(), row_begin.end() - 1);
-  for (std::size_t row = 0; row < token.size(); ++row)
-    rows[static_cast<std::size_t>(next[static_cast<std::size_t>(token[row])]++)] = static_cast<std::int32_t>(row);
-  const Buffer begin_table = upload(pass.allocator, row_begin, MemoryState::workspace);
-  const Buffer rows_table = upload(pass.allocator, rows, MemoryState::workspace);
+  const Buffer begin_table = upload(pass.allocator, routing.token_row_begin, MemoryState::workspace);
+  const Buffer rows_table = upload(pass.allocator, routing.token_rows, MemoryState::workspace);
   pass.kernels.sum_token_rows(source.as<void>(), type, begin_table.as<std::int32_t>(), rows_table.as<std::int32_t>(),
                               scales, output, output_type, tokens, width);
 }
@@ -168,7 +161,7 @@ void MoeLayer::forward(const Pass& pass, const void* input, std::int64_t rows, v
   // fp32, rounded once.
   saved.returned = exchange(pass, reorder(pass, std::move(expert_output), tables.ungrouping, hidden, type, passing),
                             routing.receive_rows, routing.send_rows, hidden, type, kept);
-  combine(pass, saved.returned, type, routing.token, tables.weight.floats(), output, type, rows, hidden);
+  combine(pass, saved.returned, type, routing, tables.weight.floats(), output, type, rows, hidden);
 }
 
 void MoeLayer::backward(const Pass& pass, const void* input, const void* grad_output, std::int64_t rows,
@@ -234,7 +227,7 @@ void MoeLayer::backward(const Pass& pass, const void* input, const void* grad_ou
   const auto grad_count = static_cast<std::size_t>(rows * hidden);
   Buffer grad_sums;
   float* grad_input_sums = fp32_sums(pass, type, grad_input, grad_count, grad_sums);
-  combine(pass, token_grads, type, routing.token, nullptr, grad_input_sums, DataType::float32, rows, hidden);
+  combine(pass, token_grads, type, routing, nullptr, grad_input_sums, DataType::float32, rows, hidden);
   token_grads.reset();
 
   // Through the router: d loss / d p_te is the dot product of the kept assignment (scattered on

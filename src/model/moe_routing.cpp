@@ -104,6 +104,14 @@ MoeRouting MoeLayer::route(const Pass& pass, const float* probabilities, std::in
       routing.weight.push_back(probabilities[token * spec_.experts + static_cast<std::int64_t>(expert)]);
     }
   }
+  routing.token_row_begin.assign(static_cast<std::size_t>(rows + 1), 0);
+  for (std::int32_t owner : routing.token) ++routing.token_row_begin[static_cast<std::size_t>(owner) + 1];
+  std::partial_sum(routing.token_row_begin.begin(), routing.token_row_begin.end(), routing.token_row_begin.begin());
+  routing.token_rows.resize(routing.token.size());
+  std::vector<std::int32_t> next(routing.token_row_begin.begin(), routing.token_row_begin.end() - 1);
+  for (std::size_t row = 0; row < routing.token.size(); ++row)
+    routing.token_rows[static_cast<std::size_t>(next[static_cast<std::size_t>(routing.token[row])]++)] =
+        static_cast<std::int32_t>(row);
 
   // Who sends what to whom in the EP group (of this tensor slice).
   const int first_peer = me - exchange.expert_rank();  // data rank of expert rank 0

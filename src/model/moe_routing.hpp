@@ -25,6 +25,10 @@ struct MoeRouting {
   // empty with one expert rank, where the two orders coincide).
   std::vector<std::int32_t> grouping;
   std::vector<std::int32_t> ungrouping;
+  // Each local token's packed assignments, ascending (the order combine adds them): token t's
+  // are token_rows[token_row_begin[t]] up to token_rows[token_row_begin[t + 1] - 1].
+  std::vector<std::int32_t> token_row_begin;
+  std::vector<std::int32_t> token_rows;
   std::vector<double> fraction;  // f_e over the global micro-batch (no gradient)
   double tokens = 0;             // T: tokens of the global micro-batch
 

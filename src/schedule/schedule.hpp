@@ -55,7 +55,8 @@ int stage_of_chunk(const PipelineShape& shape, int global);
 // Stage `stage`'s list under `schedule` (the shape must suit it when training): the computations in
 // the schedule's order, each receive posted one computation ahead of the one that needs it (so
 // the transfer overlaps the computation before; after a W rather than ahead of it, since a W
-// frees the gradients kept for it), each send right after the computation that produced its data. Each chunk's backwards run in micro-batch order under every schedule, so
+// frees the gradients kept for it), each send right after the computation that produced its
+// data. Each chunk's backwards run in micro-batch order under every schedule, so
 // gradients accumulate in the same order as without a pipeline. Without training, the forward
 // passes alone, each micro-batch through the chunks in turn.
 std::vector<Action> stage_schedule(const ScheduleEntry& schedule, const PipelineShape& shape, int stage,
