@@ -4,10 +4,12 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 
 #include "core/config.hpp"
+#include "core/synthetic_samples.hpp"
 
 namespace mlptrain {
 
@@ -38,7 +40,14 @@ class Dataset {
   // Whether reads go to a file: worth reading ahead on another thread even where reads may not
   // run on any thread (then one read at a time, beside no HDF5 call of the main thread's).
   virtual bool reads_from_file() const { return false; }
+  // A built-in dataset's generator (its tables in host memory), which a device can run where it
+  // trains; none for a file.
+  virtual std::optional<SyntheticSamples> synthetic() const { return std::nullopt; }
 };
+
+// The index of a sample in its generator's streams: the test split's lie beyond every training
+// index, so the splits never overlap.
+std::uint64_t synthetic_stream_index(Split split, std::int64_t sample);
 
 // Whether a file's arrays are held in memory under `cap_bytes` (generated data never is).
 inline bool held_in_memory(const DatasetInfo& info, std::int64_t cap_bytes) {

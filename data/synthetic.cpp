@@ -1,14 +1,15 @@
-// The built-in datasets, generated from the sample index alone (no files, any slice on its own):
-// `teacher` regresses the outputs of a fixed random two-layer tanh network on standard normal
-// inputs; `mixture` classifies samples of a Gaussian mixture with one component per class. Both
-// have fixed train and test sizes and a fixed generator seed, so the data never depends on --seed.
+// The built-in datasets (core/synthetic_samples.hpp), generated from the sample index alone (no
+// files, any slice on its own). Both have fixed train and test sizes and a fixed generator seed,
+// so the data never depends on --seed.
 #include <algorithm>
 #include <cmath>
 #include <stdexcept>
+#include <string_view>
 #include <vector>
 
 #include "core/error.hpp"
 #include "core/rng.hpp"
+#include "core/synthetic_samples.hpp"
 #include "data/dataset.hpp"
 
 namespace mlptrain {
@@ -18,114 +19,85 @@ namespace {
 constexpr std::int64_t builtin_train_size = 65536;
 constexpr std::int64_t builtin_test_size = 8192;
 constexpr std::uint64_t data_seed = 20261121;
-constexpr std::int64_t teacher_hidden = 64;
 
-// The test split draws from indices beyond every train index, so the splits never overlap.
-std::uint64_t stream_index(Split split, std::int64_t sample) {
-  return static_cast<std::uint64_t>(sample) + (split == Split::test ? (1ull << 40) : 0);
-}
-
-class TeacherDataset final : public Dataset {
+// A built-in dataset over its generator's tables (kept here, in host memory).
+class SyntheticDataset final : public Dataset {
  public:
-  TeacherDataset(std::int64_t input_dim, std::int64_t output_dim)
-      : info_{"teacher", builtin_train_size, builtin_test_size, input_dim, output_dim,
-              TargetKind::regression},
-        inputs_(data_seed, "teacher/x"),
-        first_weights_(static_cast<std::size_t>(input_dim * teacher_hidden)),  // [in, hidden]
-        second_weights_(static_cast<std::size_t>(output_dim * teacher_hidden)) {
-    // Variance-preserving scales keep the targets of order one at any width.
-    CounterRng(data_seed, "teacher/w1")
-        .fill_normal(first_weights_.data(), 0, first_weights_.size(), 0.0f,
-                     1.0f / std::sqrt(static_cast<float>(input_dim)));
-    CounterRng(data_seed, "teacher/w2")
-        .fill_normal(second_weights_.data(), 0, second_weights_.size(), 0.0f,
-                     1.0f / std::sqrt(static_cast<float>(teacher_hidden)));
+  SyntheticDataset(DatasetInfo info, SyntheticSamples samples, std::vector<float> first_table,
+                   std::vector<float> second_table)
+      : info_(std::move(info)),
+        samples_(samples),
+        first_table_(std::move(first_table)),
+        second_table_(std::move(second_table)) {
+    samples_.first_table = first_table_.data();
+    samples_.second_table = second_table_.empty() ? nullptr : second_table_.data();
   }
 
   const DatasetInfo& info() const override { return info_; }
   bool readable_from_any_thread() const override { return true; }  // a pure function of the index
+  std::optional<SyntheticSamples> synthetic() const override { return samples_; }
 
   void read(Split split, std::span<const std::int64_t> indices, float* inputs, float* targets,
-            std::int32_t*) override {
-    const std::int64_t in = info_.input_dim, out = info_.output_dim;
-    std::vector<float> row(static_cast<std::size_t>(in));
-    std::vector<float> hidden(static_cast<std::size_t>(teacher_hidden));
-    for (std::size_t i = 0; i < indices.size(); ++i) {
-      const std::uint64_t first = stream_index(split, indices[i]) * static_cast<std::uint64_t>(in);
-      inputs_.fill_normal(row.data(), first, row.size(), 0.0f, 1.0f);
-      if (inputs != nullptr) std::copy(row.begin(), row.end(), inputs + i * in);
-      if (targets == nullptr) continue;
-      // Accumulating over inputs with the hidden units innermost keeps the loop vectorizable.
-      std::fill(hidden.begin(), hidden.end(), 0.0f);
-      for (std::int64_t d = 0; d < in; ++d)
-        for (std::int64_t h = 0; h < teacher_hidden; ++h)
-          hidden[h] += first_weights_[d * teacher_hidden + h] * row[d];
-      for (float& unit : hidden) unit = std::tanh(unit);
-      for (std::int64_t o = 0; o < out; ++o) {
-        float sum = 0;
-        for (std::int64_t h = 0; h < teacher_hidden; ++h)
-          sum += second_weights_[o * teacher_hidden + h] * hidden[h];
-        targets[i * out + o] = sum;
-      }
-    }
-  }
-
- private:
-  DatasetInfo info_;
-  CounterRng inputs_;
-  std::vector<float> first_weights_;
-  std::vector<float> second_weights_;
-};
-
-class MixtureDataset final : public Dataset {
- public:
-  MixtureDataset(std::int64_t input_dim, std::int64_t classes)
-      : info_{"mixture", builtin_train_size, builtin_test_size, input_dim, classes,
-              TargetKind::classification},
-        noise_(data_seed, "mixture/x"),
-        labels_(data_seed, "mixture/label"),
-        means_(static_cast<std::size_t>(classes * input_dim)) {
-    // Means spread so that neighbouring components overlap: the task is learnable, not trivial.
-    CounterRng(data_seed, "mixture/means")
-        .fill_normal(means_.data(), 0, means_.size(), 0.0f,
-                     2.0f / std::sqrt(static_cast<float>(input_dim)));
-  }
-
-  const DatasetInfo& info() const override { return info_; }
-  bool readable_from_any_thread() const override { return true; }  // a pure function of the index
-
-  void read(Split split, std::span<const std::int64_t> indices, float* inputs, float*,
             std::int32_t* labels) override {
-    const std::int64_t in = info_.input_dim;
-    for (std::size_t i = 0; i < indices.size(); ++i) {
-      const std::uint64_t index = stream_index(split, indices[i]);
-      const auto label = static_cast<std::int32_t>(
-          labels_.below(index, static_cast<std::uint64_t>(info_.output_dim)));
-      if (labels != nullptr) labels[i] = label;
-      if (inputs == nullptr) continue;
-      float* row = inputs + i * in;
-      noise_.fill_normal(row, index * static_cast<std::uint64_t>(in), static_cast<std::size_t>(in),
-                         0.0f, 1.0f);
-      const float* mean = means_.data() + label * in;
-      for (std::int64_t d = 0; d < in; ++d) row[d] += mean[d];
-    }
+    std::vector<std::uint64_t> stream_indices(indices.size());
+    for (std::size_t i = 0; i < indices.size(); ++i) stream_indices[i] = synthetic_stream_index(split, indices[i]);
+    generate_synthetic_samples(samples_, stream_indices.data(), stream_indices.size(), inputs, targets, labels);
   }
 
  private:
   DatasetInfo info_;
-  CounterRng noise_;
-  CounterRng labels_;
-  std::vector<float> means_;
+  SyntheticSamples samples_;
+  std::vector<float> first_table_;
+  std::vector<float> second_table_;
 };
+
+std::vector<float> normal_table(std::string_view name, std::size_t count, float stddev) {
+  std::vector<float> table(count);
+  CounterRng(data_seed, name).fill_normal(table.data(), 0, count, 0.0f, stddev);
+  return table;
+}
+
+// A [rows, cols] table transposed.
+std::vector<float> transposed(const std::vector<float>& table, std::size_t rows, std::size_t cols) {
+  std::vector<float> result(table.size());
+  for (std::size_t row = 0; row < rows; ++row)
+    for (std::size_t col = 0; col < cols; ++col) result[col * rows + row] = table[row * cols + col];
+  return result;
+}
 
 }  // namespace
 
+std::uint64_t synthetic_stream_index(Split split, std::int64_t sample) {
+  return static_cast<std::uint64_t>(sample) + (split == Split::test ? (1ull << 40) : 0);
+}
+
 std::unique_ptr<Dataset> make_teacher_dataset(std::int64_t input_dim, std::int64_t output_dim) {
-  return std::make_unique<TeacherDataset>(input_dim, output_dim);
+  const SyntheticSamples samples{.kind = SyntheticKind::teacher, .input_dim = input_dim, .output_dim = output_dim,
+                                 .inputs_key = CounterRng(data_seed, "teacher/x").key()};
+  // Variance-preserving scales keep the targets of order one at any width.
+  return std::make_unique<SyntheticDataset>(
+      DatasetInfo{"teacher", builtin_train_size, builtin_test_size, input_dim, output_dim, TargetKind::regression},
+      samples,
+      normal_table("teacher/w1", static_cast<std::size_t>(input_dim * teacher_hidden_units),
+                   1.0f / std::sqrt(static_cast<float>(input_dim))),
+      // W2 [output_dim, 64] as drawn, kept transposed (synthetic_samples.hpp).
+      transposed(normal_table("teacher/w2", static_cast<std::size_t>(output_dim * teacher_hidden_units),
+                              1.0f / std::sqrt(static_cast<float>(teacher_hidden_units))),
+                 static_cast<std::size_t>(output_dim), teacher_hidden_units));
 }
 
 std::unique_ptr<Dataset> make_mixture_dataset(std::int64_t input_dim, std::int64_t classes) {
-  return std::make_unique<MixtureDataset>(input_dim, classes);
+  const SyntheticSamples samples{.kind = SyntheticKind::mixture, .input_dim = input_dim, .output_dim = classes,
+                                 .inputs_key = CounterRng(data_seed, "mixture/x").key(),
+                                 .labels_key = CounterRng(data_seed, "mixture/label").key()};
+  // Means spread so that neighbouring components overlap: the task is learnable, not trivial.
+  return std::make_unique<SyntheticDataset>(
+      DatasetInfo{"mixture", builtin_train_size, builtin_test_size, input_dim, classes,
+                  TargetKind::classification},
+      samples,
+      normal_table("mixture/means", static_cast<std::size_t>(classes * input_dim),
+                   2.0f / std::sqrt(static_cast<float>(input_dim))),
+      std::vector<float>{});
 }
 
 std::unique_ptr<Dataset> open_dataset(const DataOptions& options) {

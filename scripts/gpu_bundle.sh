@@ -15,7 +15,7 @@ packages=(
   # what the build compiles and links against
   libmpich-dev libmpich12 libhdf5-mpich-dev libhdf5-mpich-103-1 libhdf5-mpich-hl-100
   libboost1.74-dev libboost-program-options1.74-dev libboost-program-options1.74.0
-  libdnnl-dev libdnnl2 libgtest-dev nlohmann-json3-dev libfmt-dev libfmt9 zlib1g-dev libisal-dev libisal2
+  libdnnl-dev libdnnl2 libgtest-dev nlohmann-json3-dev libfmt-dev libfmt9 zlib1g-dev libisal-dev libisal2 librandom123-dev
   # the launcher, the HDF5 tools (checkpoints read without h5py; they load the serial HDF5
   # library) and pkg-config itself
   mpich hdf5-tools libhdf5-103-1 libhdf5-hl-100 pkgconf pkgconf-bin libpkgconf3

@@ -8,7 +8,7 @@ packages=(
   g++ pkg-config meson ninja-build
   mpich libmpich-dev libhdf5-mpich-dev hdf5-tools
   libboost-program-options-dev libdnnl-dev libgtest-dev
-  nlohmann-json3-dev libfmt-dev zlib1g-dev libisal-dev
+  nlohmann-json3-dev libfmt-dev zlib1g-dev libisal-dev librandom123-dev
   python3 python3-numpy python3-h5py python3-matplotlib
 )
 missing=()

@@ -8,11 +8,9 @@
 #include <cstdint>
 #include <string_view>
 
-namespace mlptrain {
+#include "core/counter_stream.hpp"
 
-// The four 32-bit words Philox4x32-10 gives for a 128-bit counter under a 64-bit key.
-std::array<std::uint32_t, 4> philox4x32(std::array<std::uint32_t, 4> counter,
-                                        std::array<std::uint32_t, 2> key);
+namespace mlptrain {
 
 // 64-bit FNV-1a of a name, mixed with the seed (splitmix64).
 std::uint64_t stream_key(std::uint64_t seed, std::string_view name);
@@ -23,7 +21,7 @@ class CounterRng {
 
   // Uniform in (0, 1), never exactly 0 or 1.
   float uniform(std::uint64_t index) const;
-  // Standard normal (Box-Muller on the index's own counter block).
+  // Standard normal (Box-Muller on the index's own counter block; counter_stream::normal).
   float normal(std::uint64_t index) const;
   // A uniformly chosen integer in [0, bound).
   std::uint64_t below(std::uint64_t index, std::uint64_t bound) const;
@@ -34,8 +32,11 @@ class CounterRng {
   void fill_normal(float* out, std::uint64_t first_index, std::size_t count, float mean,
                    float stddev) const;
 
+  // The stream's key, for generating the same values elsewhere (a device's kernels).
+  counter_stream::Key key() const { return key_; }
+
  private:
-  std::array<std::uint32_t, 2> key_;
+  counter_stream::Key key_;
 };
 
 }  // namespace mlptrain
