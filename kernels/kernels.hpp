@@ -6,10 +6,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 
 #include "core/buffer.hpp"
 #include "core/data_type.hpp"
+#include "core/synthetic_samples.hpp"
 
 namespace mlptrain {
 
@@ -57,6 +59,19 @@ struct AdamWStep {
   double weight_decay = 0.01;
   std::int64_t step = 1;
   float grad_scale = 1.0f;
+};
+
+// One range of AdamW's flat state: fp32 master weights, their gradients, both moments, and where
+// the updated weights go rounded to the compute type (null: nowhere); `counted` says whether its
+// gradients count in the squared sum the update returns (a replicated range counts once).
+struct AdamWRange {
+  float* master = nullptr;
+  const void* grads = nullptr;
+  float* exp_avg = nullptr;
+  float* exp_avg_sq = nullptr;
+  std::size_t count = 0;
+  void* compute_copy = nullptr;
+  bool counted = true;
 };
 
 struct CrossEntropyResult {
@@ -134,12 +149,31 @@ class Kernels {
   virtual void row_dots(const void* a, const std::int32_t* indices, const void* b, float* dots,
                         std::int64_t rows, std::int64_t cols, DataType type) = 0;
 
+  // Built-in samples made where the kernels compute (core/synthetic_samples.hpp), the CPU's bit for
+  // bit: for each of `count` stream indices its inputs row and its targets (teacher) or label
+  // (mixture); an output that is null is not made. The tables `samples` points at, the indices
+  // and the outputs are the device's memory.
+  virtual void generate_samples(const SyntheticSamples& samples, const std::uint64_t* stream_indices,
+                                std::int64_t count, float* inputs, float* targets, std::int32_t* labels) = 0;
+
   // AdamW over one flat range of fp32 master weights, from gradients of `grads_type`; when
   // `compute_copy` is given, it receives the updated weights rounded to `compute_type`. Returns
   // the sum of squares of the (scaled) gradients (the step's norm comes free).
   virtual double adamw(float* master, const void* grads, DataType grads_type, float* exp_avg,
                        float* exp_avg_sq, std::size_t count, const AdamWStep& step, void* compute_copy,
                        DataType compute_type) = 0;
+  // AdamW over every range of a step (one launch on a GPU, where one a range would wait for the
+  // device each time); returns the squared (scaled) gradients of the counted ranges.
+  virtual double adamw(std::span<const AdamWRange> ranges, DataType grads_type, const AdamWStep& step,
+                       DataType compute_type) {
+    double sum = 0;
+    for (const AdamWRange& range : ranges) {
+      const double range_sum = adamw(range.master, range.grads, grads_type, range.exp_avg, range.exp_avg_sq,
+                                     range.count, step, range.compute_copy, compute_type);
+      if (range.counted) sum += range_sum;
+    }
+    return sum;
+  }
 
   virtual double sum_of_squares(const void* data, DataType type, std::size_t count) = 0;
   virtual void scale(void* data, DataType type, std::size_t count, float factor) = 0;

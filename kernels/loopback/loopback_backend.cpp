@@ -158,6 +158,13 @@ class LoopbackKernels final : public Kernels {
                 std::int64_t cols, DataType type) override {
     cpu_->row_dots(host(a), host(indices), host(b), host(dots), rows, cols, type);
   }
+  void generate_samples(const SyntheticSamples& samples, const std::uint64_t* stream_indices, std::int64_t count,
+                        float* inputs, float* targets, std::int32_t* labels) override {
+    SyntheticSamples on_host = samples;
+    on_host.first_table = host(samples.first_table);
+    on_host.second_table = host(samples.second_table);
+    cpu_->generate_samples(on_host, host(stream_indices), count, host(inputs), host(targets), host(labels));
+  }
   double adamw(float* master, const void* grads, DataType grads_type, float* exp_avg, float* exp_avg_sq,
                std::size_t count, const AdamWStep& step, void* compute_copy, DataType compute_type) override {
     return cpu_->adamw(host(master), host(grads), grads_type, host(exp_avg), host(exp_avg_sq), count, step,

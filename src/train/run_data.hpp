@@ -17,7 +17,7 @@
 #include "kernels/kernels.hpp"
 #include "model/loss.hpp"
 #include "train/micro_batch.hpp"
-#include "train/sample_feed.hpp"
+#include "train/sample_source.hpp"
 
 namespace mlptrain {
 
@@ -40,24 +40,26 @@ class RunData {
   const BatchLayout& batch() const { return batch_; }
 
   // Reads training micro-batch `micro_batch` of step `step` into `activations` (its inputs only
-  // with `inputs`) and, at the rank's first read of it, starts reading the next one ahead (the
-  // first of step + 1 after the last, unless that is the end).
+  // with `inputs`) and, at the rank's first read of it, keeps the micro-batches after it read
+  // ahead, as many as the source reads ahead (across steps, up to the run's end).
   void read_training(std::int64_t step, int micro_batch, MicroBatchActivations& activations, bool inputs);
   // Reads the samples `indices` of `split` into `activations` (their inputs only with `inputs`:
   // a chunk that computes the loss without starting the model takes the targets or labels).
   void read(Split split, const std::vector<std::int64_t>& indices, MicroBatchActivations& activations, bool inputs);
   // Waits for the samples being read ahead: before the caller uses the HDF5 library itself.
-  void finish_reads() { feed_->finish_reads(); }
+  void finish_reads() { source_->finish_reads(); }
   // Milliseconds the training reads waited for samples since the last call (reading them, or
   // waiting for the read ahead to finish), and a fresh count from here.
   double take_wait_ms() { return std::exchange(wait_ms_, 0.0); }
   // The first read problem met (a read that failed gave zeros), for every rank to agree on.
-  const std::optional<std::string>& problem() const { return feed_->problem(); }
+  const std::optional<std::string>& problem() const { return source_->problem(); }
 
  private:
   std::vector<std::int64_t> training_samples(std::int64_t step, int micro_batch) const {
     return order_->samples(batch_.first_position(step, micro_batch, data_rank_), batch_.local_size());
   }
+  // Built-in data on a device is generated there; anything else is read on the host.
+  std::unique_ptr<SampleSource> make_source(SampleParts parts, int reader_threads) const;
 
   std::unique_ptr<Dataset> dataset_;
   Kernels& kernels_;
@@ -69,7 +71,8 @@ class RunData {
   double wait_ms_ = 0;
   BatchLayout batch_;
   std::unique_ptr<SampleOrder> order_;
-  std::unique_ptr<SampleFeed> feed_;
+  std::unique_ptr<SampleSource> source_;
+  std::int64_t read_ahead_until_ = -1;  // the last training micro-batch (step x M + j) asked ahead
 };
 
 }  // namespace mlptrain

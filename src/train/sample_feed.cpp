@@ -1,4 +1,4 @@
-// Reading micro-batches' samples, ahead where it pays (see sample_feed.hpp).
+// Reading micro-batches' samples on the host, ahead where it pays (see sample_feed.hpp).
 #include "train/sample_feed.hpp"
 
 #include <algorithm>
@@ -19,14 +19,18 @@ SampleFeed::SampleFeed(Dataset& dataset, Allocator& memory, SampleParts parts, i
   const bool any_thread = dataset.readable_from_any_thread();
   reads_ahead_ = !reads_nothing_ && reader_threads > 0 && (any_thread || dataset.reads_from_file());
   reader_threads_ = reads_ahead_ && any_thread ? std::max(1, reader_threads) : 1;
+  if (!reads_nothing_ && memory.device() != Device::cpu)
+    copier_ = memory.make_async_copier(upload_slots * static_cast<int>(bytes_per_sample_.size()));
 }
 
 SampleFeed::~SampleFeed() {
-  if (ahead_done_.valid()) ahead_done_.wait();
+  finish_reads();
+  if (copier_)
+    for (int lane = 0; lane < copier_->lanes(); ++lane) copier_->wait_to_device(lane);
 }
 
 void SampleFeed::finish_reads() {
-  if (ahead_done_.valid()) ahead_done_.get();
+  for (Pending& pending : ahead_) pending.read.wait();
 }
 
 std::optional<std::string> SampleFeed::fill(Split split, const std::vector<std::int64_t>& indices,
@@ -46,11 +50,8 @@ std::optional<std::string> SampleFeed::fill(Split split, const std::vector<std::
 
 void SampleFeed::fill(Batch& batch, const std::array<bool, 3>& wanted) const {
   std::array<void*, 3> parts{};
-  for (std::size_t part = 0; part < parts.size(); ++part) {
-    if (bytes_per_sample_[part] == 0 || !wanted[part]) continue;
-    batch.parts[part].resize(bytes_per_sample_[part] * batch.indices.size());
-    parts[part] = batch.parts[part].data();
-  }
+  for (std::size_t part = 0; part < parts.size(); ++part)
+    if (!batch.parts[part].empty() && wanted[part]) parts[part] = batch.parts[part].as<void>();
   // Slices of at least a few samples each, so that small batches stay on one thread.
   constexpr std::size_t fewest_samples_a_thread = 16;
   const std::size_t count = batch.indices.size();
@@ -78,7 +79,30 @@ void SampleFeed::fill(Batch& batch, const std::array<bool, 3>& wanted) const {
     if (problem && !batch.problem) batch.problem = std::move(problem);
   }
   if (batch.problem)
-    for (auto& part : batch.parts) std::fill(part.begin(), part.end(), std::byte{0});
+    for (Buffer& part : batch.parts)
+      if (!part.empty()) std::memset(part.as<void>(), 0, part.bytes());
+}
+
+void SampleFeed::deliver(const std::shared_ptr<Batch>& batch, const std::array<void*, 3>& destination) {
+  if (!copier_) {
+    for (std::size_t part = 0; part < destination.size(); ++part)
+      if (destination[part] != nullptr)
+        memory_.copy_to_device(destination[part], batch->parts[part].as<void>(), batch->parts[part].bytes());
+    return;
+  }
+  // The slot's previous batch stays in its page-locked memory until its copies have ended.
+  const int slot = next_slot_;
+  next_slot_ = (next_slot_ + 1) % upload_slots;
+  const int parts = static_cast<int>(destination.size());
+  for (int part = 0; part < parts; ++part) copier_->wait_to_device(slot * parts + part);
+  uploading_[static_cast<std::size_t>(slot)] = batch;
+  for (int part = 0; part < parts; ++part) {
+    if (destination[static_cast<std::size_t>(part)] == nullptr) continue;
+    const Buffer& source = batch->parts[static_cast<std::size_t>(part)];
+    copier_->start_to_device(slot * parts + part, destination[static_cast<std::size_t>(part)], source.as<void>(),
+                             source.bytes());
+    copier_->order_device_after_to_device(slot * parts + part);
+  }
 }
 
 void SampleFeed::read(Split split, const std::vector<std::int64_t>& indices,
@@ -93,25 +117,42 @@ void SampleFeed::read(Split split, const std::vector<std::int64_t>& indices,
     if (problem && !problem_) problem_ = problem;
     return;
   }
-  finish_reads();
-  Batch batch;
-  if (ahead_ && ahead_->split == split && ahead_->indices == indices) {
-    batch = std::move(*ahead_);
-    ahead_.reset();
-  } else {  // only the parts asked for (a V's loss chunk reads the targets alone)
-    batch = {.split = split, .indices = indices};
-    fill(batch, {parts[0] != nullptr, parts[1] != nullptr, parts[2] != nullptr});
+  const auto queued = std::find_if(ahead_.begin(), ahead_.end(), [&](const Pending& pending) {
+    return pending.batch->split == split && pending.batch->indices == indices;
+  });
+  std::shared_ptr<Batch> batch;
+  if (queued != ahead_.end()) {
+    queued->read.wait();
+    batch = queued->batch;
+    ahead_.erase(ahead_.begin(), queued + 1);
+  } else {  // only the parts asked for (a V's loss chunk reads the targets alone), once no read runs
+    finish_reads();
+    batch = std::make_shared<Batch>(Batch{.split = split, .indices = indices});
+    for (std::size_t part = 0; part < parts.size(); ++part)
+      if (parts[part] != nullptr)
+        batch->parts[part] = host_memory().allocate(MemoryState::workspace, bytes_per_sample_[part] * indices.size());
+    fill(*batch, {true, true, true});
   }
-  if (batch.problem && !problem_) problem_ = batch.problem;
-  for (std::size_t part = 0; part < parts.size(); ++part)
-    if (parts[part] != nullptr) memory_.copy_to_device(parts[part], batch.parts[part].data(), batch.parts[part].size());
+  if (batch->problem && !problem_) problem_ = batch->problem;
+  deliver(batch, parts);
 }
 
 void SampleFeed::read_ahead(Split split, std::vector<std::int64_t> indices) {
   if (!reads_ahead_) return;
-  finish_reads();
-  ahead_ = Batch{.split = split, .indices = std::move(indices)};
-  ahead_done_ = std::async(std::launch::async, [this] { fill(*ahead_, {true, true, true}); });
+  auto batch = std::make_shared<Batch>(Batch{.split = split, .indices = std::move(indices)});
+  for (std::size_t part = 0; part < batch->parts.size(); ++part)
+    if (bytes_per_sample_[part] > 0)
+      batch->parts[part] = host_memory().allocate(MemoryState::workspace, bytes_per_sample_[part] * batch->indices.size());
+  // One batch read at a time, in order: a file's library takes one reader, and the batch's own
+  // reader threads fill the cores the computation leaves.
+  std::shared_future<void> previous = ahead_.empty() ? std::shared_future<void>() : ahead_.back().read;
+  // The batch stays in the queue (the main thread's) until its read is waited for: the thread
+  // only fills it, and never holds the last reference to its host memory.
+  std::shared_future<void> read = std::async(std::launch::async, [this, filled = batch.get(), previous] {
+    if (previous.valid()) previous.wait();
+    fill(*filled, {true, true, true});
+  }).share();
+  ahead_.push_back({std::move(batch), std::move(read)});
 }
 
 }  // namespace mlptrain

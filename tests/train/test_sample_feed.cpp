@@ -1,8 +1,10 @@
 // Train room: the sample feed reads the same samples whether it reads ahead or not, reads ahead
 // on another thread where the rank has a reader thread (on the CPU, a core its GEMMs leave free)
-// and the dataset allows it or is a file, splits a batch over its reader threads, falls back to
-// reading at once when the read ahead was for other samples, and turns a failed read into zeros
-// and a problem.
+// and the dataset allows it or is a file, keeps two batches ahead and uploads them through
+// alternating slots, splits a batch over its reader threads, falls back to reading at once when
+// the read ahead was for other samples, and turns a failed read into zeros and a problem. The
+// built-in datasets generated on a device (the loopback device here) are the CPU's samples bit
+// for bit.
 #include <gtest/gtest.h>
 
 #include <mutex>
@@ -12,6 +14,7 @@
 #include "core/error.hpp"
 #include "core/memory_ledger.hpp"
 #include "kernels/loopback/loopback_backend.hpp"
+#include "train/device_samples.hpp"
 #include "train/sample_feed.hpp"
 
 using namespace mlptrain;
@@ -69,7 +72,7 @@ TEST(SampleFeed, ReadsAheadOnAnotherThreadTheSamplesItWouldReadAtOnce) {
   auto memory = make_loopback_allocator(ledger);
   RecordingDataset dataset(true);
   SampleFeed feed(dataset, *memory, {.inputs = true, .labels = true}, 1);
-  ASSERT_TRUE(feed.reads_ahead());
+  ASSERT_EQ(feed.batches_ahead(), 2);
   const Fed first = feed_through(feed, *memory, {4, 7});
   EXPECT_EQ(first.inputs, (std::vector<float>{40, 41, 70, 71}));
   EXPECT_EQ(first.labels, (std::vector<std::int32_t>{1, 1}));
@@ -91,17 +94,17 @@ TEST(SampleFeed, ReadsAtOnceWithoutAFreeCoreOrWhenTheDatasetKeepsToOneThread) {
   MemoryLedger ledger;
   auto loopback = make_loopback_allocator(ledger);
   RecordingDataset one_thread(false);
-  EXPECT_FALSE(SampleFeed(one_thread, *loopback, {.inputs = true}, 1).reads_ahead());
+  EXPECT_EQ(SampleFeed(one_thread, *loopback, {.inputs = true}, 1).batches_ahead(), 0);
   HostAllocator host(ledger);
   RecordingDataset any_thread(true);
   SampleFeed feed(any_thread, host, {.inputs = true, .labels = true}, 0);  // the GEMMs use every core
-  EXPECT_FALSE(feed.reads_ahead());
+  EXPECT_EQ(feed.batches_ahead(), 0);
   feed.read_ahead(Split::train, {1});
   EXPECT_EQ(feed_through(feed, host, {8}).inputs, (std::vector<float>{80, 81}));
   EXPECT_EQ(any_thread.readers.size(), 1u);
   // A rank that reads no part of a sample (a middle pipeline stage) does not read at all.
   SampleFeed none(any_thread, *loopback, {}, 1);
-  EXPECT_FALSE(none.reads_ahead());
+  EXPECT_EQ(none.batches_ahead(), 0);
   none.read(Split::train, {1, 2}, {nullptr, nullptr, nullptr});
   EXPECT_EQ(any_thread.readers.size(), 1u);
 }
@@ -111,7 +114,7 @@ TEST(SampleFeed, ReadsAheadOnTheCpuWhereACoreIsFree) {
   HostAllocator host(ledger);
   RecordingDataset any_thread(true);
   SampleFeed feed(any_thread, host, {.inputs = true, .labels = true}, 1);
-  ASSERT_TRUE(feed.reads_ahead());
+  ASSERT_EQ(feed.batches_ahead(), 2);
   feed.read_ahead(Split::train, {5});
   EXPECT_EQ(feed_through(feed, host, {5}).inputs, (std::vector<float>{50, 51}));
   ASSERT_EQ(any_thread.readers.size(), 1u);
@@ -142,9 +145,9 @@ TEST(SampleFeed, ReadsAFileAheadOnTheCpuWhereACoreIsFree) {
   MemoryLedger ledger;
   HostAllocator host(ledger);
   RecordingDataset file(false, true);
-  EXPECT_FALSE(SampleFeed(file, host, {.inputs = true}, 0).reads_ahead());  // the GEMMs use every core
+  EXPECT_EQ(SampleFeed(file, host, {.inputs = true}, 0).batches_ahead(), 0);  // the GEMMs use every core
   SampleFeed feed(file, host, {.inputs = true, .labels = true}, 4);
-  ASSERT_TRUE(feed.reads_ahead());
+  ASSERT_EQ(feed.batches_ahead(), 2);
   std::vector<std::int64_t> many(40);
   for (std::size_t i = 0; i < many.size(); ++i) many[i] = static_cast<std::int64_t>(i);
   feed.read_ahead(Split::train, many);
@@ -175,6 +178,84 @@ TEST(SampleFeed, SplitsABatchOverItsReaderThreadsWhereTheDatasetAllows) {
   EXPECT_EQ(failed.inputs, std::vector<float>(indices.size() * 2, 0.0f));
   ASSERT_TRUE(feed.problem());
   EXPECT_EQ(*feed.problem(), "sample -4 is unreadable");
+}
+
+TEST(SampleFeed, KeepsTwoBatchesAheadAndTakesThemInOrderThroughAlternatingSlots) {
+  MemoryLedger ledger;
+  auto memory = make_loopback_allocator(ledger);
+  RecordingDataset file(false, true);
+  SampleFeed feed(file, *memory, {.inputs = true, .labels = true}, 1);
+  ASSERT_EQ(feed.batches_ahead(), 2);
+  feed.read_ahead(Split::train, {1, 2});
+  feed.read_ahead(Split::train, {3, 4});
+  // Five reads cycle both upload slots more than once; each takes its own batch.
+  for (std::int64_t first = 1; first <= 9; first += 2) {
+    EXPECT_EQ(feed_through(feed, *memory, {first, first + 1}).inputs,
+              (std::vector<float>{first * 10.0f, first * 10.0f + 1, (first + 1) * 10.0f, (first + 1) * 10.0f + 1}));
+    feed.read_ahead(Split::train, {first + 4, first + 5});
+  }
+  feed.finish_reads();
+  EXPECT_EQ(file.readers.size(), 7u);  // every batch read once, none at once
+  for (std::thread::id reader : file.readers) EXPECT_NE(reader, std::this_thread::get_id());
+  // A read of a later batch drops those queued before it.
+  EXPECT_EQ(feed_through(feed, *memory, {13, 14}).labels, (std::vector<std::int32_t>{1, 2}));
+  EXPECT_EQ(file.readers.size(), 7u);
+}
+
+// The samples a dataset reads on the host, and those the device generates for the same indices.
+struct Generated {
+  std::vector<float> inputs, targets;
+  std::vector<std::int32_t> labels;
+};
+
+Generated generate_on_device(Dataset& dataset, Split split, const std::vector<std::int64_t>& indices, SampleParts parts) {
+  MemoryLedger ledger;
+  auto memory = make_loopback_allocator(ledger);
+  auto kernels = make_loopback_kernels();
+  DeviceSamples samples(*dataset.synthetic(), *kernels, *memory, parts);
+  const DatasetInfo& info = dataset.info();
+  const std::size_t rows = indices.size();
+  Buffer inputs = memory->allocate_floats(MemoryState::activations, rows * static_cast<std::size_t>(info.input_dim));
+  Buffer targets = memory->allocate_floats(MemoryState::activations, rows * static_cast<std::size_t>(info.output_dim));
+  Buffer labels = memory->allocate(MemoryState::activations, rows * sizeof(std::int32_t));
+  Generated generated{std::vector<float>(rows * static_cast<std::size_t>(info.input_dim), -1.0f),
+                      std::vector<float>(rows * static_cast<std::size_t>(info.output_dim), -1.0f),
+                      std::vector<std::int32_t>(rows, -1)};
+  memory->copy_to_device(inputs.as<void>(), generated.inputs.data(), inputs.bytes());
+  memory->copy_to_device(targets.as<void>(), generated.targets.data(), targets.bytes());
+  memory->copy_to_device(labels.as<void>(), generated.labels.data(), labels.bytes());
+  samples.read(split, indices, {&inputs, &targets, &labels});
+  memory->copy_to_host(generated.inputs.data(), inputs.as<void>(), inputs.bytes());
+  memory->copy_to_host(generated.targets.data(), targets.as<void>(), targets.bytes());
+  memory->copy_to_host(generated.labels.data(), labels.as<void>(), labels.bytes());
+  return generated;
+}
+
+TEST(DeviceSamples, GeneratesTheSamplesTheDatasetReadsBitForBit) {
+  const std::vector<std::int64_t> indices = {0, 7, 65535, 12, 12, 40000};
+  for (DatasetKind kind : {DatasetKind::teacher, DatasetKind::mixture}) {
+    auto dataset = open_dataset({.kind = kind, .input_dim = 37, .output_dim = 5});
+    const DatasetInfo& info = dataset->info();
+    const bool teacher = kind == DatasetKind::teacher;
+    for (Split split : {Split::train, Split::test}) {
+      Generated read{std::vector<float>(indices.size() * static_cast<std::size_t>(info.input_dim)),
+                     std::vector<float>(indices.size() * static_cast<std::size_t>(info.output_dim), -1.0f),
+                     std::vector<std::int32_t>(indices.size(), -1)};
+      dataset->read(split, indices, read.inputs.data(), teacher ? read.targets.data() : nullptr,
+                    teacher ? nullptr : read.labels.data());
+      const Generated made = generate_on_device(*dataset, split, indices,
+                                                {.inputs = true, .targets = teacher, .labels = !teacher});
+      EXPECT_EQ(made.inputs, read.inputs);
+      EXPECT_EQ(made.targets, read.targets);
+      EXPECT_EQ(made.labels, read.labels);
+      // A rank that computes the loss without the inputs (a pipeline's last stage) gets the same
+      // targets or labels, and its inputs buffer is left alone.
+      const Generated loss_side = generate_on_device(*dataset, split, indices, {.targets = teacher, .labels = !teacher});
+      EXPECT_EQ(loss_side.targets, read.targets);
+      EXPECT_EQ(loss_side.labels, read.labels);
+      EXPECT_EQ(loss_side.inputs, std::vector<float>(read.inputs.size(), -1.0f));
+    }
+  }
 }
 
 }  // namespace
