@@ -1,10 +1,11 @@
-// The kernel interface on a GPU (see kernels.hpp): cuBLAS for the GEMMs, and one kernel per op for
-// the rest, all on the backend's compute stream. The numerics follow the CPU backend: GELU in its
-// erf form, softmax and loss sums in double, AdamW's scalars formed in double as
-// torch.optim.AdamW forms them. Two things differ by design: reductions over many elements sum
-// per block in double and combine blocks with atomics (the order varies, the double sum does not
-// visibly), and column sums run one thread per column over the rows in order, as the CPU does.
-// (fmt's compile-time format strings do not build under nvcc: messages are plain strings.)
+// The kernel interface on a GPU (see kernels.hpp): cuBLAS for the GEMMs (cuBLASLt where the bias
+// goes into the epilogue), one kernel per op for the rest, the built-in samples generated here,
+// all on the backend's compute stream. The numerics follow the CPU backend: GELU in its erf form,
+// softmax and loss sums in double, AdamW's scalars formed in double as torch.optim.AdamW forms
+// them. Two things differ by design: reductions over many elements sum per block in double and
+// combine blocks with atomics (the order varies, the double sum does not visibly), and column
+// sums add blocks of rows first (layer_kernels.cuh), the fp32 sums in another order than the
+// CPU's. (fmt's compile-time format strings do not build under nvcc: messages are plain strings.)
 // Ops that return a value to the host (losses, AdamW's squared-gradient sum) synchronize the
 // stream; the others only queue work.
 #include <cublas_v2.h>
@@ -12,13 +13,21 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+#include <memory>
+#include <span>
 #include <stdexcept>
 #include <string>
 
 #include "core/error.hpp"
+#include "kernels/cuda/biased_matmul.hpp"
 #include "kernels/cuda/cuda_backend.hpp"
 #include "kernels/cuda/cuda_check.hpp"
 #include "kernels/cuda/device_kernels.cuh"
+#include "kernels/cuda/layer_kernels.cuh"
+#include "kernels/cuda/sample_kernels.hpp"
 
 namespace mlptrain {
 
@@ -46,9 +55,12 @@ class CudaKernels final : public Kernels {
           "cublasSetMathMode");
     check(cudaMalloc(&totals_device_, 2 * sizeof(double)), "cudaMalloc");
     check(cudaMallocHost(&totals_host_, 2 * sizeof(double)), "cudaMallocHost");
+    check(cudaDeviceGetAttribute(&multiprocessors_, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
+    biased_ = std::make_unique<BiasedMatmul>(stream_, tf32);
   }
   ~CudaKernels() override {
-    if (sums_ != nullptr) cudaFreeAsync(sums_, stream_);
+    biased_.reset();
+    if (scratch_ != nullptr) cudaFreeAsync(scratch_, stream_);
     cudaStreamSynchronize(stream_);
     cudaFreeHost(totals_host_);
     cudaFree(totals_device_);
@@ -74,12 +86,13 @@ class CudaKernels final : public Kernels {
       return;
     }
     if (gemm.beta != 0.0f) throw std::logic_error("a GEMM's bias is for beta = 0");
-    // With a bias: the fp32 result first (in place for an fp32 output), then one pass adds the
-    // bias in fp32 and rounds once into the output.
+    if (biased_->run(gemm)) return;
+    // Where cuBLASLt has no epilogue for it: the fp32 result first (in place for an fp32
+    // output), then one pass adds the bias in fp32 and rounds once into the output.
     float* sums = static_cast<float*>(gemm.c);
     std::int64_t sums_leading = gemm.ldc;
     if (gemm.output != DataType::float32) {
-      sums = reserve_sums(static_cast<std::size_t>(gemm.m * gemm.n));
+      sums = static_cast<float*>(reserve_scratch(static_cast<std::size_t>(gemm.m * gemm.n) * sizeof(float)));
       sums_leading = gemm.n;
     }
     gemm_into(gemm, sums, DataType::float32, sums_leading);
@@ -114,8 +127,14 @@ class CudaKernels final : public Kernels {
   void gelu_forward(const void* pre, void* activated, std::int64_t rows, std::int64_t cols, DataType type) override {
     with_device_element(type, [&](auto element) {
       using E = decltype(element);
-      launch(gelu_forward_kernel<E>, rows * cols, static_cast<const Stored<E>*>(pre), static_cast<Stored<E>*>(activated),
-             rows * cols);
+      constexpr int V = pack_width<E>;
+      const std::int64_t count = rows * cols;
+      if (packs_fit({pre, activated}, count, V))
+        launch(gelu_forward_kernel<E, V>, count / V, static_cast<const Stored<E>*>(pre), static_cast<Stored<E>*>(activated),
+               count / V);
+      else
+        launch(gelu_forward_kernel<E, 1>, count, static_cast<const Stored<E>*>(pre), static_cast<Stored<E>*>(activated),
+               count);
     });
   }
   void bias_add(void* data, const void* bias, std::int64_t rows, std::int64_t cols, DataType type) override {
@@ -127,23 +146,11 @@ class CudaKernels final : public Kernels {
   }
   void gelu_backward(const void* grad_activated, const void* pre, void* grad_pre, DataType type, void* bias_grad,
                      DataType bias_grad_type, bool accumulate, std::int64_t rows, std::int64_t cols) override {
-    with_device_element(type, [&](auto element) {
-      using E = decltype(element);
-      launch(gelu_backward_kernel<E>, rows * cols, static_cast<const Stored<E>*>(grad_activated),
-             static_cast<const Stored<E>*>(pre), static_cast<Stored<E>*>(grad_pre), rows * cols);
-    });
-    column_sums(grad_pre, type, bias_grad, bias_grad_type, accumulate, rows, cols);
+    column_sums_of(grad_activated, pre, grad_pre, type, bias_grad, bias_grad_type, accumulate, rows, cols);
   }
   void column_sums(const void* data, DataType type, void* sums, DataType sums_type, bool accumulate,
                    std::int64_t rows, std::int64_t cols) override {
-    with_device_element(type, [&](auto element) {
-      with_device_element(sums_type, [&](auto sums_element) {
-        using E = decltype(element);
-        using S = decltype(sums_element);
-        launch(column_sums_kernel<E, S>, cols, static_cast<const Stored<E>*>(data), static_cast<Stored<S>*>(sums),
-               accumulate, rows, cols);
-      });
-    });
+    column_sums_of(data, nullptr, nullptr, type, sums, sums_type, accumulate, rows, cols);
   }
 
   double mse(const float* prediction, const float* target, float* grad, std::int64_t rows,
@@ -200,6 +207,12 @@ class CudaKernels final : public Kernels {
 
   double adamw(float* master, const void* grads, DataType grads_type, float* exp_avg, float* exp_avg_sq,
                std::size_t count, const AdamWStep& step, void* compute_copy, DataType compute_type) override {
+    const AdamWRange range{.master = master, .grads = grads, .exp_avg = exp_avg, .exp_avg_sq = exp_avg_sq,
+                           .count = count, .compute_copy = compute_copy};
+    return adamw(std::span<const AdamWRange>(&range, 1), grads_type, step, compute_type);
+  }
+  double adamw(std::span<const AdamWRange> ranges, DataType grads_type, const AdamWStep& step,
+               DataType compute_type) override {
     // The scalars are formed as the CPU's update forms them (kernels/cpu/cpu_kernels.cpp).
     const double correction1 = 1.0 - std::pow(step.beta1, static_cast<double>(step.step));
     const double correction2 = 1.0 - std::pow(step.beta2, static_cast<double>(step.step));
@@ -214,13 +227,43 @@ class CudaKernels final : public Kernels {
                                .eps = static_cast<float>(step.eps),
                                .grad_scale = step.grad_scale};
     clear_totals();
-    with_device_element(grads_type, [&](auto element) {
-      using G = decltype(element);
-      launch(adamw_kernel<G>, static_cast<std::int64_t>(count), master, static_cast<const Stored<G>*>(grads), exp_avg,
-             exp_avg_sq, static_cast<std::int64_t>(count), scalars, totals_device_);
-    });
-    if (compute_copy != nullptr) convert(master, DataType::float32, compute_copy, compute_type, count);
+    // One launch a table of ranges: a step's layers (or shards) fill one table or a few.
+    for (std::size_t first = 0; first < ranges.size(); first += adamw_ranges_per_launch) {
+      AdamWRangeTable table{};
+      std::int64_t end = 0;
+      for (std::size_t r = first; r < ranges.size() && table.count < adamw_ranges_per_launch; ++r) {
+        const AdamWRange& range = ranges[r];
+        if (range.count == 0) continue;
+        table.ranges[table.count] = {range.master, range.grads, range.exp_avg, range.exp_avg_sq, range.compute_copy};
+        end += static_cast<std::int64_t>(range.count);
+        table.ends[table.count] = end;
+        if (range.counted) table.counted |= std::uint64_t{1} << table.count;
+        ++table.count;
+      }
+      if (table.count == 0) continue;
+      with_device_element(grads_type, [&](auto grad_element) {
+        with_device_element(compute_type, [&](auto copy_element) {
+          using G = decltype(grad_element);
+          using C = decltype(copy_element);
+          launch(adamw_kernel<G, C>, end, table, scalars, totals_device_);
+        });
+      });
+    }
     return read_totals()[0];
+  }
+
+  void generate_samples(const SyntheticSamples& samples, const std::uint64_t* stream_indices, std::int64_t count,
+                        float* inputs, float* targets, std::int32_t* labels) override {
+    // Scratch for what the caller does not take: the inputs a teacher's targets need, the labels
+    // a mixture's inputs need.
+    const bool teacher = samples.kind == SyntheticKind::teacher;
+    const std::size_t input_bytes =
+        teacher && inputs == nullptr && targets != nullptr ? static_cast<std::size_t>(count * samples.input_dim) * sizeof(float) : 0;
+    const std::size_t label_bytes = !teacher && labels == nullptr ? static_cast<std::size_t>(count) * sizeof(std::int32_t) : 0;
+    std::byte* scratch = input_bytes + label_bytes > 0 ? static_cast<std::byte*>(reserve_scratch(input_bytes + label_bytes)) : nullptr;
+    const SampleScratch spare{.inputs = input_bytes > 0 ? reinterpret_cast<float*>(scratch) : nullptr,
+                              .labels = label_bytes > 0 ? reinterpret_cast<std::int32_t*>(scratch + input_bytes) : nullptr};
+    launch_synthetic_samples(samples, stream_indices, count, inputs, targets, labels, spare, stream_);
   }
 
   double sum_of_squares(const void* data, DataType type, std::size_t count) override {
@@ -270,15 +313,66 @@ class CudaKernels final : public Kernels {
                        library_type(output), static_cast<int>(ldc), compute, CUBLAS_GEMM_DEFAULT),
           "cublasGemmEx");
   }
-  // fp32 scratch of at least `count` elements for a biased GEMM's sums, kept and grown as needed
-  // (the stream orders its uses).
-  float* reserve_sums(std::size_t count) {
-    if (count > sums_capacity_) {
-      if (sums_ != nullptr) check(cudaFreeAsync(sums_, stream_), "cudaFreeAsync");
-      check(cudaMallocAsync(reinterpret_cast<void**>(&sums_), count * sizeof(float), stream_), "cudaMallocAsync");
-      sums_capacity_ = count;
+  // Device scratch of at least `bytes`, kept and grown as needed (the stream orders its uses:
+  // a biased GEMM's fp32 sums where no epilogue adds the bias, column sums' partials, the
+  // generator's spare inputs).
+  void* reserve_scratch(std::size_t bytes) {
+    if (bytes > scratch_bytes_) {
+      if (scratch_ != nullptr) check(cudaFreeAsync(scratch_, stream_), "cudaFreeAsync");
+      check(cudaMallocAsync(&scratch_, bytes, stream_), "cudaMallocAsync");
+      scratch_bytes_ = bytes;
     }
-    return sums_;
+    return scratch_;
+  }
+
+  // Whether `count` elements at each pointer move in packs of `width` (16-byte aligned, whole packs).
+  static bool packs_fit(std::initializer_list<const void*> pointers, std::int64_t count, int width) {
+    if (count % width != 0) return false;
+    for (const void* pointer : pointers)
+      if (reinterpret_cast<std::uintptr_t>(pointer) % 16 != 0) return false;
+    return true;
+  }
+
+  // sums (of sums_type) = (or +=) the column sums of `data`, or with `pre` of grad_pre =
+  // round(data * GELU'(pre)), stored as it goes: two stages (layer_kernels.cuh), blocks of rows
+  // enough to fill the GPU several times over.
+  void column_sums_of(const void* data, const void* pre, void* grad_pre, DataType type, void* sums,
+                      DataType sums_type, bool accumulate, std::int64_t rows, std::int64_t cols) {
+    if (cols <= 0) return;
+    with_device_element(type, [&](auto element) {
+      using E = decltype(element);
+      constexpr int V = pack_width<E>;
+      const bool gelu = pre != nullptr;
+      const bool packed = cols % V == 0 && packs_fit({data, pre, grad_pre}, cols, V);
+      const std::int64_t width = packed ? V : 1;
+      const std::int64_t tiles = (cols / width + column_tile_packs - 1) / column_tile_packs;
+      const std::int64_t wanted_blocks = 4 * static_cast<std::int64_t>(multiprocessors_);
+      const std::int64_t most_row_blocks = std::max<std::int64_t>(1, (rows + row_lanes - 1) / row_lanes);
+      std::int64_t row_blocks = std::clamp<std::int64_t>((wanted_blocks + tiles - 1) / tiles, 1, std::min<std::int64_t>(most_row_blocks, 65535));
+      // Whole row lanes a block, and no block without rows.
+      const std::int64_t rows_per_block = std::max<std::int64_t>(row_lanes, ((rows + row_blocks - 1) / row_blocks + row_lanes - 1) / row_lanes * row_lanes);
+      row_blocks = std::max<std::int64_t>(1, (rows + rows_per_block - 1) / rows_per_block);
+      auto* partials = static_cast<float*>(reserve_scratch(static_cast<std::size_t>(row_blocks * cols) * sizeof(float)));
+      const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(row_blocks));
+      const dim3 block(column_tile_packs, row_lanes);
+      const auto* in = static_cast<const Stored<E>*>(data);
+      const auto* saved = static_cast<const Stored<E>*>(pre);
+      auto* out = static_cast<Stored<E>*>(grad_pre);
+      if (packed && gelu)
+        column_partials_kernel<E, V, true><<<grid, block, 0, stream_>>>(in, saved, out, partials, rows, cols, rows_per_block);
+      else if (packed)
+        column_partials_kernel<E, V, false><<<grid, block, 0, stream_>>>(in, saved, out, partials, rows, cols, rows_per_block);
+      else if (gelu)
+        column_partials_kernel<E, 1, true><<<grid, block, 0, stream_>>>(in, saved, out, partials, rows, cols, rows_per_block);
+      else
+        column_partials_kernel<E, 1, false><<<grid, block, 0, stream_>>>(in, saved, out, partials, rows, cols, rows_per_block);
+      check(cudaGetLastError(), "column_partials_kernel launch");
+      with_device_element(sums_type, [&](auto sums_element) {
+        using S = decltype(sums_element);
+        launch(column_totals_kernel<S>, cols, static_cast<const float*>(partials), row_blocks,
+               static_cast<Stored<S>*>(sums), accumulate, cols);
+      });
+    });
   }
 
   // Launches `kernel` over `count` work items (elements, rows or columns) on the compute stream.
@@ -309,8 +403,10 @@ class CudaKernels final : public Kernels {
   cublasHandle_t blas_ = nullptr;
   double* totals_device_ = nullptr;  // the reductions' sums
   double* totals_host_ = nullptr;    // pinned, for reading them back
-  float* sums_ = nullptr;            // a biased GEMM's fp32 sums before rounding
-  std::size_t sums_capacity_ = 0;
+  int multiprocessors_ = 1;
+  std::unique_ptr<BiasedMatmul> biased_;  // biased GEMMs through cuBLASLt's epilogue
+  void* scratch_ = nullptr;               // see reserve_scratch
+  std::size_t scratch_bytes_ = 0;
 };
 
 }  // namespace

@@ -54,9 +54,6 @@ int blocks_for(std::int64_t count) {
   return static_cast<int>(std::clamp<std::int64_t>((count + block_threads - 1) / block_threads, 1, 8192));
 }
 
-__device__ float normal_cdf(float x) { return 0.5f * (1.0f + erff(x * 0.70710678118654752f)); }
-__device__ float normal_pdf(float x) { return 0.39894228040143268f * expf(-0.5f * x * x); }
-
 // The sum of every thread's `value` over the block, in shared memory; valid in thread 0. Every
 // thread of the block must call it.
 __device__ double block_sum(double value) {
@@ -79,51 +76,6 @@ __device__ void block_sum_into(double value, double* total) {
 #define GRID_STRIDE(index, count)                                                              \
   for (std::int64_t index = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; \
        index < (count); index += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
-
-// GELU of the pre-activation as stored.
-template <typename E>
-__global__ void gelu_forward_kernel(const Stored<E>* pre, Stored<E>* activated, std::int64_t count) {
-  GRID_STRIDE(i, count) {
-    const float value = E::load(pre[i]);
-    activated[i] = E::store(value * normal_cdf(value));
-  }
-}
-
-// c[r, j] = (sums[r, j] + bias[j]) added in fp32 and rounded once into c's type.
-template <typename B, typename Out>
-__global__ void bias_round_kernel(const float* sums, std::int64_t sums_leading, const Stored<B>* bias, Stored<Out>* c,
-                                  std::int64_t c_leading, std::int64_t rows, std::int64_t cols) {
-  GRID_STRIDE(i, rows * cols) {
-    const std::int64_t row = i / cols, col = i % cols;
-    c[row * c_leading + col] = Out::store(sums[row * sums_leading + col] + B::load(bias[col]));
-  }
-}
-
-template <typename E>
-__global__ void bias_add_kernel(Stored<E>* data, const Stored<E>* bias, std::int64_t rows, std::int64_t cols) {
-  GRID_STRIDE(i, rows * cols) data[i] = E::store(E::load(data[i]) + E::load(bias[i % cols]));
-}
-
-template <typename E>
-__global__ void gelu_backward_kernel(const Stored<E>* grad_activated, const Stored<E>* pre, Stored<E>* grad_pre,
-                                     std::int64_t count) {
-  GRID_STRIDE(i, count) {
-    const float x = E::load(pre[i]);
-    grad_pre[i] = E::store(E::load(grad_activated[i]) * (normal_cdf(x) + x * normal_pdf(x)));
-  }
-}
-
-// One thread per column, rows in order (coalesced: neighbouring threads read neighbouring columns);
-// summed in fp32 from the sums' own value when accumulating, rounded once into them.
-template <typename E, typename S>
-__global__ void column_sums_kernel(const Stored<E>* data, Stored<S>* sums, bool accumulate, std::int64_t rows,
-                                   std::int64_t cols) {
-  GRID_STRIDE(col, cols) {
-    float total = accumulate ? S::load(sums[col]) : 0.0f;
-    for (std::int64_t row = 0; row < rows; ++row) total += E::load(data[row * cols + col]);
-    sums[col] = S::store(total);
-  }
-}
 
 __global__ void mse_kernel(const float* prediction, const float* target, float* grad, std::int64_t count,
                            float factor, double* total) {
@@ -231,19 +183,43 @@ struct AdamWScalars {
   float step_size, inverse_correction2_sqrt, decay, beta1, beta2, one_minus_beta1, one_minus_beta2, eps, grad_scale;
 };
 
-template <typename G>
-__global__ void adamw_kernel(float* params, const Stored<G>* grads, float* exp_avg, float* exp_avg_sq,
-                             std::int64_t count, AdamWScalars s, double* squared_gradients) {
+// Several ranges of AdamW's flat state updated by one launch (the ranges of a step's
+// parameters: one per layer or shard), passed by value: as many as fit a launch's parameters.
+constexpr int adamw_ranges_per_launch = 40;
+struct AdamWRangeTable {
+  struct Range {
+    float* master;
+    const void* grads;
+    float* exp_avg;
+    float* exp_avg_sq;
+    void* compute_copy;  // the updated weights rounded to the compute type, or null
+  } ranges[adamw_ranges_per_launch];
+  std::int64_t ends[adamw_ranges_per_launch];  // where each range ends in the ranges laid end to end
+  std::uint64_t counted;                       // bit r: range r's gradients count in the sum
+  int count;
+};
+
+// AdamW over the table's ranges as one index space, each element as the CPU updates it; the
+// squared (scaled) gradients of the counted ranges summed in double.
+template <typename G, typename C>
+__global__ void adamw_kernel(AdamWRangeTable table, AdamWScalars s, double* squared_gradients) {
   double sum = 0;
-  GRID_STRIDE(i, count) {
+  GRID_STRIDE(index, table.ends[table.count - 1]) {
+    int range = 0;
+    while (index >= table.ends[range]) ++range;
+    const auto& r = table.ranges[range];
+    const std::int64_t i = index - (range == 0 ? 0 : table.ends[range - 1]);
+    const auto* grads = static_cast<const Stored<G>*>(r.grads);
     const float gradient = s.grad_scale == 1.0f ? G::load(grads[i]) : G::load(grads[i]) * s.grad_scale;
-    const float first = exp_avg[i] * s.beta1 + s.one_minus_beta1 * gradient;
-    const float second = exp_avg_sq[i] * s.beta2 + s.one_minus_beta2 * gradient * gradient;
-    exp_avg[i] = first;
-    exp_avg_sq[i] = second;
+    const float first = r.exp_avg[i] * s.beta1 + s.one_minus_beta1 * gradient;
+    const float second = r.exp_avg_sq[i] * s.beta2 + s.one_minus_beta2 * gradient * gradient;
+    r.exp_avg[i] = first;
+    r.exp_avg_sq[i] = second;
     const float denominator = sqrtf(second) * s.inverse_correction2_sqrt + s.eps;
-    params[i] = params[i] * s.decay - s.step_size * (first / denominator);
-    sum += static_cast<double>(gradient) * gradient;
+    const float updated = r.master[i] * s.decay - s.step_size * (first / denominator);
+    r.master[i] = updated;
+    if (r.compute_copy != nullptr) static_cast<Stored<C>*>(r.compute_copy)[i] = C::store(updated);
+    if ((table.counted >> range) & 1u) sum += static_cast<double>(gradient) * gradient;
   }
   block_sum_into(sum, squared_gradients);
 }

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numbers>
+#include <vector>
 
 namespace mlptrain {
 
@@ -80,14 +81,14 @@ double AdamW::update(Kernels& kernels, const StatePlacement& placement, double l
     return owned_sum * static_cast<double>(grad_scale) * grad_scale;
   }
   const Precision& precision = placement.precision;
-  double owned_sum = 0;
-  for (const StateRun& run : placement.updated) {
-    const double sum = kernels.adamw(run.master, run.grads, precision.reduce, run.exp_avg, run.exp_avg_sq,
-                                     static_cast<std::size_t>(run.count), settings,
-                                     precision.keeps_master() ? run.values : nullptr, precision.param);
-    if (counts_in_norms(run)) owned_sum += sum;
-  }
-  return owned_sum;
+  std::vector<AdamWRange> ranges;
+  ranges.reserve(placement.updated.size());
+  for (const StateRun& run : placement.updated)
+    ranges.push_back({.master = run.master, .grads = run.grads, .exp_avg = run.exp_avg, .exp_avg_sq = run.exp_avg_sq,
+                      .count = static_cast<std::size_t>(run.count),
+                      .compute_copy = precision.keeps_master() ? run.values : nullptr,
+                      .counted = counts_in_norms(run)});
+  return kernels.adamw(ranges, precision.reduce, settings, precision.param);
 }
 
 }  // namespace mlptrain
