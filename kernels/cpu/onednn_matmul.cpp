@@ -152,12 +152,19 @@ void OneDnnMatmul::run_blocks(const Gemm& gemm) {
   }
 }
 
+OneDnnMatmul::Problem OneDnnMatmul::problem_of(const Gemm& gemm) {
+  return {gemm.transpose_a, gemm.transpose_b, gemm.m, gemm.n, gemm.varying == Varying::k ? DNNL_RUNTIME_DIM_VAL : gemm.k,
+          gemm.lda, gemm.ldb, gemm.ldc, gemm.input, gemm.output, gemm.alpha, gemm.beta, gemm.bias != nullptr};
+}
+
+std::string OneDnnMatmul::implementation_of(const Gemm& gemm) {
+  const Primitive* primitive = find(problem_of(gemm));
+  return primitive != nullptr ? primitive->implementation : "widened";
+}
+
 void OneDnnMatmul::run_one(const Gemm& gemm) {
   const bool runtime_k = gemm.varying == Varying::k;
-  const Problem problem{gemm.transpose_a, gemm.transpose_b, gemm.m, gemm.n, runtime_k ? DNNL_RUNTIME_DIM_VAL : gemm.k,
-                        gemm.lda, gemm.ldb, gemm.ldc, gemm.input, gemm.output, gemm.alpha, gemm.beta,
-                        gemm.bias != nullptr};
-  Primitive* primitive = find(problem);
+  Primitive* primitive = find(problem_of(gemm));
   if (primitive == nullptr && runtime_k) {  // no run-time k for these types: the exact shape
     Gemm exact = gemm;
     exact.varying = Varying::nothing;

@@ -34,6 +34,10 @@ class OneDnnMatmul {
   void run(const Gemm& gemm);
   // "oneDNN 2.6.3 (avx512_core_bf16), fp32 brg:avx512_core, bf16 brg:avx512_core_bf16, ..."
   std::string description() const;
+  // The library's kernel for `gemm` (one of a fixed shape), as oneDNN names it: on some CPUs it
+  // depends on the row count (AMX for many rows, AVX-512 for one), and with it the order of the
+  // fp32 sums. "widened" where the library has none for the element types.
+  std::string implementation_of(const Gemm& gemm);
 
   // Cached primitives, how many are kept at most, and how many were made in all.
   std::size_t cached() const { return order_.size(); }
@@ -60,6 +64,7 @@ class OneDnnMatmul {
   // The cached primitive of `problem`, made now if needed; null when the library has none for
   // its element types on this CPU.
   Primitive* find(const Problem& problem);
+  static Problem problem_of(const Gemm& gemm);
   void run_blocks(const Gemm& gemm);
   void run_one(const Gemm& gemm);
   void run_widened(const Gemm& gemm);
