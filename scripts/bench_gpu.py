@@ -2,21 +2,29 @@
 """The GPU path's speed figures, each measured side by side in one run (only ratios measured
 together mean anything):
 
-  step     one process, 16 layers of 8192, batch 8192, in fp32, TF32 (--tf32) and bf16
-           (--param-dtype bf16): mlptrain's step time against the time of the same GEMMs alone
-           (build/layerbench on the same GPU, the same shapes; target: the GEMMs at least 0.85
-           of the step), the share of the step taken by the other kernels (bias+GELU forward and
-           backward, AdamW), the model FLOP utilization against the GPU's dense peak (the
-           trainer's own figure), and PyTorch's step on the same GPU, model and precision
-           (scripts/torch_peer.py --device cuda; target: ours at most 1.0x theirs)
+  step     one process, 16 layers of 8192, batch 8192, `mixture` data (generated on the GPU), in
+           fp32, TF32 (--tf32) and bf16 (--param-dtype bf16): mlptrain's step time against the
+           time of the same GEMMs alone (build/layerbench on the same GPU, the same shapes;
+           target: the GEMMs at least 0.85 of the step), the share of the step waiting for data
+           (target: at most 0.02), the share taken by the other kernels (GELU forward and
+           backward with the bias gradient, AdamW), the model FLOP utilization against the GPU's
+           dense peak (the trainer's own figure), and PyTorch's step on the same GPU, model and
+           precision, eager and torch.compile'd (scripts/torch_peer.py --device cuda [--compile];
+           targets: bf16 at most 0.90x eager and 1.0x compiled, fp32 and TF32 at most 1.0x eager)
+  kernels  every kernel besides the GEMMs on a layer of 8192 x 8192 (layerbench's kernel table):
+           its time, the bytes it moves and their rate against a device copy of as many bytes
+           (target: at least 0.7), and the built-in samples generated per second
   staging  the host-staged all-reduce of 256 MiB at 1 to 4 ranks on one GPU (commbench
-           mpi-staged): its bandwidth against min(pinned copy bandwidth down, up, MPI's host
-           all-reduce bandwidth) measured in the same run (target >= 0.8), and the chunked
-           pipeline (4 MiB chunks) against unchunked staging (target >= 1.5x)
+           mpi-staged), its chunk size chosen from a sweep (256 KiB to 64 MiB), against the
+           bound of its slowest stage, each measured alone in the same run: the pinned copy
+           down and up streaming the whole message, MPI's host all-reduce in place (as staging
+           runs it on its slot) of one chunk-sized message (target >= 0.8); and against
+           unchunked staging (target >= 1.5x). On loopback the copies are memcpys through the
+           CPU's caches, on the cores MPI uses: the script runs there, the bound holds on a GPU
   commbench every collective from 4 KiB to 256 MiB on mpi-staged (2 ranks sharing the GPU) and
            NCCL (one rank: NCCL refuses two ranks on one GPU), with their bus bandwidths
 
-Writes OUTPUT_DIR/step.json, OUTPUT_DIR/staging.json and OUTPUT_DIR/commbench.json (default
+Writes OUTPUT_DIR/step.json, kernels.json, staging.json and commbench.json (default
 results/gpu/). With --device loopback and --tiny it runs the same code without a GPU (the test
 suite does): that checks the script, and measures nothing about a GPU."""
 import argparse
@@ -25,7 +33,7 @@ import statistics
 import subprocess
 import sys
 
-from benchlib import BUILD, ROOT, run_json, train, write_result
+from benchlib import BUILD, ROOT, read_records, run_json, train, write_result
 
 PROGRAMS = os.path.dirname(os.environ.get("MLPTRAIN", os.path.join(BUILD, "mlptrain")))
 
@@ -44,11 +52,13 @@ def layer_times(args, width, out, precision):
                      "--device", args.device] + PRECISIONS[precision]["layerbench"])[0]
 
 
-def torch_step_ms(args, precision):
-    """PyTorch's median step on the same GPU, model and precision (None where it cannot run)."""
+def torch_step_ms(args, precision, compiled=False):
+    """PyTorch's median step on the same GPU, model and precision, eager or torch.compile'd (None
+    where it cannot run)."""
     command = [sys.executable, os.path.join(ROOT, "scripts", "torch_peer.py"), "--device", "cuda",
                "--layers", str(args.layers), "--hidden", str(args.hidden), "--input-dim", str(args.hidden),
-               "--batch-per-rank", str(args.batch), "--steps", str(args.steps)] + PRECISIONS[precision]["torch"]
+               "--batch-per-rank", str(args.batch), "--steps", str(args.steps)] + PRECISIONS[precision]["torch"] + \
+        (["--compile", "--warmup", "5"] if compiled else [])
     try:
         return run_json(command)[0]["step_ms"]
     except (subprocess.CalledProcessError, IndexError) as error:
@@ -68,17 +78,34 @@ def step_figures(args, precision):
                sum(last[k] for k in gemms))
     other_ms = ((hidden["gelu_forward_ms"] + hidden["gelu_backward_ms"] + hidden["adamw_ms"]) * (layers - 1)
                 + last["adamw_ms"])
+    name = f"gpu-step-{precision}"
     step_ms, summary = train(1, ["--dataset", "mixture", "--layers", layers, "--hidden", width, "--input-dim", width,
                                  "--output-dim", 10, "--global-batch", rows, "--steps", args.steps,
-                                 "--device", args.device] + PRECISIONS[precision]["mlptrain"],
-                             f"gpu-step-{precision}")
+                                 "--device", args.device] + PRECISIONS[precision]["mlptrain"], name)
+    data_ms = statistics.median(r["data_ms"] for r in read_records(name) if not r.get("summary"))
     figures = {"gemm_ms_per_step": gemm_ms, "other_kernels_ms_per_step": other_ms, "step_ms": step_ms,
+               "data_wait_ms": data_ms, "data_wait_share_of_step": data_ms / step_ms,
                "gemm_share_of_step": gemm_ms / step_ms, "other_kernels_share_of_step": other_ms / step_ms,
                "mfu": summary.get("mfu"), "layerbench_hidden_layer": hidden, "layerbench_last_layer": last}
     if args.device == "cuda":
-        theirs = torch_step_ms(args, precision)
-        figures.update({"pytorch_step_ms": theirs, "step_over_pytorch": step_ms / theirs if theirs else None})
+        eager, compiled = torch_step_ms(args, precision), torch_step_ms(args, precision, compiled=True)
+        figures.update({"pytorch_step_ms": eager, "step_over_pytorch": step_ms / eager if eager else None,
+                        "pytorch_compiled_step_ms": compiled,
+                        "step_over_pytorch_compiled": step_ms / compiled if compiled else None})
     return figures
+
+
+def kernel_figures(args):
+    """layerbench's kernel table at the step's layer shape, for each precision the device runs."""
+    tables = {}
+    for precision in PRECISIONS if args.device == "cuda" else ("fp32",):
+        row = layer_times(args, args.hidden, args.hidden, precision)
+        tables[precision] = {"kernels": row["kernel_table"], "device": row["kernels"]}
+        for kernel in row["kernel_table"]:
+            if "of_copy_rate" in kernel:
+                print(f"bench_gpu: {precision} {kernel['kernel']:>30}: {kernel['ms']:.3f} ms, "
+                      f"{kernel['gbytes_per_s']:.0f} GB/s, {kernel['of_copy_rate']:.2f} of a copy's rate", flush=True)
+    return tables
 
 
 def every_collective(args):
@@ -114,16 +141,43 @@ def commbench(args, ranks, path, collectives, chunk_bytes=None):
     return {row["collective"]: row["algbw_gbps"] for row in rows if "algbw_gbps" in row}
 
 
-def staging_figures(args, ranks):
+def staging_round(args, ranks):
+    """One round: the pinned copies each way streaming the whole message, the staged all-reduce
+    unchunked and at each chunk size of the sweep, and MPI's host all-reduce in place (as
+    staging runs it on its slot) of one chunk-sized message."""
     copies = commbench(args, ranks, "mpi-staged", ["copy_to_host", "copy_to_device"])
-    host = commbench(args, ranks, "mpi-host", ["all_reduce"])["all_reduce"]
-    chunked = commbench(args, ranks, "mpi-staged", ["all_reduce"], args.chunk)["all_reduce"]
-    whole = commbench(args, ranks, "mpi-staged", ["all_reduce"], "0")["all_reduce"]
-    bound = min(copies["copy_to_host"], copies["copy_to_device"], host)
-    return {"ranks": ranks, "copy_to_host_gbps": copies["copy_to_host"],
-            "copy_to_device_gbps": copies["copy_to_device"], "mpi_host_all_reduce_gbps": host,
-            "staged_chunked_gbps": chunked, "staged_unchunked_gbps": whole,
-            "chunked_over_bound": chunked / bound, "chunked_over_unchunked": chunked / whole}
+    sweep = {}
+    for chunk in args.chunks:
+        host = commbench_rows(args, ranks, "mpi-host", ["all_reduce"], sizes=(chunk, chunk),
+                              extra=["--iterations", str(args.repeats), "--warmup", "2"])
+        sweep[chunk] = {"staged_gbps": commbench(args, ranks, "mpi-staged", ["all_reduce"], chunk)["all_reduce"],
+                        "mpi_host_all_reduce_gbps": next(row["in_place_algbw_gbps"] for row in host
+                                                         if "in_place_algbw_gbps" in row)}
+    return {"copy_to_host_gbps": copies["copy_to_host"], "copy_to_device_gbps": copies["copy_to_device"],
+            "staged_unchunked_gbps": commbench(args, ranks, "mpi-staged", ["all_reduce"], "0")["all_reduce"],
+            "sweep": sweep}
+
+
+def staging_figures(args, ranks):
+    """The rounds' medians, the chunk size whose median staged rate is best, and the bound at it:
+    a pipeline of the three stages runs no faster than its slowest, min(copy down, copy up, MPI's
+    host all-reduce at the chunk size)."""
+    rounds = [staging_round(args, ranks) for _ in range(args.rounds)]
+    median = lambda values: statistics.median(list(values))  # noqa: E731
+    copy_down = median(r["copy_to_host_gbps"] for r in rounds)
+    copy_up = median(r["copy_to_device_gbps"] for r in rounds)
+    sweep = {chunk: {key: median(r["sweep"][chunk][key] for r in rounds) for key in rounds[0]["sweep"][chunk]}
+             for chunk in args.chunks}
+    for row in sweep.values():
+        row["bound_gbps"] = min(copy_down, copy_up, row["mpi_host_all_reduce_gbps"])
+        row["of_bound"] = row["staged_gbps"] / row["bound_gbps"]
+    best = max(args.chunks, key=lambda chunk: sweep[chunk]["staged_gbps"])
+    whole = median(r["staged_unchunked_gbps"] for r in rounds)
+    return {"ranks": ranks, "copy_to_host_gbps": copy_down, "copy_to_device_gbps": copy_up,
+            "staged_unchunked_gbps": whole, "best_chunk_bytes": best,
+            "staged_chunked_gbps": sweep[best]["staged_gbps"], "bound_gbps": sweep[best]["bound_gbps"],
+            "chunked_over_bound": sweep[best]["of_bound"],
+            "chunked_over_unchunked": sweep[best]["staged_gbps"] / whole, "sweep": sweep, "rounds": rounds}
 
 
 def main():
@@ -133,38 +187,45 @@ def main():
     parser.add_argument("--rounds", type=int, default=3, help="staging measurements per world size (median)")
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--output-dir", default=os.path.join(ROOT, "results", "gpu"))
-    parser.add_argument("--parts", default="step,staging,commbench",
+    parser.add_argument("--parts", default="step,kernels,staging,commbench",
                         help="which measurements, comma-separated (a GPU lent for minutes may not hold all three: "
                              "on an H200 the step took about 4 minutes, staging over 5)")
     parser.add_argument("--world-sizes", default=None, help="staging's world sizes (default 1,2,3,4; --tiny 1,2)")
     args = parser.parse_args()
     parts = set(args.parts.split(","))
-    unknown = parts - {"step", "staging", "commbench"}
+    unknown = parts - {"step", "kernels", "staging", "commbench"}
     if unknown:
-        parser.error(f"--parts: unknown {', '.join(sorted(unknown))} (choose step, staging, commbench)")
+        parser.error(f"--parts: unknown {', '.join(sorted(unknown))} (choose step, kernels, staging, commbench)")
     args.hidden, args.batch, args.layers = (64, 64, 3) if args.tiny else (8192, 8192, 16)
-    args.message, args.chunk = ("1M", "64K") if args.tiny else ("256M", "4M")
+    args.message = "1M" if args.tiny else "256M"
+    args.chunks = ["64K", "256K"] if args.tiny else ["256K", "1M", "4M", "16M", "64M"]
     args.sweep = ("4K", "64K") if args.tiny else ("4K", "256M")
     args.repeats = 3 if args.tiny else 10
     world_sizes = [int(n) for n in args.world_sizes.split(",")] if args.world_sizes else [1, 2] if args.tiny else [1, 2, 3, 4]
 
     step = {"model": {"layers": args.layers, "hidden": args.hidden, "input": args.hidden, "classes": 10,
                       "batch": args.batch, "device": args.device},
-            "targets": {"gemm_share_of_step": ">= 0.85", "step_over_pytorch": "<= 1.0"}}
+            "targets": {"gemm_share_of_step": ">= 0.85", "data_wait_share_of_step": "<= 0.02",
+                        "step_over_pytorch": "bf16 <= 0.90, fp32 and tf32 <= 1.0",
+                        "step_over_pytorch_compiled": "bf16 <= 1.0"}}
     if "step" in parts:
         for precision in PRECISIONS if args.device == "cuda" else ("fp32",):
             step[precision] = step_figures(args, precision)
         write_result(os.path.join(args.output_dir, "step.json"), step)
+    if "kernels" in parts:
+        write_result(os.path.join(args.output_dir, "kernels.json"),
+                     {"layer": {"rows": args.batch, "in": args.hidden, "out": args.hidden, "device": args.device},
+                      "targets": {"of_copy_rate": ">= 0.7"}, "precisions": kernel_figures(args)})
 
     rows = []
     for ranks in world_sizes if "staging" in parts else []:
-        rounds = [staging_figures(args, ranks) for _ in range(args.rounds)]
-        rows.append({key: statistics.median(r[key] for r in rounds) for key in rounds[0]} | {"rounds": rounds})
-        print(f"bench_gpu: staging at {ranks} rank(s): {rows[-1]['chunked_over_bound']:.2f} of the bound, "
+        rows.append(staging_figures(args, ranks))
+        print(f"bench_gpu: staging at {ranks} rank(s): best chunk {rows[-1]['best_chunk_bytes']}, "
+              f"{rows[-1]['chunked_over_bound']:.2f} of the bound, "
               f"{rows[-1]['chunked_over_unchunked']:.2f}x unchunked", flush=True)
     if "staging" in parts:
         write_result(os.path.join(args.output_dir, "staging.json"),
-                     {"message_bytes": args.message, "chunk_bytes": args.chunk, "device": args.device,
+                     {"message_bytes": args.message, "chunk_sweep": args.chunks, "device": args.device,
                       "world_sizes": rows,
                       "targets": {"chunked_over_bound": ">= 0.8", "chunked_over_unchunked": ">= 1.5"}})
     if "commbench" in parts:
@@ -175,9 +236,12 @@ def main():
             figures = step[precision]
             versus = (f", PyTorch {figures['pytorch_step_ms']:.2f} ms ({figures['step_over_pytorch']:.2f}x)"
                       if figures.get("step_over_pytorch") else "")
+            versus += (f", compiled {figures['pytorch_compiled_step_ms']:.2f} ms "
+                       f"({figures['step_over_pytorch_compiled']:.2f}x)" if figures.get("step_over_pytorch_compiled") else "")
             mfu = f", MFU {100 * figures['mfu']:.1f} %" if figures.get("mfu") else ""
             print(f"bench_gpu: {precision} step {figures['step_ms']:.2f} ms, GEMMs {figures['gemm_ms_per_step']:.2f} ms "
-                  f"({100 * figures['gemm_share_of_step']:.0f} % of the step), other kernels "
+                  f"({100 * figures['gemm_share_of_step']:.0f} % of the step), data wait "
+                  f"{100 * figures['data_wait_share_of_step']:.1f} %, other kernels "
                   f"{100 * figures['other_kernels_share_of_step']:.1f} %{mfu}{versus}")
 
 

@@ -6,7 +6,8 @@
 # backend, then runs each check with its own log and writes everything to one folder:
 #   machine.txt     the GPU, driver, CUDA, compiler, Python and the bundle's own launcher
 #   <check>.log     each check's output; summary.txt one line per check: ok or FAILED (exit code)
-#   results/        bench_gpu.py's step.json, staging.json and commbench.json
+#   results/        bench_gpu.py's step.json, kernels.json, staging.json and commbench.json, and
+#                   the profile's kernels_ncu.json (scripts/gpu/ncu_kernels.py)
 # Checks: build, cuda_kernels (test_cuda_kernels), device (tests/integration/test_device.py:
 # every layout on CUDA against the CPU, host-staged MPI at 2 and 4 ranks sharing the GPU, NCCL at
 # one rank, offloaded update, checkpoints across devices), offload, commbench (mpi-staged and
@@ -14,7 +15,7 @@
 #
 # usage: scripts/gpu_check.sh [--output DIR] [PHASE...]
 #   DIR defaults to $OUT (the device tool's folder) or results/gpu/check; PHASEs are any of build
-#   tests bench (default: all three), so a session can split the work over several runs.
+#   tests bench profile (default: all four), so a session can split the work over several runs.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 top=$PWD
@@ -23,11 +24,11 @@ phases=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --output) output=${2:?--output needs a folder}; shift 2 ;;
-    build|tests|bench) phases+=("$1"); shift ;;
-    *) echo "gpu_check: unknown argument '$1' (usage: scripts/gpu_check.sh [--output DIR] [build] [tests] [bench])" >&2; exit 2 ;;
+    build|tests|bench|profile) phases+=("$1"); shift ;;
+    *) echo "gpu_check: unknown argument '$1' (usage: scripts/gpu_check.sh [--output DIR] [build] [tests] [bench] [profile])" >&2; exit 2 ;;
   esac
 done
-[ ${#phases[@]} -gt 0 ] || phases=(build tests bench)
+[ ${#phases[@]} -gt 0 ] || phases=(build tests bench profile)
 mkdir -p "$output"
 output=$(cd "$output" && pwd)
 summary="$output/summary.txt"
@@ -135,6 +136,24 @@ for phase in "${phases[@]}"; do
       else
         echo "bench: FAILED (no Python with numpy to run scripts/bench_gpu.py)" | tee -a "$summary"
       fi
+      ;;
+    profile)
+      if ! command -v ncu >/dev/null; then
+        echo "profile        skipped (no ncu)" | tee -a "$summary"
+        continue
+      fi
+      mkdir -p "$output/results"
+      # A device copy's rate beside it (layerbench's kernel table), then the third step's kernels.
+      check copy_rate sh -c "build-gpu/layerbench 8192 8192 8192 3 --device cuda --dtype bf16 > '$output/layerbench_bf16.json'"
+      check profile sh -c "ncu --clock-control none --csv --print-units base \
+          --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \
+          --launch-skip ${PROFILE_SKIP:-200} --launch-count ${PROFILE_COUNT:-100} build-gpu/mlptrain --dataset mixture \
+          --layers 16 --hidden 8192 --input-dim 8192 --output-dim 10 --global-batch 8192 --steps 3 \
+          --param-dtype bf16 --device cuda --log-every 0 > '$output/profile.csv'"
+      copy_gbps=$("${python:-python3}" -c "import json, sys; rows = json.load(open(sys.argv[1]))['kernel_table']
+print(next(r['gbytes_per_s'] / r['of_copy_rate'] for r in rows if r['kernel'] == 'gelu_forward'))" "$output/layerbench_bf16.json")
+      check kernel_table "${python:-python3}" scripts/gpu/ncu_kernels.py "$output/profile.csv" --copy-gbps "$copy_gbps" \
+        --output "$output/results/kernels_ncu.json"
       ;;
   esac
 done

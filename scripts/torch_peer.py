@@ -5,8 +5,9 @@ DistributedDataParallel over gloo when started under `mpiexec.mpich -n N` (rank 
 and with --autocast bf16 the forward and the loss under torch.autocast(device, torch.bfloat16)
 (PyTorch's mixed precision: bf16 GEMMs, fp32 parameters and optimizer). With --device cuda the
 model and data live on the GPU (one process; --tf32 lets fp32 GEMMs run in TF32, as mlptrain's
---tf32 does) and each step ends waiting for the GPU. Prints one JSON object with the median step
-time. Inputs are generated once, outside the timing."""
+--tf32 does) and each step ends waiting for the GPU; --compile runs the model through
+torch.compile (its default mode: Inductor's fused kernels), a second anchor beside eager PyTorch.
+Prints one JSON object with the median step time. Inputs are generated once, outside the timing."""
 import argparse
 import json
 import os
@@ -30,6 +31,7 @@ def main():
     parser.add_argument("--autocast", choices=["off", "bf16"], default="off")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--tf32", action="store_true")
+    parser.add_argument("--compile", action="store_true", help="torch.compile(model) (default mode)")
     args = parser.parse_args()
     device = torch.device(args.device)
     torch.backends.cuda.matmul.allow_tf32 = args.tf32
@@ -51,8 +53,11 @@ def main():
     model = torch.nn.Sequential(*modules).to(device)
     if world > 1:
         model = torch.nn.parallel.DistributedDataParallel(model)
+    parameters = sum(p.numel() for p in model.parameters())
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
     loss_function = torch.nn.CrossEntropyLoss()
+    if args.compile:  # compiled on the first steps, which the warm-up leaves out
+        model = torch.compile(model)
     inputs = torch.randn(args.batch_per_rank, args.input_dim, device=device)
     labels = torch.randint(0, args.classes, (args.batch_per_rank,), device=device)
     # A step is over when the device is: GPU kernels run after their launch returns.
@@ -79,9 +84,9 @@ def main():
         dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
         times_ms = slowest.tolist()
     if rank == 0:
-        parameters = sum(p.numel() for p in model.parameters())
         print(json.dumps({"framework": "pytorch", "version": torch.__version__, "ranks": world,
                           "autocast": args.autocast, "device": args.device, "tf32": args.tf32,
+                          "compiled": args.compile,
                           "device_name": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
                           "parameters": parameters, "batch_per_rank": args.batch_per_rank,
                           "step_ms": statistics.median(times_ms),

@@ -39,6 +39,12 @@ def run(arguments, ranks=1, timeout=300, check=True, environment=None):
     return result
 
 
+def gpu_refusal():
+    """mlptrain's own answer to --device cuda here: None when it trains, else (exit code, message)."""
+    result = run(["--device", "cuda", "--steps", 1, "--log-every", 0], check=False, timeout=120)
+    return None if result.returncode == 0 else (result.returncode, result.stderr.strip())
+
+
 def read_metrics(path):
     """Returns (step records, summary record) of a metrics file."""
     with open(path) as handle:

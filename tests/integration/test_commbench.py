@@ -137,11 +137,21 @@ class Commbench(TrainingTestCase):
             step = json.load(handle)["fp32"]
         self.assertGreater(step["gemm_ms_per_step"], 0)
         self.assertAlmostEqual(step["gemm_share_of_step"], step["gemm_ms_per_step"] / step["step_ms"])
+        self.assertAlmostEqual(step["data_wait_share_of_step"], step["data_wait_ms"] / step["step_ms"])
+        with open(self.path("kernels.json")) as handle:
+            kernels = {row["kernel"]: row for row in json.load(handle)["precisions"]["fp32"]["kernels"]}
+        self.assertTrue({"gelu_forward", "gelu_backward_with_bias_grad", "column_sums", "adamw",
+                         "generate_mixture_samples"} <= set(kernels))
+        for row in kernels.values():
+            self.assertGreater(row["ms"], 0)
         with open(self.path("staging.json")) as handle:
             staging = json.load(handle)
         self.assertEqual([row["ranks"] for row in staging["world_sizes"]], [1, 2])
         for row in staging["world_sizes"]:
-            bound = min(row["copy_to_host_gbps"], row["copy_to_device_gbps"], row["mpi_host_all_reduce_gbps"])
+            # The chunk size staged fastest, and the bound at it: its slowest stage alone.
+            best = row["sweep"][row["best_chunk_bytes"]]
+            self.assertEqual(row["staged_chunked_gbps"], max(chunk["staged_gbps"] for chunk in row["sweep"].values()))
+            bound = min(row["copy_to_host_gbps"], row["copy_to_device_gbps"], best["mpi_host_all_reduce_gbps"])
             self.assertAlmostEqual(row["chunked_over_bound"], row["staged_chunked_gbps"] / bound)
         with open(self.path("commbench.json")) as handle:
             rows = [row for row in json.load(handle)["rows"] if "busbw_gbps" in row]  # not the identity lines

@@ -10,7 +10,7 @@ import unittest
 
 import numpy as np
 
-from common import TrainingTestCase, run
+from common import TrainingTestCase, gpu_refusal
 
 SHAPE = ["--layers", 6, "--hidden", 32, "--input-dim", 16, "--output-dim", 8,
          "--global-batch", 32, "--micro-batches", 4, "--lr", "3e-3", "--log-every", 0]
@@ -25,12 +25,6 @@ LAYOUTS = [(2, ["--dp", 2]), (2, ["--dp", 2, "--zero", 1]), (2, ["--dp", 2, "--z
            (2, ["--pp", 2, "--schedule", "gpipe"]), (2, ["--dp", 2, "--recompute"]),
            (4, ["--pp", 2, "--dp", 2, "--zero", 3]), (4, ["--pp", 2, "--tp", 2]),
            (4, ["--dp", 4, "--zero", 2])]
-
-
-def gpu_refusal():
-    """mlptrain's own answer to --device cuda here: None when it trains, else its message."""
-    result = run(["--device", "cuda", "--steps", 1, "--log-every", 0], check=False, timeout=120)
-    return None if result.returncode == 0 else (result.returncode, result.stderr.strip())
 
 
 class Loopback(TrainingTestCase):

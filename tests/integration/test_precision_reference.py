@@ -35,7 +35,7 @@ import unittest
 import h5py
 import numpy as np
 
-from common import read_checkpoint, read_metrics, run
+from common import gpu_refusal, read_checkpoint, read_metrics, run
 from precision_reference import Reference, adamw_first_update, relative_l2, round_bf16, round_fp16
 
 STEP = {"bf16": 2.0 ** -8, "fp16": 2.0 ** -11}
@@ -64,6 +64,14 @@ DENSE_LAYOUTS = [
     ("pp interleaved", 2, PIPELINE + ["--schedule", "interleaved", "--virtual-stages", "2"], 1),
     ("pp zb-h1", 2, PIPELINE + ["--schedule", "zb-h1"], 1),
     ("recompute", 1, ["--recompute"], 1),
+]
+# On a GPU (where one is present): the families once each, ranks sharing the GPU over host-staged MPI.
+GPU_LAYOUTS = [
+    ("gpu one process", 1, [], 1),
+    ("gpu dp", 2, ["--dp", "2"], 1),
+    ("gpu zero-3", 2, ["--zero", "3"], 1),
+    ("gpu tp+sp", 2, ["--tp", "2", "--sequence-parallel"], 2),
+    ("gpu pp 1f1b", 2, PIPELINE, 1),
 ]
 MOE_LAYOUTS = [
     ("moe one process", 1, [], 1),
@@ -167,6 +175,13 @@ class PrecisionReference(unittest.TestCase):
 
     def test_bf16_moe_layouts_follow_the_contract(self):
         self.check_layouts("bf16", MOE_LAYOUTS, moe=True)
+
+    def test_bf16_layouts_on_the_gpu_follow_the_contract(self):
+        refusal = gpu_refusal()
+        if refusal is not None:
+            self.skipTest(f"no GPU to test on: mlptrain says \"{refusal[1]}\"")
+        self.check_layouts("bf16", GPU_LAYOUTS, moe=False, extra=["--device", "cuda"])
+        self.check_layouts("bf16", [("gpu moe ep", 2, ["--ep", "2"], 1)], moe=True, extra=["--device", "cuda"])
 
     def test_fp16_with_its_dynamic_loss_scale_follows_the_contract(self):
         self.check_layouts("fp16", [layout for layout in DENSE_LAYOUTS if layout[0] in ("one process", "dp", "tp")],
