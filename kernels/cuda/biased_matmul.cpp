@@ -71,7 +71,9 @@ BiasedMatmul::Plan BiasedMatmul::make_plan(const Gemm& gemm) {
   set(plan.description, CUBLASLT_MATMUL_DESC_TRANSA, operation(gemm.transpose_b));
   set(plan.description, CUBLASLT_MATMUL_DESC_TRANSB, operation(gemm.transpose_a));
   set(plan.description, CUBLASLT_MATMUL_DESC_EPILOGUE, CUBLASLT_EPILOGUE_BIAS);
-  set(plan.description, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, library_type(gemm.input));
+  set(plan.description, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, library_type(gemm.output));
+  // The heuristic reads the bias pointer for its alignment.
+  set(plan.description, CUBLASLT_MATMUL_DESC_BIAS_POINTER, gemm.bias);
   const cudaDataType_t input = library_type(gemm.input), output = library_type(gemm.output);
   const bool a_plain = gemm.transpose_b == Transpose::no, b_plain = gemm.transpose_a == Transpose::no;
   check_lt(cublasLtMatrixLayoutCreate(&plan.a, input, a_plain ? gemm.n : gemm.k, a_plain ? gemm.k : gemm.n, gemm.ldb),
@@ -94,6 +96,9 @@ BiasedMatmul::Plan BiasedMatmul::make_plan(const Gemm& gemm) {
   prefer(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, static_cast<std::uint32_t>(alignment_of(gemm.a)));
   prefer(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, static_cast<std::uint32_t>(alignment_of(gemm.c)));
   prefer(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, static_cast<std::uint32_t>(alignment_of(gemm.c)));
+  // Split-K partial sums in fp32 only: reduced in the output's type, a 16-bit output would be
+  // rounded before the bias is added (and more than once).
+  prefer(CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE);
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
   const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(handle_, plan.description, plan.a, plan.b, plan.c,
@@ -105,8 +110,13 @@ BiasedMatmul::Plan BiasedMatmul::make_plan(const Gemm& gemm) {
 }
 
 bool BiasedMatmul::run(const Gemm& gemm) {
-  // The epilogue reads the bias in vectors: a bias that is not 16-byte aligned takes the other path.
-  if (gemm.beta != 0.0f || gemm.bias == nullptr || alignment_of(gemm.bias) < 16) return false;
+  // The epilogue reads the bias in vectors: a bias that is not 16-byte aligned takes the other
+  // path, as do a bias of another type than the output (cuBLASLt's bias is of the output's type)
+  // and a GEMM whose rows change from call to call (an expert's: a plan for each count would be
+  // a heuristic call each time).
+  if (gemm.beta != 0.0f || gemm.bias == nullptr || alignment_of(gemm.bias) < 16 || gemm.input != gemm.output ||
+      gemm.varying != Varying::nothing)
+    return false;
   const Key key{static_cast<int>(gemm.transpose_a), static_cast<int>(gemm.transpose_b), gemm.m, gemm.n, gemm.k,
                 gemm.lda, gemm.ldb, gemm.ldc, static_cast<int>(gemm.input), static_cast<int>(gemm.output),
                 alignment_of(gemm.a), alignment_of(gemm.b), alignment_of(gemm.c)};
@@ -116,9 +126,14 @@ bool BiasedMatmul::run(const Gemm& gemm) {
   if (!plan.usable) return false;
   set(plan.description, CUBLASLT_MATMUL_DESC_BIAS_POINTER, gemm.bias);
   const float beta = 0.0f;
-  check_lt(cublasLtMatmul(handle_, plan.description, &gemm.alpha, gemm.b, plan.a, gemm.a, plan.b, &beta, gemm.c,
-                          plan.c, gemm.c, plan.c, &plan.algorithm, workspace_, workspace_bytes_, stream_),
-           "cublasLtMatmul");
+  const cublasStatus_t status = cublasLtMatmul(handle_, plan.description, &gemm.alpha, gemm.b, plan.a, gemm.a, plan.b,
+                                               &beta, gemm.c, plan.c, gemm.c, plan.c, &plan.algorithm, workspace_,
+                                               workspace_bytes_, stream_);
+  if (status == CUBLAS_STATUS_NOT_SUPPORTED) {  // this algorithm after all not for these operands
+    plan.usable = false;
+    return false;
+  }
+  check_lt(status, "cublasLtMatmul");
   return true;
 }
 

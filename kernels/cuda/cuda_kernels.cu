@@ -50,15 +50,18 @@ class CudaKernels final : public Kernels {
     check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
     check(cublasCreate(&blas_), "cublasCreate");
     check(cublasSetStream(blas_, stream_), "cublasSetStream");
-    // fp32 unless asked: results then compare with the CPU backend's.
-    check(cublasSetMathMode(blas_, tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH),
-          "cublasSetMathMode");
+    // fp32 unless asked: results then compare with the CPU backend's. Split-K partial sums stay
+    // in fp32 (a 16-bit output is rounded once, DESIGN.md §2.7), never in the output's type.
+    const auto math = static_cast<cublasMath_t>((tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH) |
+                                                CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION);
+    check(cublasSetMathMode(blas_, math), "cublasSetMathMode");
     check(cudaMalloc(&totals_device_, 2 * sizeof(double)), "cudaMalloc");
     check(cudaMallocHost(&totals_host_, 2 * sizeof(double)), "cudaMallocHost");
     check(cudaDeviceGetAttribute(&multiprocessors_, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
     biased_ = std::make_unique<BiasedMatmul>(stream_, tf32);
   }
   ~CudaKernels() override {
+    cudaStreamSynchronize(stream_);  // before the GEMMs' workspace goes
     biased_.reset();
     if (scratch_ != nullptr) cudaFreeAsync(scratch_, stream_);
     cudaStreamSynchronize(stream_);
@@ -227,12 +230,13 @@ class CudaKernels final : public Kernels {
                                .eps = static_cast<float>(step.eps),
                                .grad_scale = step.grad_scale};
     clear_totals();
-    // One launch a table of ranges: a step's layers (or shards) fill one table or a few.
-    for (std::size_t first = 0; first < ranges.size(); first += adamw_ranges_per_launch) {
+    // One launch a table of ranges: a step's layers (or shards) fill one table or a few; empty
+    // ranges are passed over.
+    for (std::size_t next = 0; next < ranges.size();) {
       AdamWRangeTable table{};
       std::int64_t end = 0;
-      for (std::size_t r = first; r < ranges.size() && table.count < adamw_ranges_per_launch; ++r) {
-        const AdamWRange& range = ranges[r];
+      for (; next < ranges.size() && table.count < adamw_ranges_per_launch; ++next) {
+        const AdamWRange& range = ranges[next];
         if (range.count == 0) continue;
         table.ranges[table.count] = {range.master, range.grads, range.exp_avg, range.exp_avg_sq, range.compute_copy};
         end += static_cast<std::int64_t>(range.count);
@@ -319,6 +323,8 @@ class CudaKernels final : public Kernels {
   void* reserve_scratch(std::size_t bytes) {
     if (bytes > scratch_bytes_) {
       if (scratch_ != nullptr) check(cudaFreeAsync(scratch_, stream_), "cudaFreeAsync");
+      scratch_ = nullptr;  // nothing held should the allocation fail
+      scratch_bytes_ = 0;
       check(cudaMallocAsync(&scratch_, bytes, stream_), "cudaMallocAsync");
       scratch_bytes_ = bytes;
     }

@@ -14,6 +14,7 @@
 #include "core/half_float.hpp"
 #include "core/rng.hpp"
 #include "data/dataset.hpp"
+#include "kernels/cuda/biased_matmul.hpp"
 #include "kernels/cuda/cuda_backend.hpp"
 
 using namespace mlptrain;
@@ -247,21 +248,76 @@ std::vector<float> widened(Kernels& cpu, const std::vector<std::uint8_t>& bytes,
 
 // The epilogue adds the bias to the fp32 sum before the one rounding: every product here is 257
 // (257 ones times ones, exact in fp32 whatever the order), the bias 0.5. Rounded once, 257.5 is
-// 258 in bf16; rounded twice (257 to 256, then 256.5 to 256) it would be 256. A second call with
-// the bias one element off its alignment takes the other path and must give the same.
+// 258 in bf16; rounded twice (257 to 256, then 256.5 to 256) it would be 256. The rows are
+// padded to 16 bytes so that cuBLASLt's epilogue takes it (asserted); the kernels' call with the
+// bias one element off its alignment takes the other path and must give the same.
 TEST_F(CudaKernelsTest, BiasedGemmRoundsOnceAfterAddingTheBias) {
-  const std::int64_t m = 64, n = 96, k = 257;
+  const std::int64_t m = 64, n = 96, k = 257, leading = 264;
   const DataType type = DataType::bfloat16;
-  const auto ones = [&](std::size_t count) { return typed(*cpu, std::vector<float>(count, 1.0f), type); };
-  DeviceArray<std::uint8_t> da(ones(static_cast<std::size_t>(m * k))), db(ones(static_cast<std::size_t>(n * k)));
+  const auto ones = [&](std::int64_t rows) {  // [rows, k] ones, rows padded with zeros
+    std::vector<float> values(static_cast<std::size_t>(rows * leading), 0.0f);
+    for (std::int64_t row = 0; row < rows; ++row)
+      std::fill_n(values.begin() + row * leading, k, 1.0f);
+    return typed(*cpu, values, type);
+  };
+  DeviceArray<std::uint8_t> da(ones(m)), db(ones(n));
   DeviceArray<std::uint8_t> dbias(typed(*cpu, std::vector<float>(static_cast<std::size_t>(n + 8), 0.5f), type));
+  const auto gemm = [&](void* c, std::int64_t bias_offset) {
+    return Gemm{.transpose_b = Transpose::yes, .m = m, .n = n, .k = k, .a = da.get(), .lda = leading, .b = db.get(),
+                .ldb = leading, .c = c, .ldc = n, .input = type, .output = type,
+                .bias = dbias.get() + bias_offset * static_cast<std::int64_t>(size_of(type))};
+  };
+  const std::vector<float> once(static_cast<std::size_t>(m * n), 258.0f);
+  {
+    BiasedMatmul epilogue(nullptr, false);
+    DeviceArray<std::uint8_t> dc(std::vector<std::uint8_t>(static_cast<std::size_t>(m * n) * size_of(type)));
+    ASSERT_TRUE(epilogue.run(gemm(dc.get(), 0))) << "cuBLASLt offered no algorithm with the bias epilogue";
+    EXPECT_EQ(widened(*cpu, dc.host(), type), once);
+  }
   for (std::int64_t bias_offset : {0, 1}) {
     DeviceArray<std::uint8_t> dc(std::vector<std::uint8_t>(static_cast<std::size_t>(m * n) * size_of(type)));
-    gpu->gemm(Gemm{.transpose_b = Transpose::yes, .m = m, .n = n, .k = k, .a = da.get(), .lda = k, .b = db.get(),
-                   .ldb = k, .c = dc.get(), .ldc = n, .input = type, .output = type,
-                   .bias = dbias.get() + bias_offset * static_cast<std::int64_t>(size_of(type))});
-    EXPECT_EQ(widened(*cpu, dc.host(), type), std::vector<float>(static_cast<std::size_t>(m * n), 258.0f))
-        << "bias offset " << bias_offset;
+    gpu->gemm(gemm(dc.get(), bias_offset));
+    EXPECT_EQ(widened(*cpu, dc.host(), type), once) << "bias offset " << bias_offset;
+  }
+}
+
+// The epilogue's GEMM in every transposition against the CPU's, with a random bias (one a
+// column of the output: a bias along the other axis would show), bf16 and fp32.
+TEST_F(CudaKernelsTest, BiasedGemmThroughTheEpilogueInEveryTransposition) {
+  const std::int64_t m = 40, n = 56, k = 72;  // multiples of 8: every row 16-byte aligned
+  for (DataType type : {DataType::float32, DataType::bfloat16})
+    for (Transpose ta : {Transpose::no, Transpose::yes})
+      for (Transpose tb : {Transpose::no, Transpose::yes}) {
+        const std::int64_t lda = ta == Transpose::no ? k : m, ldb = tb == Transpose::no ? n : k;
+        const auto a = typed(*cpu, random_values(static_cast<std::size_t>(m * k), 50), type);
+        const auto b = typed(*cpu, random_values(static_cast<std::size_t>(k * n), 51), type);
+        const auto bias = typed(*cpu, random_values(static_cast<std::size_t>(n), 52), type);
+        std::vector<std::uint8_t> c(static_cast<std::size_t>(m * n) * size_of(type));
+        DeviceArray<std::uint8_t> da(a), db(b), dbias(bias), dc(c);
+        const auto gemm = [&](const void* x, const void* y, const void* z, void* out) {
+          return Gemm{.transpose_a = ta, .transpose_b = tb, .m = m, .n = n, .k = k, .a = x, .lda = lda, .b = y, .ldb = ldb,
+                      .c = out, .ldc = n, .input = type, .output = type, .bias = z};
+        };
+        cpu->gemm(gemm(a.data(), b.data(), bias.data(), c.data()));
+        BiasedMatmul epilogue(nullptr, false);
+        ASSERT_TRUE(epilogue.run(gemm(da.get(), db.get(), dbias.get(), dc.get())))
+            << data_type_name(type) << " " << static_cast<int>(ta) << static_cast<int>(tb);
+        expect_close(widened(*cpu, dc.host(), type), widened(*cpu, c, type),
+                     type == DataType::float32 ? 1e-5 : 1.0 / 128);
+      }
+}
+
+// GELU forward in 16-byte packs (a count of whole packs, aligned) against the CPU's.
+TEST_F(CudaKernelsTest, GeluForwardInPacks) {
+  const std::int64_t rows = 48, cols = 64;
+  for (DataType type : {DataType::float32, DataType::bfloat16}) {
+    const auto pre = typed(*cpu, random_values(static_cast<std::size_t>(rows * cols), 53, -6.0f, 6.0f), type);
+    std::vector<std::uint8_t> activated(pre.size());
+    DeviceArray<std::uint8_t> dpre(pre), dactivated(activated);
+    cpu->gelu_forward(pre.data(), activated.data(), rows, cols, type);
+    gpu->gelu_forward(dpre.get(), dactivated.get(), rows, cols, type);
+    expect_close(widened(*cpu, dactivated.host(), type), widened(*cpu, activated, type),
+                 type == DataType::float32 ? 1e-5 : 1.0 / 128);
   }
 }
 
@@ -270,7 +326,7 @@ TEST_F(CudaKernelsTest, BiasedGemmRoundsOnceAfterAddingTheBias) {
 // values in different orders, rows x 2^-23 x the sum of their magnitudes.
 TEST_F(CudaKernelsTest, ColumnSumsOfManyRowsAndGeluBackwardInOnePass) {
   for (DataType type : {DataType::float32, DataType::bfloat16})
-    for (std::int64_t cols : {1024, 77}) {
+    for (std::int64_t cols : {1024, 1000, 77}) {  // whole tiles of packs, a part tile, no packs
       const std::int64_t rows = 3000;
       const auto size = static_cast<std::size_t>(rows * cols);
       const auto upstream = typed(*cpu, random_values(size, 30), type), pre = typed(*cpu, random_values(size, 31), type);
@@ -296,6 +352,17 @@ TEST_F(CudaKernelsTest, ColumnSumsOfManyRowsAndGeluBackwardInOnePass) {
       for (std::int64_t col = 0; col < cols; ++col)
         ASSERT_LE(std::fabs(gpu_again[col] - again[col]), 2 * rows * std::ldexp(magnitudes[col], -23) + 1e-3) << col;
     }
+  // Small integers: every order of the fp32 sums is exact, so the sums are the CPU's exactly (a
+  // row left out or counted twice shows).
+  for (std::int64_t cols : {1024, 1000, 77}) {
+    const std::int64_t rows = 3001;
+    std::vector<float> data(static_cast<std::size_t>(rows * cols)), sums(static_cast<std::size_t>(cols));
+    for (std::size_t i = 0; i < data.size(); ++i) data[i] = static_cast<float>(static_cast<int>((i * 7919) % 17) - 8);
+    cpu->column_sums(data.data(), sums.data(), false, rows, cols);
+    DeviceArray<float> ddata(data), dsums(std::vector<float>(static_cast<std::size_t>(cols)));
+    gpu->column_sums(ddata.get(), dsums.get(), false, rows, cols);
+    EXPECT_EQ(dsums.host(), sums) << cols << " columns";
+  }
 }
 
 // AdamW over more ranges than one launch takes, some not counted in the norm, with a bf16 copy.
@@ -303,6 +370,7 @@ TEST_F(CudaKernelsTest, AdamWOverManyRangesInOneLaunchEach) {
   const std::size_t ranges = 45;
   std::vector<std::size_t> counts(ranges);
   for (std::size_t r = 0; r < ranges; ++r) counts[r] = 1 + (r * 7919) % 3001;
+  counts[0] = counts[39] = 0;  // empty ranges, passed over (the next launch must not repeat any)
   const std::size_t total = std::accumulate(counts.begin(), counts.end(), std::size_t{0});
   auto master = random_values(total, 40), exp_avg = random_values(total, 41, -0.1f, 0.1f),
        exp_avg_sq = random_values(total, 42, 0.0f, 0.01f);
