@@ -219,7 +219,7 @@ struct StrategyRegistration {
   // The options the strategy owns (strategy_options.hpp), and its rules on the configuration
   // once dp is known: it throws UsageError naming the offending option. Called for every
   // registration, wanted or not.
-  std::span<const StrategyOption> options{};
+  std::span<const Option> options{};
   void (*validate)(const Config& config) = nullptr;
   bool (*wanted)(const Config& config, const GridShape& shape);
   std::unique_ptr<Strategy> (*create)(const StrategyContext& context);

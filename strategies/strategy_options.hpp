@@ -1,30 +1,27 @@
-// What a strategy declares of the command line: its options (name, help, the Config field each
-// sets, whose initial value is the default) and the rules it checks once the process grid is
-// known. The option parser (layout/options.hpp) collects every registration's options into
-// --help, parsing and INI files, and runs every registration's rules, wanted or not: an option of
-// a strategy that does not take part is still checked against what it needs.
+// What a strategy declares of the command line: its options (core/option.hpp: name, help, and
+// the field of the strategy's own block they set, whose initial value is the default) and the
+// rules it checks once the process grid is known. The option parser (layout/options.hpp)
+// collects every registration's options into --help, parsing and INI files, and runs every
+// registration's rules, wanted or not: an option of a strategy that does not take part is still
+// checked against what it needs.
 #pragma once
 
 #include <fmt/format.h>
 
 #include <string>
 #include <string_view>
-#include <variant>
 
 #include "core/config.hpp"
 #include "core/error.hpp"
+#include "core/option.hpp"
 
 namespace mlptrain {
 
-using OptionField = std::variant<int Config::*, bool Config::*, double Config::*, std::string Config::*>;
-
-struct StrategyOption {
-  std::string_view name;  // as the command line (without --) and INI files spell it
-  OptionField field;
-  std::string_view help;
-  // The choices, appended to the help ("name: a | b | c"); null when any value of the type goes.
-  std::string (*choices)() = nullptr;
-};
+// A strategy's option: `member` of its block Block, in the --help section of the parallelism.
+template <typename Block, auto member>
+constexpr Option strategy_option(std::string_view name, std::string_view help) {
+  return {.name = name, .section = OptionSection::parallelism, .field = block_field<Block, member>, .help = help};
+}
 
 // The rules' vocabulary: a UsageError naming the option unless the condition holds.
 inline void require(bool condition, const std::string& message) {

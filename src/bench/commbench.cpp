@@ -219,8 +219,8 @@ int main(int argc, char** argv) {
       // Device buffers on a communicator of their own: MPI staging them through host memory, or
       // NCCL.
       Config config;
-      config.device = settings.device == "cuda" ? Device::cuda : Device::loopback;
-      config.comm = settings.path == "nccl" ? CommBackend::nccl : CommBackend::mpi;
+      config.device.kind = settings.device == "cuda" ? Device::cuda : Device::loopback;
+      config.device.comm = settings.path == "nccl" ? CommBackend::nccl : CommBackend::mpi;
       MemoryLedger memory, host_memory;
       CommLedger ledger;
       ComputeDevice device;

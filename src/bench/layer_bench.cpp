@@ -193,9 +193,9 @@ void run(const std::vector<std::string>& arguments) {
     if (argument == "--device" && index + 1 < arguments.size()) {
       const auto device = parse_choice<Device>(arguments[++index]);
       if (!device) throw UsageError("--device must be " + choice_list<Device>());
-      config.device = *device;
+      config.device.kind = *device;
     } else if (argument == "--tf32") {
-      config.tf32 = true;
+      config.device.tf32 = true;
     } else if (argument == "--dtype" && index + 1 < arguments.size()) {
       std::string list = arguments[++index] + ",";
       for (std::size_t comma; (comma = list.find(',')) != std::string::npos; list.erase(0, comma + 1))
@@ -213,7 +213,7 @@ void run(const std::vector<std::string>& arguments) {
     }
   }
   if (inputs.empty()) inputs.push_back(DataType::float32);
-  if (config.tf32 && config.device != Device::cuda) throw UsageError("--tf32 needs --device cuda");
+  if (config.device.tf32 && config.device.kind != Device::cuda) throw UsageError("--tf32 needs --device cuda");
   const long rows = numbers[0], in = numbers[1], out = numbers[2];
   const int repeats = static_cast<int>(numbers[3]);
   if (rows < 1 || in < 1 || out < 1 || repeats < 1 || sequence < 0 || optimizer_parameters < 0)
@@ -253,7 +253,7 @@ void run(const std::vector<std::string>& arguments) {
     const auto updated = static_cast<long>(parameters);
     Buffer values = filled(updated, 0.01f, type), gradients = filled(updated, 0.001f, fp32),
            master = filled(updated, 0.01f, fp32), m = filled(updated, 0, fp32), v = filled(updated, 0, fp32);
-    nlohmann::json result = {{"device", choice_name(config.device)}, {"tf32", config.tf32}, {"dtype", data_type_name(type)},
+    nlohmann::json result = {{"device", choice_name(config.device.kind)}, {"tf32", config.device.tf32}, {"dtype", data_type_name(type)},
                              {"rows", rows}, {"in", in}, {"out", out}, {"adamw_parameters", updated},
                              {"kernels", kernels.description()}};
     result.update(reads);
@@ -331,7 +331,7 @@ void run(const std::vector<std::string>& arguments) {
       const double ms = time([&] { kernels.gemm(gemm); });
       result[std::string(shape.name) + "_gemm_ms"] = ms;
       gemm_ms += ms;
-      if (config.device != Device::cpu) continue;
+      if (config.device.kind != Device::cpu) continue;
       if (const auto library = time_library_gemms({gemm}, repeats)) {
         result[std::string("library_") + shape.name + "_gemm_ms"] = library->best_ms;
         result["library_implementation"] = library->implementation;
@@ -348,7 +348,7 @@ void run(const std::vector<std::string>& arguments) {
     // The library's time per GEMM in a step's order: every layer forward, then each layer's input
     // and weight gradients from the last back, each layer over buffers of its own. Its operands no
     // longer repeat, as they do above, so this is the rate a training step's GEMMs can have.
-    if (sequence > 0 && config.device == Device::cpu) {
+    if (sequence > 0 && config.device.kind == Device::cpu) {
       std::vector<Buffer> held;
       const auto layer_buffer = [&](long count, float value, DataType element) {
         return held.emplace_back(filled(count, value, element)).as<void>();

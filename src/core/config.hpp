@@ -1,13 +1,18 @@
-// The run's configuration as plain data: every option of DESIGN.md §2.3, closed sets of choices
-// as enums with the names users write. Parsing and validation live in src/layout/options.*;
-// everything else reads this struct.
+// The run's configuration as plain data: every option of DESIGN.md §2.3 in its section, closed
+// sets of choices as enums with the names users write, and the strategies' own options as typed
+// blocks they declare. Parsing and validation live in src/layout/options.*; everything else reads
+// this struct.
 #pragma once
 
+#include <any>
 #include <array>
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <typeindex>
+#include <typeinfo>
 #include <utility>
 
 #include "core/buffer.hpp"
@@ -77,8 +82,8 @@ std::string choice_list() {
   return list;
 }
 
-struct Config {
-  // Model
+// The model's shape (DESIGN.md §2.1).
+struct ModelConfig {
   int layers = 4;
   int hidden = 256;
   int input_dim = 0;   // 0: the dataset's
@@ -88,15 +93,23 @@ struct Config {
   int top_k = 2;
   double capacity_factor = 0;
   double aux_loss_coef = 0.01;
-  // Data
-  DatasetKind dataset = DatasetKind::teacher;
-  std::string data_path;
-  int data_memory_mb = 4096;  // an hdf5 file whose arrays fit is held in memory (0: never)
+};
+
+// The samples a step takes and how (§2.2).
+struct DataConfig {
+  DatasetKind kind = DatasetKind::teacher;
+  std::string path;     // hdf5 only
+  int memory_mb = 4096;  // an hdf5 file whose arrays fit is held in memory (0: never)
   int global_batch = 128;
   int micro_batches = 1;
   bool shuffle = false;
   int eval_every = 0;
-  // Training
+
+  std::int64_t memory_bytes() const { return std::int64_t{memory_mb} << 20; }
+};
+
+// The optimizer, its schedule and what the loop does with a step (§2.1).
+struct TrainingConfig {
   int steps = 100;
   double lr = 1e-3;
   double weight_decay = 0.01;
@@ -108,38 +121,41 @@ struct Config {
   LearningRateSchedule lr_schedule = LearningRateSchedule::constant;
   int warmup_steps = 0;
   std::int64_t seed = 1234;
-  // Parallelism: the process grid's dimensions (layout/options.cpp)...
+  bool recompute = false;  // activations dropped in forward, recomputed in backward
+};
+
+// The process grid's dimensions; the strategies that use them keep their own options.
+struct GridConfig {
   int dp = 0;  // 0: world / (tp * pp)
   int tp = 1;
   int pp = 1;
   int ep = 1;
-  // ...and the values of the strategies' own options: each strategy's registration declares
-  // its options' names, help and rules (strategies/strategy_options.hpp) and binds them here.
-  int zero = 0;
-  int zero_shard_size = 0;  // ZeRO's shards over groups of this many data-parallel ranks (0: all)
-  bool sequence_parallel = false;  // split the rows tensor parallelism replicates over its group
-  std::string schedule = "1f1b";  // a pipeline schedule's name (schedule/schedule_table.hpp)
-  int virtual_stages = 1;  // interleaved: model chunks per pipeline stage
-  // The memory options of the loop itself.
-  bool recompute = false;
-  bool offload = false;
-  // Precision
+};
+
+// The types of parameters, activations and gradient reductions, and fp16's loss scaling (§2.7).
+struct PrecisionConfig {
   DataType param_dtype = DataType::float32;
   DataType reduce_dtype = DataType::float32;
-  // fp16's loss scaling; these defaults mean "not given" (validation fills in fp16's defaults).
-  double loss_scale = -1;          // 0: dynamic, else a fixed scale
-  double initial_loss_scale = 0;   // dynamic: the first scale (65536)
-  int loss_scale_window = 0;       // dynamic: finite steps before the scale doubles (1000)
-  double min_loss_scale = 0;       // dynamic: the scale never halves below this (1)
+  // These defaults mean "not given" (validation fills in fp16's).
+  double loss_scale = -1;         // 0: dynamic, else a fixed scale
+  double initial_loss_scale = 0;  // dynamic: the first scale (65536)
+  int loss_scale_window = 0;      // dynamic: finite steps before the scale doubles (1000)
+  double min_loss_scale = 0;      // dynamic: the scale never halves below this (1)
 
-  Precision precision() const { return {.param = param_dtype, .reduce = reduce_dtype}; }
-  std::int64_t data_memory_bytes() const { return std::int64_t{data_memory_mb} << 20; }
-  // Devices
-  Device device = Device::cpu;
+  Precision types() const { return {.param = param_dtype, .reduce = reduce_dtype}; }
+};
+
+// Where a rank computes and how its groups communicate.
+struct DeviceConfig {
+  Device kind = Device::cpu;
   bool tf32 = false;
   double peak_tflops = 0;  // a rank's peak for model FLOP utilization (0: known GPUs' table)
   CommBackend comm = CommBackend::mpi;
-  // Output
+  bool offload = false;  // the optimizer's state and update in host memory
+};
+
+// What a run writes and when.
+struct OutputConfig {
   int log_every = 10;
   std::string metrics_path;
   std::string trace_path;
@@ -149,6 +165,39 @@ struct Config {
   std::string resume;
   bool predict = false;
   double timeout_s = 300;  // a step running longer is a hang: report and abort (0: never)
+};
+
+// Each strategy's own options, one typed block a strategy, declared in the strategy's files and
+// registered with it (strategies/strategy_options.hpp): the run's configuration holds them without
+// knowing their types. A block never set reads as its defaults.
+class StrategyOptions {
+ public:
+  template <typename Block>
+  const Block& get() const {
+    const auto found = blocks_.find(std::type_index(typeid(Block)));
+    if (found != blocks_.end()) return *std::any_cast<Block>(&found->second);
+    static const Block defaults{};
+    return defaults;
+  }
+  template <typename Block>
+  Block& get() {
+    return *std::any_cast<Block>(&blocks_.try_emplace(std::type_index(typeid(Block)), Block{}).first->second);
+  }
+
+ private:
+  std::map<std::type_index, std::any> blocks_;
+};
+
+// The run's configuration (DESIGN.md §2.3), by section.
+struct Config {
+  ModelConfig model;
+  DataConfig data;
+  TrainingConfig training;
+  GridConfig grid;
+  PrecisionConfig precision;
+  DeviceConfig device;
+  OutputConfig output;
+  StrategyOptions strategies;
 };
 
 }  // namespace mlptrain

@@ -40,11 +40,11 @@ ActivationProfile activation_profile(const RankLayout& layout, const RoutingSeen
   const std::int64_t moe_seen = static_cast<std::size_t>(chunk) < routing.largest_moe_activation_bytes.size()
                                     ? routing.largest_moe_activation_bytes[static_cast<std::size_t>(chunk)]
                                     : 0;
-  const RecomputePlan plan(specs, layout.config.recompute);
+  const RecomputePlan plan(specs, layout.config.training.recompute);
   const std::int64_t rows = layout.rows;
   const std::int64_t output_width = specs.back().out_features;
   // Activations and their gradients are of the param type; targets and labels as read.
-  const DataType row_type = layout.config.param_dtype;
+  const DataType row_type = layout.config.precision.param_dtype;
   const auto row_bytes = static_cast<std::int64_t>(size_of(row_type));
   // What arrives with a micro-batch: its input, and targets or labels where the loss is.
   ActivationProfile profile{.received = rows * specs.front().in_features * row_bytes};
@@ -110,7 +110,7 @@ ActivationProfile activation_profile(const RankLayout& layout, const RoutingSeen
 std::int64_t step_sum_values(const RankLayout& layout) {
   const auto moe_layers = std::count_if(layout.model.begin(), layout.model.end(),
                                         [](const LayerSpec& spec) { return spec.moe(); });
-  return 6 + (moe_layers > 0 ? 2 + moe_layers * layout.config.experts : 0);
+  return 6 + (moe_layers > 0 ? 2 + moe_layers * layout.config.model.experts : 0);
 }
 
 namespace {
@@ -146,7 +146,7 @@ std::int64_t transfer_buffer_peak(const RankLayout& layout, const BoundaryBytes&
 
 Prediction base_prediction(const RankLayout& layout, const RoutingSeen& routing) {
   Prediction prediction;
-  const Precision precision = layout.config.precision();
+  const Precision precision = layout.config.precision.types();
   const auto store_bytes = [&](std::size_t element_bytes) {
     return static_cast<std::int64_t>(layout.store_size() * element_bytes);
   };
@@ -184,8 +184,8 @@ Prediction base_prediction(const RankLayout& layout, const RoutingSeen& routing)
 }
 
 void finish_prediction(const RankLayout& layout, Prediction& prediction) {
-  if (layout.config.recompute) prediction.activations.mode = PlacementMode::materialized;
-  if (layout.config.offload) prediction.optimizer.mode = PlacementMode::offloaded;
+  if (layout.config.training.recompute) prediction.activations.mode = PlacementMode::materialized;
+  if (layout.config.device.offload) prediction.optimizer.mode = PlacementMode::offloaded;
 }
 
 }  // namespace mlptrain

@@ -24,18 +24,18 @@ ComputeDevice open_cuda(const Config& config, MPI_Comm world, MemoryLedger& ledg
   const int gpus = gpu != nullptr ? gpu->device_count(&why_none) : 0;
   const NodePlace place = node_place(world);
   if (gpus == 0) throw UsageError("--device cuda: no GPU is usable here (" + why_none + ")");
-  const int chosen = choose_gpu(place, gpus, config.comm == CommBackend::nccl);
-  device.kernels = gpu->make_kernels(chosen, config.tf32);
+  const int chosen = choose_gpu(place, gpus, config.device.comm == CommBackend::nccl);
+  device.kernels = gpu->make_kernels(chosen, config.device.tf32);
   device.memory = gpu->make_allocator(ledger, gpu->compute_stream(*device.kernels));
   device.staging = std::make_unique<HostStaging>(*device.memory);
-  if (config.offload) device.offload = HostSide{gpu->make_pinned_allocator(host_ledger), make_cpu_kernels()};
+  if (config.device.offload) device.offload = HostSide{gpu->make_pinned_allocator(host_ledger), make_cpu_kernels()};
   const std::string name = gpu->device_name(chosen);
   // bf16 and fp16 parameters run their GEMMs on the tensor cores' half-precision path.
-  const bool half = config.param_dtype == DataType::bfloat16 || config.param_dtype == DataType::float16;
-  const GemmMath math = half ? GemmMath::half : config.tf32 ? GemmMath::tf32 : GemmMath::fp32;
+  const bool half = config.precision.param_dtype == DataType::bfloat16 || config.precision.param_dtype == DataType::float16;
+  const GemmMath math = half ? GemmMath::half : config.device.tf32 ? GemmMath::tf32 : GemmMath::fp32;
   device.description = fmt::format("GPU {} of {} on this node ({}, {} rank(s) here), GEMMs in {}", chosen, gpus,
                                    name, place.local_ranks,
-                                   half ? data_type_name(config.param_dtype) : config.tf32 ? "TF32" : "fp32");
+                                   half ? data_type_name(config.precision.param_dtype) : config.device.tf32 ? "TF32" : "fp32");
   // Ranks that share a GPU share its peak.
   const int sharing = (place.local_ranks + gpus - 1) / gpus;
   if (const auto peak = known_peak_tflops(name, math))
@@ -58,13 +58,13 @@ ComputeDevice open_compute_device(const Config& config, MPI_Comm world, MemoryLe
   const int host_threads = cpu_share(world);
   const int gemm_threads = set_cpu_gemm_threads(host_threads);
   ComputeDevice device;
-  if (config.device == Device::cuda) {
+  if (config.device.kind == Device::cuda) {
     device = open_cuda(config, world, ledger, host_ledger);
-  } else if (config.device == Device::loopback) {
+  } else if (config.device.kind == Device::loopback) {
     device.memory = make_loopback_allocator(ledger);
     device.kernels = make_loopback_kernels();
     device.staging = std::make_unique<HostStaging>(*device.memory);
-    if (config.offload)
+    if (config.device.offload)
       device.offload = HostSide{std::make_unique<HostAllocator>(host_ledger), make_cpu_kernels()};
     device.description = "the CPU behind loopback device memory (every host-device copy explicit)";
   } else {
@@ -72,14 +72,14 @@ ComputeDevice open_compute_device(const Config& config, MPI_Comm world, MemoryLe
     device.kernels = make_cpu_kernels();
     device.description = "CPU";
   }
-  device.reader_threads = config.device == Device::cpu ? std::max(0, host_threads - gemm_threads) : host_threads;
+  device.reader_threads = config.device.kind == Device::cpu ? std::max(0, host_threads - gemm_threads) : host_threads;
   return device;
 }
 
 CommunicatorFactory communicator_factory(const Config& config, ComputeDevice& device,
                                          CommLedger& ledger, const CommSettings& settings) {
   CommunicatorFactory make;
-  if (config.comm == CommBackend::nccl && device.gpu && device.kernels != nullptr) {
+  if (config.device.comm == CommBackend::nccl && device.gpu && device.kernels != nullptr) {
     const GpuFunctions& gpu = device.gpu->functions();
     if (gpu.make_nccl_communicator == nullptr)
       throw UsageError("--comm nccl: this build has no NCCL backend (nccl.h was not found beside nvcc when it was "

@@ -110,9 +110,9 @@ RankLayout rank_layout(const Strategies& strategies, const Config& config, const
                     .place = place,
                     .layers = rank_layers(strategies, config, model, shape, place),
                     .plan = parameter_plan(strategies, config, shape, place),
-                    .rows = config.global_batch / config.micro_batches / shape.dp,
+                    .rows = config.data.global_batch / config.data.micro_batches / shape.dp,
                     .loss_kind = loss_kind,
-                    .schedule = rank_schedule(strategies, config, shape, place, config.micro_batches, true)};
+                    .schedule = rank_schedule(strategies, config, shape, place, config.data.micro_batches, true)};
   layout.tensors = model_parameter_tensors(model, layout.layers.list(), layout.plan);
   layout.output_rows.assign(static_cast<std::size_t>(layout.local_layer_count()), layout.rows);
   for (const StrategyRegistration* entry : strategies)
@@ -130,12 +130,12 @@ Prediction predict_rank(const Strategies& strategies, const RankLayout& layout, 
 
 StepFlops step_flops(const Strategies& strategies, const Config& config, const std::vector<LayerSpec>& model,
                      const GridShape& shape) {
-  const auto samples = static_cast<double>(config.global_batch);
+  const auto samples = static_cast<double>(config.data.global_batch);
   StepFlops flops{.model = model_flops_per_sample(model) * samples};
   for (int stage = 0; stage < shape.pp; ++stage) {
     for (const LayerRange& chunk : rank_layers(strategies, config, model, shape, {.pp = stage}).chunks) {
       const std::vector<LayerSpec> chunk_layers(model.begin() + chunk.first, model.begin() + chunk.last);
-      flops.recompute += recompute_flops_per_sample(chunk_layers, config.recompute) * samples;
+      flops.recompute += recompute_flops_per_sample(chunk_layers, config.training.recompute) * samples;
     }
   }
   return flops;

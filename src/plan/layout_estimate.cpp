@@ -24,6 +24,8 @@
 
 #include "schedule/schedule_check.hpp"
 #include "schedule/schedule_table.hpp"
+#include "strategies/pipeline/pipeline_options.hpp"
+#include "strategies/zero/zero_options.hpp"
 
 namespace mlptrain {
 
@@ -117,7 +119,7 @@ class StageModel {
   void compute_times(const RankLayout& layout, StageWork& work) const {
     const PlanInputs& in = inputs_;
     const auto rows = static_cast<double>(layout.rows);
-    const double gemm_rate = in.cluster.gemm_flops_per_s(in.config.param_dtype) * share_;
+    const double gemm_rate = in.cluster.gemm_flops_per_s(in.config.precision.param_dtype) * share_;
     // GEMMs of fewer rows run at a smaller share of that rate: a layer's multiply-adds count
     // as many more as its rows' share is short, an MoE layer's at the rows each of its experts
     // gets when the router spreads them evenly (recomputation's at the micro-batch's rows).
@@ -150,7 +152,7 @@ class StageModel {
       chunk.times.backward_weight = 2 * split_multiply_adds * rows / gemm_rate;
       chunk.times.backward_input =
           (4 * multiply_adds - 2 * split_multiply_adds - 2 * unneeded_input_gradient +
-           recompute_flops_per_sample(specs, in.config.recompute) / in.cluster.gemm_rows_share(rows)) *
+           recompute_flops_per_sample(specs, in.config.training.recompute) / in.cluster.gemm_rows_share(rows)) *
               rows / gemm_rate +
           passes.elementwise_backward * rows / elementwise_rate + passes.moved_backward * rows / row_move_rate;
       work.forward_compute += chunk.times.forward;
@@ -161,11 +163,11 @@ class StageModel {
     // core's rate, shared as the memory-bound kernels are).
     const bool reads_inputs = std::any_of(layout.layers.chunks.begin(), layout.layers.chunks.end(),
                                           [](const LayerRange& range) { return range.first == 0; });
-    const double data_rate = in.cluster.sample_values_per_s(in.config.dataset, in.data_held_in_memory) * memory_share;
+    const double data_rate = in.cluster.sample_values_per_s(in.config.data.kind, in.data_held_in_memory) * memory_share;
     if (reads_inputs && data_rate > 0)
-      work.data = in.config.micro_batches * rows * static_cast<double>(in.model.front().in_features) / data_rate;
+      work.data = in.config.data.micro_batches * rows * static_cast<double>(in.model.front().in_features) / data_rate;
     const double updated = static_cast<double>(work.prediction.optimizer.bytes) /
-                           static_cast<double>(in.config.precision().optimizer_bytes());
+                           static_cast<double>(in.config.precision.types().optimizer_bytes());
     work.optimizer = updated / (in.cluster.optimizer_parameters_per_s * memory_share);
   }
 
@@ -186,9 +188,9 @@ class StageModel {
   }
 
   void communication_times(const RankLayout& layout, StageWork& work) const {
-    const double micro_batches = inputs_.config.micro_batches;
+    const double micro_batches = inputs_.config.data.micro_batches;
     const double layers = std::max(1, layout.local_layer_count());
-    const int zero = inputs_.config.zero;
+    const int zero = inputs_.config.strategies.get<ZeroOptions>().stage;
     const double per_pass = micro_batches * layers;
     // Waited for inside forward and backward, per micro-batch.
     const double blocking = collective(work, GroupKind::tensor, CommOp::all_reduce, 2 * per_pass) +
@@ -244,12 +246,13 @@ LayoutEstimate estimate_layout(const PlanInputs& inputs) {
     lists.push_back(stages.back().schedule);
     times.push_back(stages.back().chunk_times());
   }
-  const PipelineShape shape = schedule_shape(schedule_named(inputs.config.schedule), inputs.shape.pp,
-                                             inputs.config.virtual_stages, inputs.config.micro_batches);
+  const PipelineOptions& pipeline = inputs.config.strategies.get<PipelineOptions>();
+  const PipelineShape shape =
+      schedule_shape(pipeline.schedule, inputs.shape.pp, pipeline.virtual_stages, inputs.config.data.micro_batches);
   const Timeline timeline = schedule_timeline(lists, shape, times);
   LayoutEstimate estimate{.memory_capacity = inputs.cluster.device_memory_bytes * share};
   estimate.memory_total = -1;
-  const double micro_batches = inputs.config.micro_batches;
+  const double micro_batches = inputs.config.data.micro_batches;
   for (std::size_t index = 0; index < stages.size(); ++index) {
     const StageWork& work = stages[index];
     if (work.memory_total > estimate.memory_total) {

@@ -4,6 +4,9 @@
 #include "core/error.hpp"
 #include "layout/options.hpp"
 #include "schedule/schedule_table.hpp"
+#include "strategies/pipeline/pipeline_options.hpp"
+#include "strategies/tensor/tensor_options.hpp"
+#include "strategies/zero/zero_options.hpp"
 
 namespace mlptrain {
 
@@ -19,33 +22,25 @@ std::vector<int> divisors(int value) {
 // ZeRO's stages and shard sizes worth ranking: the whole data-parallel group (0), and under hybrid
 // sharding the data-parallel ranks one node holds (tensor ranks are consecutive, so a node of G
 // ranks holds G / tp consecutive data-parallel ranks), where that is a proper part of dp.
-struct Sharding {
-  int zero = 0;
-  int shard_size = 0;
-};
-std::vector<Sharding> sharding_choices(int dp, int tp, int ranks_per_node) {
+std::vector<ZeroOptions> sharding_choices(int dp, int tp, int ranks_per_node) {
   const int node_data_ranks = ranks_per_node % tp == 0 ? ranks_per_node / tp : 0;
   const bool hybrid = node_data_ranks > 1 && node_data_ranks < dp && dp % node_data_ranks == 0;
-  std::vector<Sharding> choices;
-  for (int zero = 0; zero <= 3; ++zero) {
-    choices.push_back({.zero = zero});
-    if (zero > 0 && hybrid) choices.push_back({.zero = zero, .shard_size = node_data_ranks});
+  std::vector<ZeroOptions> choices;
+  for (int stage = 0; stage <= 3; ++stage) {
+    choices.push_back({.stage = stage});
+    if (stage > 0 && hybrid) choices.push_back({.stage = stage, .shard_size = node_data_ranks});
   }
   return choices;
 }
 
 // The pipeline schedules of `pp` stages with their model chunks per stage.
-struct ScheduleChoice {
-  std::string_view schedule = schedule_table().front().name;
-  int virtual_stages = 1;
-};
-std::vector<ScheduleChoice> schedule_choices(int pp, const std::vector<int>& virtual_stages) {
+std::vector<PipelineOptions> schedule_choices(int pp, const std::vector<int>& virtual_stages) {
   if (pp == 1) return {{}};  // no pipeline, no schedule
-  std::vector<ScheduleChoice> choices;
+  std::vector<PipelineOptions> choices;
   for (const ScheduleEntry& schedule : schedule_table()) {
-    if (!schedule.chunked) choices.push_back({.schedule = schedule.name});
+    if (!schedule.chunked) choices.push_back({.schedule = schedule});
     else
-      for (int chunks : virtual_stages) choices.push_back({.schedule = schedule.name, .virtual_stages = chunks});
+      for (int chunks : virtual_stages) choices.push_back({.schedule = schedule, .virtual_stages = chunks});
   }
   return choices;
 }
@@ -54,33 +49,31 @@ std::vector<ScheduleChoice> schedule_choices(int pp, const std::vector<int>& vir
 
 std::vector<Config> every_layout(const Config& base, int world, int ranks_per_node, const LayoutChoices& choices) {
   std::vector<Config> layouts;
-  const std::vector<bool> offloads = base.device == Device::cpu ? std::vector<bool>{false} : std::vector<bool>{false, true};
+  const std::vector<bool> offloads = base.device.kind == Device::cpu ? std::vector<bool>{false} : std::vector<bool>{false, true};
   for (int tp : divisors(world)) {
-    if (base.hidden % tp != 0) continue;  // the cheap refusals first: most splits fail here
+    if (base.model.hidden % tp != 0) continue;  // the cheap refusals first: most splits fail here
     for (int pp : divisors(world / tp)) {
-      if (pp > base.layers) continue;
+      if (pp > base.model.layers) continue;
       const int dp = world / tp / pp;
-      for (int ep : base.moe_every > 0 ? divisors(dp) : std::vector<int>{1})
+      for (int ep : base.model.moe_every > 0 ? divisors(dp) : std::vector<int>{1})
         for (int micro_batches : choices.micro_batches)
-          for (const auto& [zero, shard_size] : sharding_choices(dp, tp, ranks_per_node))
-            for (const auto& [schedule, virtual_stages] : schedule_choices(pp, choices.virtual_stages))
+          for (const ZeroOptions& zero : sharding_choices(dp, tp, ranks_per_node))
+            for (const PipelineOptions& pipeline : schedule_choices(pp, choices.virtual_stages))
               for (bool recompute : {false, true})
                 for (bool sequence_parallel : {false, true})
                   for (bool offload : offloads) {
                     if (sequence_parallel && tp == 1) continue;  // it splits over the tensor group
                     Config config = base;
-                    config.dp = dp;
-                    config.tp = tp;
-                    config.pp = pp;
-                    config.ep = ep;
-                    config.zero = zero;
-                    config.zero_shard_size = shard_size;
-                    config.schedule = std::string(schedule);
-                    config.virtual_stages = virtual_stages;
-                    config.micro_batches = micro_batches;
-                    config.recompute = recompute;
-                    config.sequence_parallel = sequence_parallel;
-                    config.offload = offload;
+                    config.grid.dp = dp;
+                    config.grid.tp = tp;
+                    config.grid.pp = pp;
+                    config.grid.ep = ep;
+                    config.strategies.get<ZeroOptions>() = zero;
+                    config.strategies.get<PipelineOptions>() = pipeline;
+                    config.data.micro_batches = micro_batches;
+                    config.training.recompute = recompute;
+                    config.strategies.get<TensorParallelOptions>().sequence_parallel = sequence_parallel;
+                    config.device.offload = offload;
                     try {
                       validate_options(config, world);
                     } catch (const UsageError&) {

@@ -19,6 +19,7 @@
 #include "plan/plan_report.hpp"
 #include "plan/plan_request.hpp"
 #include "schedule/schedule_table.hpp"
+#include "strategies/pipeline/pipeline_options.hpp"
 
 namespace {
 
@@ -38,7 +39,7 @@ PlannedLayout plan_layout(const Config& config, const std::vector<LayerSpec>& mo
                .ranks_per_node = ranks_per_node,
                .cluster = cluster,
                // As the trainer decides: the file's arrays under the cap are held in memory.
-               .data_held_in_memory = held_in_memory(data, config.data_memory_bytes())})};
+               .data_held_in_memory = held_in_memory(data, config.data.memory_bytes())})};
 }
 
 void plan(int argc, char** argv) {
@@ -56,11 +57,9 @@ void plan(int argc, char** argv) {
     // What is wrong whatever the layout (a learning rate, a batch the micro-batches do not
     // divide) is said with the trainer's line, as one process would hear it.
     Config alone = config;
-    alone.dp = alone.tp = alone.pp = alone.ep = 1;
-    alone.zero = alone.zero_shard_size = 0;
-    alone.offload = alone.sequence_parallel = false;
-    alone.schedule = schedule_table().front().name;
-    alone.virtual_stages = 1;
+    alone.grid = {.dp = 1};
+    alone.strategies = {};  // every strategy's options at their defaults
+    alone.device.offload = false;
     validate_options(alone, 1);
   }
   const Cluster cluster = request.calibration_files.empty() ? load_cluster(request.cluster)
@@ -69,24 +68,24 @@ void plan(int argc, char** argv) {
   const int ranks_per_node = request.ranks_per_node.value_or(
       request.calibration_files.empty() ? cluster.devices_per_node : request.world);
   // The data's widths and kind, as the trainer opens them (synthetic data is generated lazily).
-  const DatasetInfo data = open_dataset({.kind = config.dataset,
-                                         .path = config.data_path,
-                                         .input_dim = config.input_dim,
-                                         .output_dim = config.output_dim})
+  const DatasetInfo data = open_dataset({.kind = config.data.kind,
+                                         .path = config.data.path,
+                                         .input_dim = config.model.input_dim,
+                                         .output_dim = config.model.output_dim})
                                ->info();
-  const std::vector<LayerSpec> model = model_layer_specs(config.layers, data.input_dim, config.hidden,
-                                                         data.output_dim, config.moe_every, config.experts,
-                                                         config.top_k);
+  const std::vector<LayerSpec> model = model_layer_specs(config.model.layers, data.input_dim, config.model.hidden,
+                                                         data.output_dim, config.model.moe_every, config.model.experts,
+                                                         config.model.top_k);
   std::vector<Config> layouts;
   if (request.layouts == LayoutChoice::all) {
     LayoutChoices choices{
-        .micro_batches = request.micro_batch_choices.empty() ? std::vector<int>{config.micro_batches}
+        .micro_batches = request.micro_batch_choices.empty() ? std::vector<int>{config.data.micro_batches}
                                                              : request.micro_batch_choices,
         .virtual_stages = request.virtual_stage_choices};
     if (choices.virtual_stages.empty()) {
       choices.virtual_stages = {2, 4};
-      if (config.virtual_stages > 1 && std::ranges::count(choices.virtual_stages, config.virtual_stages) == 0)
-        choices.virtual_stages.push_back(config.virtual_stages);
+      const int given = config.strategies.get<PipelineOptions>().virtual_stages;
+      if (given > 1 && std::ranges::count(choices.virtual_stages, given) == 0) choices.virtual_stages.push_back(given);
     }
     layouts = every_layout(config, request.world, ranks_per_node, choices);
     if (layouts.empty())

@@ -3,20 +3,27 @@
 
 #include <fmt/format.h>
 
+#include "strategies/pipeline/pipeline_options.hpp"
+#include "strategies/tensor/tensor_options.hpp"
+#include "strategies/zero/zero_options.hpp"
+
 namespace mlptrain {
 
 namespace {
 
 std::string layout_name(const Config& config) {
-  std::string name = fmt::format("dp{} tp{}{} pp{}", config.dp, config.tp, config.sequence_parallel ? "sp" : "", config.pp);
-  if (config.ep > 1) name += fmt::format(" ep{}", config.ep);
-  if (config.pp > 1) name += fmt::format(" {}", config.schedule);
-  if (config.virtual_stages > 1) name += fmt::format("/{}", config.virtual_stages);
-  name += fmt::format(" zero{}", config.zero);
-  if (config.zero_shard_size > 0) name += fmt::format("/{}", config.zero_shard_size);
-  name += fmt::format(" mb{}", config.micro_batches);
-  if (config.recompute) name += " recompute";
-  if (config.offload) name += " offload";
+  const ZeroOptions& zero = config.strategies.get<ZeroOptions>();
+  const PipelineOptions& pipeline = config.strategies.get<PipelineOptions>();
+  const bool sequence_parallel = config.strategies.get<TensorParallelOptions>().sequence_parallel;
+  std::string name = fmt::format("dp{} tp{}{} pp{}", config.grid.dp, config.grid.tp, sequence_parallel ? "sp" : "", config.grid.pp);
+  if (config.grid.ep > 1) name += fmt::format(" ep{}", config.grid.ep);
+  if (config.grid.pp > 1) name += fmt::format(" {}", pipeline.schedule.get().name);
+  if (pipeline.virtual_stages > 1) name += fmt::format("/{}", pipeline.virtual_stages);
+  name += fmt::format(" zero{}", zero.stage);
+  if (zero.shard_size > 0) name += fmt::format("/{}", zero.shard_size);
+  name += fmt::format(" mb{}", config.data.micro_batches);
+  if (config.training.recompute) name += " recompute";
+  if (config.device.offload) name += " offload";
   return name;
 }
 
@@ -38,18 +45,20 @@ nlohmann::json plan_json(const PlannedLayout& planned, int world, int ranks_per_
   nlohmann::json comm = nlohmann::json::object();
   for (CommOp op : training_comm_ops) comm[std::string(comm_op_name(op))] = estimate.prediction.comm(op);
   const StepTime& step = estimate.step;
-  const nlohmann::json layout = {{"dp", config.dp},
-                                 {"tp", config.tp},
-                                 {"pp", config.pp},
-                                 {"ep", config.ep},
-                                 {"zero", config.zero},
-                                 {"zero_shard_size", config.zero_shard_size},
-                                 {"sequence_parallel", config.sequence_parallel},
-                                 {"schedule", config.pp > 1 ? config.schedule : "none"},
-                                 {"virtual_stages", config.virtual_stages},
-                                 {"micro_batches", config.micro_batches},
-                                 {"recompute", config.recompute},
-                                 {"offload", config.offload}};
+  const ZeroOptions& zero = config.strategies.get<ZeroOptions>();
+  const PipelineOptions& pipeline = config.strategies.get<PipelineOptions>();
+  const nlohmann::json layout = {{"dp", config.grid.dp},
+                                 {"tp", config.grid.tp},
+                                 {"pp", config.grid.pp},
+                                 {"ep", config.grid.ep},
+                                 {"zero", zero.stage},
+                                 {"zero_shard_size", zero.shard_size},
+                                 {"sequence_parallel", config.strategies.get<TensorParallelOptions>().sequence_parallel},
+                                 {"schedule", config.grid.pp > 1 ? pipeline.schedule.get().name : "none"},
+                                 {"virtual_stages", pipeline.virtual_stages},
+                                 {"micro_batches", config.data.micro_batches},
+                                 {"recompute", config.training.recompute},
+                                 {"offload", config.device.offload}};
   return {{"layout", layout},
           {"world", world},
           {"ranks_per_node", ranks_per_node},
@@ -70,9 +79,9 @@ nlohmann::json plan_json(const PlannedLayout& planned, int world, int ranks_per_
             {"bubble", milliseconds(step.bubble)},
             {"data", milliseconds(step.data)},
             {"total", milliseconds(step.total())}}},
-          {"samples_per_s", step.total() > 0 ? config.global_batch / step.total() : 0.0},
-          {"param_dtype", data_type_name(config.precision().param)},
-          {"reduce_dtype", data_type_name(config.precision().reduce)}};
+          {"samples_per_s", step.total() > 0 ? config.data.global_batch / step.total() : 0.0},
+          {"param_dtype", data_type_name(config.precision.types().param)},
+          {"reduce_dtype", data_type_name(config.precision.types().reduce)}};
 }
 
 std::string cluster_line(const Cluster& cluster, int world, int ranks_per_node) {
@@ -106,7 +115,7 @@ std::string layout_table(const PlannedLayout& planned, int world) {
   text += fmt::format("  step time {:.3f} ms: compute {:.3f}, exposed communication {:.3f}, bubble {:.3f}, "
                       "data {:.3f}; {:.1f} samples/s\n",
                       milliseconds(step.total()), milliseconds(step.compute), milliseconds(step.exposed_comm),
-                      milliseconds(step.bubble), milliseconds(step.data), planned.config.global_batch / step.total());
+                      milliseconds(step.bubble), milliseconds(step.data), planned.config.data.global_batch / step.total());
   return text;
 }
 

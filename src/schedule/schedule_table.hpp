@@ -6,11 +6,14 @@
 // choices all read this table; a new schedule is an entry and its order function.
 #pragma once
 
+#include <functional>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "core/option.hpp"
 #include "schedule/schedule.hpp"
 
 namespace mlptrain {
@@ -39,12 +42,26 @@ struct ScheduleEntry {
 
 // Every schedule, the default (1F1B) first.
 std::span<const ScheduleEntry> schedule_table();
+// A schedule as options and the pipeline's configuration hold it: its table entry.
+using ScheduleChoice = std::reference_wrapper<const ScheduleEntry>;
+inline ScheduleChoice default_schedule() { return schedule_table().front(); }
 // The entry named `name`, or null.
 const ScheduleEntry* find_schedule(std::string_view name);
 // The entry named `name`; a logic_error when there is none (names are validated on input).
 const ScheduleEntry& schedule_named(std::string_view name);
 // "1f1b | gpipe | ...": the names, for help and messages.
 std::string schedule_names();
+
+// --schedule reads a name and holds its entry.
+template <>
+struct ChoiceTraits<ScheduleChoice> {
+  static std::string_view name(const ScheduleChoice& choice) { return choice.get().name; }
+  static std::optional<ScheduleChoice> parse(std::string_view text) {
+    const ScheduleEntry* entry = find_schedule(text);
+    return entry != nullptr ? std::optional<ScheduleChoice>(*entry) : std::nullopt;
+  }
+  static std::string list() { return schedule_names(); }
+};
 
 // Why a shape does not suit `schedule` (empty when it does): every count at least 1, the
 // schedule's placement, one chunk a stage unless the schedule is chunked (two in a V), and the

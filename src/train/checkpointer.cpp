@@ -9,6 +9,7 @@
 #include "core/timer.hpp"
 #include "core/trace.hpp"
 #include "layout/options.hpp"
+#include "strategies/zero/zero_options.hpp"
 
 namespace mlptrain {
 
@@ -17,8 +18,8 @@ CheckpointScope Checkpointer::scope() const {
   return {.world = run_.world(),
           .mpi_comm = run_.mpi_world,
           .allocator = *run_.device.memory,
-          .global_tensors = model_parameter_tensors(run_.model->specs, 0, config.layers),
-          .layer_count = config.layers,
+          .global_tensors = model_parameter_tensors(run_.model->specs, 0, config.model.layers),
+          .layer_count = config.model.layers,
           .config_ini = to_ini(config),
           .shape_options = model_shape_options()};
 }
@@ -34,7 +35,7 @@ TrainingState Checkpointer::state(const Progress& progress) const {
 
 Checkpointer::Resumed Checkpointer::resume(const Progress& start) {
   TrainingState loaded = state(start);
-  const std::string file = load_checkpoint(run_.config.resume, loaded, scope());
+  const std::string file = load_checkpoint(run_.config.output.resume, loaded, scope());
   run_.data->batch().resumed_step = loaded.step;
   run_.data->batch().resumed_position = loaded.data_position;
   return {{.step = loaded.step,
@@ -60,12 +61,12 @@ std::vector<SavedCheckpoint> Checkpointer::save(const Progress& progress) {
   const CheckpointDescription description{
       .config_ini = to_ini(run_.config),
       .layout = fmt::format("dp={} tp={} pp={} ep={} zero={}", shape.dp, shape.tp, shape.pp, shape.ep,
-                            run_.config.zero),
-      .seed = run_.config.seed};
+                            run_.config.strategies.get<ZeroOptions>().stage),
+      .seed = run_.config.training.seed};
   std::vector<SavedCheckpoint> ended;
   if (saver_.in_flight()) ended.push_back(finish());
-  const bool background = run_.config.save_mode == SaveMode::async;
-  saver_.start(run_.config.checkpoint_dir, state(progress), description, scope(), background);
+  const bool background = run_.config.output.save_mode == SaveMode::async;
+  saver_.start(run_.config.output.checkpoint_dir, state(progress), description, scope(), background);
   if (!background) ended.push_back(finish());
   record_span(run_.ledgers.trace.get(), "checkpoint", start_ms, now_ms());
   return ended;

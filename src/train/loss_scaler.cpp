@@ -6,11 +6,11 @@
 namespace mlptrain {
 
 LossScaler::LossScaler(const Config& config)
-    : scales_(config.precision().scales_loss()), dynamic_(scales_ && config.loss_scale == 0) {
+    : scales_(config.precision.types().scales_loss()), dynamic_(scales_ && config.precision.loss_scale == 0) {
   if (!scales_) return;
-  scale_ = dynamic_ ? config.initial_loss_scale : config.loss_scale;
-  min_scale_ = config.min_loss_scale;
-  window_ = config.loss_scale_window;
+  scale_ = dynamic_ ? config.precision.initial_loss_scale : config.precision.loss_scale;
+  min_scale_ = config.precision.min_loss_scale;
+  window_ = config.precision.loss_scale_window;
 }
 
 void LossScaler::finite_step() {

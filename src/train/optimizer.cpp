@@ -9,12 +9,12 @@
 namespace mlptrain {
 
 double scheduled_learning_rate(const Config& config, std::int64_t step) {
-  const auto warmup = static_cast<std::int64_t>(config.warmup_steps);
-  if (step < warmup) return config.lr * static_cast<double>(step + 1) / static_cast<double>(warmup);
-  if (config.lr_schedule == LearningRateSchedule::constant) return config.lr;
+  const auto warmup = static_cast<std::int64_t>(config.training.warmup_steps);
+  if (step < warmup) return config.training.lr * static_cast<double>(step + 1) / static_cast<double>(warmup);
+  if (config.training.lr_schedule == LearningRateSchedule::constant) return config.training.lr;
   const double progress = static_cast<double>(step - warmup) /
-                          static_cast<double>(std::max<std::int64_t>(config.steps - warmup, 1));
-  return config.lr * 0.5 * (1.0 + std::cos(std::numbers::pi * progress));
+                          static_cast<double>(std::max<std::int64_t>(config.training.steps - warmup, 1));
+  return config.training.lr * 0.5 * (1.0 + std::cos(std::numbers::pi * progress));
 }
 
 double clip_coefficient(double max_norm, double total_norm) {
@@ -67,10 +67,10 @@ double AdamW::owned_square_sum(Kernels& kernels, const StatePlacement& placement
 double AdamW::update(Kernels& kernels, const StatePlacement& placement, double learning_rate, std::int64_t step,
                      float grad_scale) {
   const AdamWStep settings{.learning_rate = learning_rate,
-                           .beta1 = config_.beta1,
-                           .beta2 = config_.beta2,
-                           .eps = config_.eps,
-                           .weight_decay = config_.weight_decay,
+                           .beta1 = config_.training.beta1,
+                           .beta2 = config_.training.beta2,
+                           .eps = config_.training.eps,
+                           .weight_decay = config_.training.weight_decay,
                            .step = step,
                            .grad_scale = grad_scale};
   if (offloaded_) {

@@ -14,7 +14,7 @@ RankModel::RankModel(const Config& config, const ProcessGroups& groups, Kernels&
   const ParameterPlan plan = parameter_plan(strategies, config, groups.shape(), groups.place());
   guard([&] {
     parameters = std::make_unique<ParameterStore>(model_parameter_tensors(specs, layers.list(), plan),
-                                                  allocator, plan, config.precision());
+                                                  allocator, plan, config.precision.types());
   });
   const StrategyContext context{.config = config,
                                 .groups = groups,
@@ -29,13 +29,13 @@ RankModel::RankModel(const Config& config, const ProcessGroups& groups, Kernels&
   placement = sharded ? std::move(*sharded) : store_placement(*parameters, groups.shape(), groups.place());
   // The optimizer places the masters (a 16-bit param type keeps them apart from the values).
   guard([&] { optimizer = std::make_unique<AdamW>(config, allocator, placement, offload); });
-  initialize_state(placement, static_cast<std::uint64_t>(config.seed), allocator,
+  initialize_state(placement, static_cast<std::uint64_t>(config.training.seed), allocator,
                    offload != nullptr ? *offload->memory : allocator);
   for (const LayerRange& chunk : layers.chunks) {
     runners.push_back(std::make_unique<ModelRunner>(
         kernels, allocator, *parameters, specs, chunk, *this->strategies,
-        MoeSettings{.capacity_factor = config.capacity_factor, .aux_loss_coef = config.aux_loss_coef},
-        config.recompute));
+        MoeSettings{.capacity_factor = config.model.capacity_factor, .aux_loss_coef = config.model.aux_loss_coef},
+        config.training.recompute));
     // An offloaded update runs into the next forward, which waits for each layer's values.
     if (offload != nullptr) runners.back()->set_forward_gate([this](int layer) { optimizer->wait_for_layer(layer); });
   }

@@ -55,18 +55,18 @@ Run::Run(const Config& run_config, MPI_Comm world_comm, const CommSettings& comm
 
   std::unique_ptr<Dataset> dataset;
   agree_or_throw(world(), [&] {
-    dataset = open_dataset({.kind = config.dataset,
-                            .path = config.data_path,
-                            .input_dim = config.input_dim,
-                            .output_dim = config.output_dim,
-                            .memory_cap_bytes = config.data_memory_bytes()});
-    if (config.eval_every > 0 && dataset->info().test_size == 0)
-      throw UsageError("--eval-every needs a held-out split, and '" + config.data_path +
+    dataset = open_dataset({.kind = config.data.kind,
+                            .path = config.data.path,
+                            .input_dim = config.model.input_dim,
+                            .output_dim = config.model.output_dim,
+                            .memory_cap_bytes = config.data.memory_bytes()});
+    if (config.data.eval_every > 0 && dataset->info().test_size == 0)
+      throw UsageError("--eval-every needs a held-out split, and '" + config.data.path +
                        "' has no /x_test and /y_test");
   });
   const DatasetInfo info = dataset->info();
-  std::vector<LayerSpec> specs = model_layer_specs(config.layers, info.input_dim, config.hidden, info.output_dim,
-                                                   config.moe_every, config.experts, config.top_k);
+  std::vector<LayerSpec> specs = model_layer_specs(config.model.layers, info.input_dim, config.model.hidden, info.output_dim,
+                                                   config.model.moe_every, config.model.experts, config.model.top_k);
   HostSide* offload = device.offload ? &*device.offload : nullptr;
   const Strategies strategies = wanted_strategies(config, shape);
   model = std::make_unique<RankModel>(config, *groups, *device.kernels, *device.memory, specs, strategies,
@@ -77,15 +77,15 @@ Run::Run(const Config& run_config, MPI_Comm world_comm, const CommSettings& comm
                                                       .computes_loss = model->computes_loss(),
                                                       .activation_type = model->activation_type()},
                                    groups->place().dp, device.reader_threads);
-  schedule = rank_schedule(strategies, config, shape, groups->place(), config.micro_batches, true);
+  schedule = rank_schedule(strategies, config, shape, groups->place(), config.data.micro_batches, true);
   agree_or_throw(world(), [&] {
-    if (!config.checkpoint_dir.empty() && rank_zero() && !config.predict)
-      prepare_checkpoint_directory(config.checkpoint_dir);
-    if (!config.trace_path.empty() && rank_zero() && !config.predict) check_trace_path(config.trace_path);
-    reporter = std::make_unique<Reporter>(rank_zero(), config.metrics_path, config.log_every,
-                                          config.steps);
+    if (!config.output.checkpoint_dir.empty() && rank_zero() && !config.output.predict)
+      prepare_checkpoint_directory(config.output.checkpoint_dir);
+    if (!config.output.trace_path.empty() && rank_zero() && !config.output.predict) check_trace_path(config.output.trace_path);
+    reporter = std::make_unique<Reporter>(rank_zero(), config.output.metrics_path, config.output.log_every,
+                                          config.training.steps);
   });
-  if (!config.trace_path.empty() && !config.predict) {
+  if (!config.output.trace_path.empty() && !config.output.predict) {
     ledgers.trace = std::make_unique<TraceRecorder>();
     ledgers.comm.set_trace(ledgers.trace.get());
     world().barrier();  // the ranks' common time origin

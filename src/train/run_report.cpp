@@ -8,6 +8,8 @@
 #include "comm/consensus.hpp"
 #include "layout/rank_plan.hpp"
 #include "schedule/schedule_table.hpp"
+#include "strategies/pipeline/pipeline_options.hpp"
+#include "strategies/zero/zero_options.hpp"
 #include "train/trace_file.hpp"
 
 namespace mlptrain {
@@ -21,17 +23,17 @@ RankLayout layout_of(const Run& run) {
 
 // The precision line: what each state is held in, and how a half loss is scaled.
 std::string describe_precision(const Config& config) {
-  const Precision precision = config.precision();
+  const Precision precision = config.precision.types();
   std::string text = fmt::format(
       "precision: params and activations {}, gradients and their reductions {}, optimizer {} ({} bytes a "
       "parameter)",
       data_type_name(precision.param), data_type_name(precision.reduce),
       precision.keeps_master() ? "fp32 master weights and moments" : "fp32 moments", precision.optimizer_bytes());
   if (!precision.scales_loss()) return text;
-  if (config.loss_scale > 0) return text + fmt::format("; loss scale {:g}", config.loss_scale);
+  if (config.precision.loss_scale > 0) return text + fmt::format("; loss scale {:g}", config.precision.loss_scale);
   return text + fmt::format("; dynamic loss scale from {:g} (halved on overflow, not below {:g}; doubled after {} "
                             "finite steps)",
-                            config.initial_loss_scale, config.min_loss_scale, config.loss_scale_window);
+                            config.precision.initial_loss_scale, config.precision.min_loss_scale, config.precision.loss_scale_window);
 }
 
 }  // namespace
@@ -48,12 +50,12 @@ std::string describe_run(const Run& run) {
       "mlptrain: {} rank(s), dp={} tp={} pp={} ep={} zero={}{}, strategies:{}\n"
       "model: {} layers {} ({} parameters), {} data ({} train samples), global batch {} in {} "
       "micro-batch(es), {} steps\ndevice: {}, communication: {}\nkernels: {}",
-      shape.world, shape.dp, shape.tp, shape.pp, shape.ep, config.zero,
+      shape.world, shape.dp, shape.tp, shape.pp, shape.ep, config.strategies.get<ZeroOptions>().stage,
       hybrid_sharding(shape) ? fmt::format(" (shards over {})", shard_ranks(shape)) : "",
       strategies.empty() ? " none" : strategies,
       specs.size(), widths, parameter_count(specs), run.data->info().name, run.data->info().train_size,
-      config.global_batch, config.micro_batches, config.steps, run.device.description,
-      config.comm == CommBackend::nccl ? "NCCL, device to device"
+      config.data.global_batch, config.data.micro_batches, config.training.steps, run.device.description,
+      config.device.comm == CommBackend::nccl ? "NCCL, device to device"
       : run.device.staging             ? "MPI, staged through host memory"
                                        : "MPI",
       run.device.kernels->description());
@@ -62,12 +64,12 @@ std::string describe_run(const Run& run) {
     std::string layers;
     for (int layer : run.model->moe_layers) layers += (layers.empty() ? "" : ", ") + std::to_string(layer);
     text += fmt::format("\nMoE layer(s) {}: {} experts, top-{}, {}, aux loss coefficient {}", layers,
-                        config.experts, config.top_k,
-                        config.capacity_factor > 0 ? fmt::format("capacity factor {}", config.capacity_factor)
+                        config.model.experts, config.model.top_k,
+                        config.model.capacity_factor > 0 ? fmt::format("capacity factor {}", config.model.capacity_factor)
                                                    : std::string("dropless"),
-                        config.aux_loss_coef);
+                        config.model.aux_loss_coef);
   }
-  if (config.recompute)
+  if (config.training.recompute)
     text += fmt::format("\nrecompute: the local layers form segments of {}; forward keeps each segment's input "
                         "and backward recomputes the rest",
                         run.model->runners.front()->recompute_plan().segment_length());
@@ -90,7 +92,7 @@ void complete_summary(Run& run, const MemoryByState& run_peak, RunSummary& summa
   summary.peak_memory = run_peak;
   summary.peak_host_memory = run.ledgers.host_memory.peak();
   summary.prediction = predict_this_rank(run);
-  summary.precision = run.config.precision();
+  summary.precision = run.config.precision.types();
   summary.parameters = parameter_count(run.model->specs);
   for (const auto& [group, totals] : run.ledgers.comm.by_group())
     for (int op = 0; op < comm_op_count; ++op)
@@ -114,23 +116,26 @@ void write_trace_file(Run& run) {
   if (!run.ledgers.trace) return;
   const Config& config = run.config;
   const GridShape& shape = run.groups->shape();
+  const ZeroOptions& zero = config.strategies.get<ZeroOptions>();
+  const PipelineOptions& pipeline_options = config.strategies.get<PipelineOptions>();
+  const ScheduleEntry& schedule = pipeline_options.schedule;
   nlohmann::json layout = {
       {"world", shape.world}, {"dp", shape.dp}, {"tp", shape.tp}, {"pp", shape.pp}, {"ep", shape.ep},
-      {"zero", config.zero}, {"zero_shard_size", config.zero_shard_size},
+      {"zero", zero.stage}, {"zero_shard_size", zero.shard_size},
       {"strategies", run.model->strategies->names()},
-      {"schedule", config.schedule}, {"virtual_stages", config.virtual_stages},
-      {"micro_batches", config.micro_batches},
-      {"global_batch", config.global_batch}, {"layers", config.layers}};
+      {"schedule", schedule.name}, {"virtual_stages", pipeline_options.virtual_stages},
+      {"micro_batches", config.data.micro_batches},
+      {"global_batch", config.data.global_batch}, {"layers", config.model.layers}};
   // The schedule's theory, from its table entry, for the timeline to hold the measured bubble to.
-  const ScheduleEntry& schedule = schedule_named(config.schedule);
-  const PipelineShape pipeline = schedule_shape(schedule, shape.pp, config.virtual_stages, config.micro_batches);
+  const PipelineShape pipeline =
+      schedule_shape(schedule, shape.pp, pipeline_options.virtual_stages, config.data.micro_batches);
   layout["chunk_placement"] = pipeline.placement == ChunkPlacement::v_shape ? "v_shape" : "looped";
   layout["theoretical_bubble"] = schedule.bubble(pipeline);
   layout["bubble_formula"] = schedule.bubble_formula;
   agree_or_throw(run.world(), [&] {
-    write_trace(config.trace_path, *run.ledgers.trace, run.ledgers.trace_origin_ms, run.mpi_world, run.groups->place(), layout);
+    write_trace(config.output.trace_path, *run.ledgers.trace, run.ledgers.trace_origin_ms, run.mpi_world, run.groups->place(), layout);
   });
-  run.reporter->line("wrote trace " + config.trace_path);
+  run.reporter->line("wrote trace " + config.output.trace_path);
 }
 
 }  // namespace mlptrain

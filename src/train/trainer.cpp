@@ -28,7 +28,7 @@ class Trainer {
   Trainer(const Config& config, MPI_Comm world, const CommSettings& comm)
       : run_(config, world, comm), checkpoints_(run_), config_(config),
         flops_(step_flops(run_.model->taking_part, config, run_.model->specs, run_.groups->shape())),
-        peak_tflops_(config.peak_tflops > 0 ? config.peak_tflops : run_.device.peak_tflops) {
+        peak_tflops_(config.device.peak_tflops > 0 ? config.device.peak_tflops : run_.device.peak_tflops) {
     note_peaks();
   }
   void predict_only();
@@ -78,7 +78,7 @@ StepTotals Trainer::local_totals(const LossTotals& local, const MoeStatistics* m
   totals.dropped = counts ? moe->dropped : 0.0;
   for (int layer : run_.model->moe_layers) {
     const auto found = moe->expert_load.find(layer);
-    std::vector<double>& loads = totals.expert_load.emplace_back(static_cast<std::size_t>(config_.experts), 0.0);
+    std::vector<double>& loads = totals.expert_load.emplace_back(static_cast<std::size_t>(config_.model.experts), 0.0);
     if (counts && found != moe->expert_load.end()) loads = found->second;
   }
   return totals;
@@ -91,7 +91,7 @@ void Trainer::stop_on_read_problem(double ranks_with_problems) const {
 }
 
 void Trainer::stop_unless_skipping(std::int64_t step, const StepTotals& totals) const {
-  if (config_.on_nan == OnNonFinite::skip) return;
+  if (config_.training.on_nan == OnNonFinite::skip) return;
   throw AgreedError(ExitCode::runtime_failure,
                     fmt::format("step {}: the loss is {} and the gradient norm {}; stopping before this state "
                                 "reaches a checkpoint (lower --lr, clip with --grad-clip, or skip such steps "
@@ -104,7 +104,7 @@ bool Trainer::update(std::int64_t step, double learning_rate, StepTotals& totals
   Kernels& kernels = *run_.device.kernels;
   AdamW& optimizer = *run_.model->optimizer;
   const StatePlacement& placement = run_.model->placement;
-  if (config_.grad_clip > 0 || config_.on_nan == OnNonFinite::skip || scaler_.scales()) {
+  if (config_.training.grad_clip > 0 || config_.training.on_nan == OnNonFinite::skip || scaler_.scales()) {
     // The norm first: clipping scales by it, and a non-finite one skips the update. Gradients of
     // a scaled loss are scaled: the norm and the update divide the scale out (in fp32).
     const double unscale = 1.0 / scaler_.scale();
@@ -121,7 +121,7 @@ bool Trainer::update(std::int64_t step, double learning_rate, StepTotals& totals
       return true;
     }
     const double coefficient =
-        config_.grad_clip > 0 ? clip_coefficient(config_.grad_clip, std::sqrt(totals.grad_square_sum)) : 1.0;
+        config_.training.grad_clip > 0 ? clip_coefficient(config_.training.grad_clip, std::sqrt(totals.grad_square_sum)) : 1.0;
     optimizer.update(kernels, placement, learning_rate, ++optimizer_step_,
                      static_cast<float>(unscale * std::min(coefficient, 1.0)));
     scaler_.finite_step();
@@ -147,9 +147,9 @@ StepRecord Trainer::train_step(std::int64_t step) {
   const LossTotals local = run_.executor->run(
       run_.schedule,
       {.training = true,
-       .micro_batches = config_.micro_batches,
+       .micro_batches = config_.data.micro_batches,
        .loss_kind = run_.data->loss_kind(),
-       .loss_samples = config_.global_batch,
+       .loss_samples = config_.data.global_batch,
        .loss_scale = scaler_.scale(),
        .rows = [&](int) { return run_.data->batch().local_size(); },
        .read = [&](int micro_batch, MicroBatchActivations& activations, bool inputs) {
@@ -177,12 +177,12 @@ StepRecord Trainer::train_step(std::int64_t step) {
     record.loss_scale = loss_scale;
     record.skipped_steps = scaler_.skipped_steps();
   }
-  record.loss = totals.loss_sum / loss_normalizer(run_.data->loss_kind(), config_.global_batch,
+  record.loss = totals.loss_sum / loss_normalizer(run_.data->loss_kind(), config_.data.global_batch,
                                                   run_.model->specs.back().out_features);
   record.lr = learning_rate;
   record.grad_norm = std::sqrt(totals.grad_square_sum);
   if (!run_.model->moe_layers.empty()) {
-    record.aux_loss = totals.aux_loss / config_.micro_batches;
+    record.aux_loss = totals.aux_loss / config_.data.micro_batches;
     record.dropped_tokens = std::llround(totals.dropped);
     for (const std::vector<double>& loads : totals.expert_load) {
       std::vector<std::int64_t>& experts = record.expert_load.emplace_back();
@@ -192,7 +192,7 @@ StepRecord Trainer::train_step(std::int64_t step) {
   record.routed_all_to_all_bytes = moe.all_to_all_bytes;
   record.step_ms = now_ms() - start_ms;
   record.data_ms = totals.data_wait_ms / run_.groups->shape().world;
-  record.samples_per_s = static_cast<double>(config_.global_batch) / (record.step_ms / 1000.0);
+  record.samples_per_s = static_cast<double>(config_.data.global_batch) / (record.step_ms / 1000.0);
   const double rank_seconds = record.step_ms / 1000.0 * run_.groups->shape().world;
   record.model_tflops = flops_.model / rank_seconds / 1e12;
   record.recompute_tflops = flops_.recompute / rank_seconds / 1e12;
@@ -242,7 +242,7 @@ void Trainer::evaluate(StepRecord& record) {
 
 void Trainer::predict_only() {
   run_.reporter->line(describe_run(run_));
-  run_.reporter->prediction(predict_this_rank(run_), config_.precision(), parameter_count(run_.model->specs));
+  run_.reporter->prediction(predict_this_rank(run_), config_.precision.types(), parameter_count(run_.model->specs));
 }
 
 void Trainer::train() {
@@ -250,15 +250,15 @@ void Trainer::train() {
   reporter.line(describe_run(run_));
   RunSummary summary;
   std::int64_t start = 0;
-  if (!config_.resume.empty()) {
+  if (!config_.output.resume.empty()) {
     const Checkpointer::Resumed resumed = checkpoints_.resume(progress(0));
     start = resumed.progress.step;
     optimizer_step_ = resumed.progress.optimizer_step;
     if (scaler_.scales()) scaler_.resume_at(resumed.progress.loss_scale, resumed.progress.loss_scale_finite_steps);
     reporter.line(fmt::format("resumed from {} at step {} (sample position {})", resumed.file, start,
                               run_.data->batch().resumed_position));
-    if (start >= config_.steps)
-      reporter.line(fmt::format("the checkpoint is at or beyond --steps {}: nothing to train", config_.steps));
+    if (start >= config_.training.steps)
+      reporter.line(fmt::format("the checkpoint is at or beyond --steps {}: nothing to train", config_.training.steps));
   }
   const auto saved = [&](const SavedCheckpoint& checkpoint) {
     reporter.line(saved_line(checkpoint));
@@ -269,16 +269,16 @@ void Trainer::train() {
     for (const SavedCheckpoint& checkpoint : checkpoints_.save(progress(step))) saved(checkpoint);
   };
   std::int64_t last_saved = -1;
-  Watchdog watchdog(config_.timeout_s, run_.world().rank(), run_.ledgers.comm);
+  Watchdog watchdog(config_.output.timeout_s, run_.world().rank(), run_.ledgers.comm);
   try {
-    for (std::int64_t step = start; step < config_.steps; ++step) {
+    for (std::int64_t step = start; step < config_.training.steps; ++step) {
       watchdog.arm(step + 1);
       StepRecord record = train_step(step);
-      if (config_.eval_every > 0 && record.step % config_.eval_every == 0) evaluate(record);
+      if (config_.data.eval_every > 0 && record.step % config_.data.eval_every == 0) evaluate(record);
       reporter.step(record);
       if (record.checkpoint) saved(*record.checkpoint);
       summary.add(record);
-      if (!config_.checkpoint_dir.empty() && config_.save_every > 0 && record.step % config_.save_every == 0) {
+      if (!config_.output.checkpoint_dir.empty() && config_.output.save_every > 0 && record.step % config_.output.save_every == 0) {
         watchdog.arm(record.step);  // the save gets a timeout of its own
         save(record.step);
         last_saved = record.step;
@@ -295,8 +295,8 @@ void Trainer::train() {
   }
   run_.model->optimizer->finish_update();
   watchdog.disarm();
-  const std::int64_t final_step = std::max<std::int64_t>(start, config_.steps);
-  if (!config_.checkpoint_dir.empty() && last_saved != final_step && !(start >= config_.steps && !config_.resume.empty()))
+  const std::int64_t final_step = std::max<std::int64_t>(start, config_.training.steps);
+  if (!config_.output.checkpoint_dir.empty() && last_saved != final_step && !(start >= config_.training.steps && !config_.output.resume.empty()))
     save(final_step);
   if (checkpoints_.saving()) saved(checkpoints_.finish());
 
@@ -310,7 +310,7 @@ void Trainer::train() {
 
 void run_training(const Config& config, MPI_Comm world, const CommSettings& comm) {
   Trainer trainer(config, world, comm);
-  if (config.predict) {
+  if (config.output.predict) {
     trainer.predict_only();
   } else {
     trainer.train();

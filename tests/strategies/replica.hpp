@@ -40,26 +40,26 @@ struct Replica {
   Replica(MPI_Comm comm, const Config& layout, std::optional<Strategies> own = std::nullopt) : config(layout) {
     int size = 1;
     MPI_Comm_size(comm, &size);
-    config.dp = size / (config.tp * config.pp);
-    const GridShape shape{.world = size, .tp = config.tp, .dp = config.dp, .pp = config.pp, .ep = config.ep};
+    config.grid.dp = size / (config.grid.tp * config.grid.pp);
+    const GridShape shape{.world = size, .tp = config.grid.tp, .dp = config.grid.dp, .pp = config.grid.pp, .ep = config.grid.ep};
     groups = std::make_unique<ProcessGroups>(comm, shape, ledger);
     strategies = own ? *own : wanted_strategies(config, shape);
     model = std::make_unique<RankModel>(
         config, *groups, *kernels, allocator,
-        model_layer_specs(config.layers, input_dim, config.hidden, output_dim, config.moe_every, config.experts,
-                          config.top_k),
+        model_layer_specs(config.model.layers, input_dim, config.model.hidden, output_dim, config.model.moe_every, config.model.experts,
+                          config.model.top_k),
         strategies);
     executor = std::make_unique<ScheduleExecutor>(model->chunk_runners(), *model->strategies, allocator, nullptr);
   }
 
-  std::int64_t local_rows() const { return config.global_batch / config.micro_batches / config.dp; }
+  std::int64_t local_rows() const { return config.data.global_batch / config.data.micro_batches / config.grid.dp; }
 
   // One training step's forwards and backwards over the schedule and the gradients' synchronization,
   // no update. Returns this rank's loss sum (0 where the loss is not computed).
   double step(std::int64_t index = 0) {
     const GridCoordinates& place = groups->place();
     const auto read = [&](int micro_batch, MicroBatchActivations& activations, bool inputs) {
-      const std::int64_t first = micro_batch * config.global_batch / config.micro_batches + place.dp * local_rows();
+      const std::int64_t first = micro_batch * config.data.global_batch / config.data.micro_batches + place.dp * local_rows();
       if (inputs)
         CounterRng(3, "inputs").fill_normal(activations.input.floats(), first * input_dim,
                                            activations.rows * input_dim, 0.0f, 1.0f);
@@ -69,11 +69,11 @@ struct Replica {
     };
     model->strategies->before_step({.step = index});
     const LossTotals totals = executor->run(
-        rank_schedule(strategies, config, groups->shape(), place, config.micro_batches, true),
+        rank_schedule(strategies, config, groups->shape(), place, config.data.micro_batches, true),
         {.training = true,
-         .micro_batches = config.micro_batches,
+         .micro_batches = config.data.micro_batches,
          .loss_kind = LossKind::mse,
-         .loss_samples = config.global_batch,
+         .loss_samples = config.data.global_batch,
          .rows = [&](int) { return local_rows(); },
          .read = read});
     model->strategies->synchronize_gradients({.step = index});
@@ -82,7 +82,7 @@ struct Replica {
 
   // The optimizer step after step(): every rank updates what it owns, and the strategies gather.
   void update(std::int64_t index = 0) {
-    model->optimizer->update(*kernels, model->placement, config.lr, index + 1);
+    model->optimizer->update(*kernels, model->placement, config.training.lr, index + 1);
     model->optimizer->finish_update();
     model->strategies->after_optimizer_step({.step = index});
   }
@@ -120,11 +120,11 @@ struct Replica {
 // per pipeline stage), a global batch of 16 in `micro_batches` micro-batches.
 inline Config small_model(int micro_batches = 1) {
   Config config;
-  config.layers = 6;
-  config.hidden = 12;
-  config.global_batch = 16;
-  config.micro_batches = micro_batches;
-  config.seed = 99;
+  config.model.layers = 6;
+  config.model.hidden = 12;
+  config.data.global_batch = 16;
+  config.data.micro_batches = micro_batches;
+  config.training.seed = 99;
   return config;
 }
 

@@ -11,6 +11,7 @@
 
 #include "core/error.hpp"
 #include "layout/rank_plan.hpp"
+#include "strategies/zero/zero_options.hpp"
 
 using namespace mlptrain;
 
@@ -24,7 +25,7 @@ std::vector<std::string_view> names(const Strategies& strategies) {
 
 std::vector<std::string_view> program_strategies(int dp, int tp, int pp, int zero) {
   Config config;
-  config.zero = zero;
+  config.strategies.get<ZeroOptions>().stage = zero;
   return names(wanted_strategies(config, GridShape{.world = dp * tp * pp, .tp = tp, .dp = dp, .pp = pp}));
 }
 
@@ -36,18 +37,18 @@ struct SmallRun {
   Strategies strategies;
 
   SmallRun(int dp, int tp, int pp, int zero, bool moe = false, int ep = 1) {
-    config.layers = 4;
-    config.hidden = 16;
-    config.input_dim = 8;
-    config.output_dim = 4;
-    config.global_batch = 16;
-    config.micro_batches = 2;
-    config.zero = zero;
-    config.dp = dp, config.tp = tp, config.pp = pp, config.ep = ep;
-    if (moe) config.moe_every = 2, config.experts = 8, config.top_k = 2;
+    config.model.layers = 4;
+    config.model.hidden = 16;
+    config.model.input_dim = 8;
+    config.model.output_dim = 4;
+    config.data.global_batch = 16;
+    config.data.micro_batches = 2;
+    config.strategies.get<ZeroOptions>().stage = zero;
+    config.grid.dp = dp, config.grid.tp = tp, config.grid.pp = pp, config.grid.ep = ep;
+    if (moe) config.model.moe_every = 2, config.model.experts = 8, config.model.top_k = 2;
     shape = {.world = dp * tp * pp, .tp = tp, .dp = dp, .pp = pp, .ep = ep};
-    model = model_layer_specs(config.layers, config.input_dim, config.hidden, config.output_dim, config.moe_every,
-                              config.experts, config.top_k);
+    model = model_layer_specs(config.model.layers, config.model.input_dim, config.model.hidden, config.model.output_dim, config.model.moe_every,
+                              config.model.experts, config.model.top_k);
     strategies = wanted_strategies(config, shape);
   }
   RankLayout layout(const GridCoordinates& place) const {

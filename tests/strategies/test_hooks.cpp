@@ -106,8 +106,8 @@ const StrategyRegistration doubling{.name = "row_doubling", .wanted = always, .c
 
 Config three_layers(bool recompute) {
   Config config = small_model(2);
-  config.layers = 3;
-  config.recompute = recompute;
+  config.model.layers = 3;
+  config.training.recompute = recompute;
   return config;
 }
 
@@ -146,7 +146,7 @@ TEST(Hooks, SubstitutedRowsAreHonouredInForwardBackwardAndRecomputation) {
   for (bool recompute : {false, true}) {
     SCOPED_TRACE(recompute ? "with recomputation" : "without");
     Config config = three_layers(recompute);
-    config.layers = 4;
+    config.model.layers = 4;
     Replica doubled(MPI_COMM_SELF, config, Strategies{&doubling}), plain(MPI_COMM_SELF, config);
     const double doubled_loss = doubled.step(), plain_loss = plain.step();
     EXPECT_NEAR(doubled_loss, plain_loss, 1e-5 * plain_loss);

@@ -9,6 +9,7 @@
 
 #include <cmath>
 
+#include "strategies/zero/zero_options.hpp"
 #include "tests/strategies/replica.hpp"
 
 using namespace mlptrain;
@@ -25,8 +26,8 @@ int world_size() {
 // The one-process model of `layout`: the same model and batch, no parallelism.
 Replica whole_of(const Config& layout) {
   Config whole = layout;
-  whole.tp = whole.pp = whole.ep = 1;
-  whole.zero = 0;
+  whole.grid.tp = whole.grid.pp = whole.grid.ep = 1;
+  whole.strategies = {};
   return Replica(MPI_COMM_SELF, whole);
 }
 
@@ -84,7 +85,7 @@ TEST(Layouts, ZeroStagesShardAndGatherBackAfterTheUpdate) {
   for (int stage = 1; stage <= 3; ++stage) {
     SCOPED_TRACE("stage " + std::to_string(stage));
     Config layout = small_model(2);
-    layout.zero = stage;
+    layout.strategies.get<ZeroOptions>().stage = stage;
     Replica split(MPI_COMM_WORLD, layout), whole = whole_of(layout);
     expect_same_loss(world_loss(split, split.step()), whole.step());
     expect_gradients_match(split, whole);
@@ -99,23 +100,23 @@ TEST(Layouts, ZeroStagesShardAndGatherBackAfterTheUpdate) {
 
 TEST(Layouts, PipelineTransfersCarryActivationsAndGradients) {
   Config layout = small_model(4);
-  layout.pp = world_size();
+  layout.grid.pp = world_size();
   Replica split(MPI_COMM_WORLD, layout), whole = whole_of(layout);
   expect_same_loss(world_loss(split, split.step()), whole.step());
   expect_gradients_match(split, whole);
   // Four micro-batches cross each boundary twice: activations forward, gradients back.
-  const bool first = split.groups->place().pp == 0, last = split.groups->place().pp == layout.pp - 1;
-  const std::int64_t boundary_bytes = split.local_rows() * layout.hidden * 4;
+  const bool first = split.groups->place().pp == 0, last = split.groups->place().pp == layout.grid.pp - 1;
+  const std::int64_t boundary_bytes = split.local_rows() * layout.model.hidden * 4;
   EXPECT_EQ(ledger_bytes(split, "pp", CommOp::send), (first ? 0 : 4) * boundary_bytes + (last ? 0 : 4) * boundary_bytes);
   EXPECT_EQ(ledger_bytes(split, "pp", CommOp::recv), ledger_bytes(split, "pp", CommOp::send));
 }
 
 TEST(Layouts, ExpertExchangeMovesRowsToTheirExperts) {
   Config layout = small_model(2);
-  layout.moe_every = 1;
-  layout.experts = 4 * world_size();
-  layout.top_k = 2;
-  layout.ep = world_size();
+  layout.model.moe_every = 1;
+  layout.model.experts = 4 * world_size();
+  layout.model.top_k = 2;
+  layout.grid.ep = world_size();
   Replica split(MPI_COMM_WORLD, layout), whole = whole_of(layout);
   expect_same_loss(world_loss(split, split.step()), whole.step());
   expect_gradients_match(split, whole);
@@ -127,8 +128,8 @@ TEST(Layouts, ExpertExchangeMovesRowsToTheirExperts) {
 TEST(Layouts, TensorParallelPairsSumPartialProducts) {
   for (int layers : {4, 5}) {  // pairs only, and a replicated last layer
     Config layout = small_model(2);
-    layout.layers = layers;
-    layout.tp = world_size();
+    layout.model.layers = layers;
+    layout.grid.tp = world_size();
     Replica split(MPI_COMM_WORLD, layout), whole = whole_of(layout);
     expect_same_loss(world_loss(split, split.step()), whole.step());
     expect_gradients_match(split, whole);

@@ -9,7 +9,10 @@
 #include "core/error.hpp"
 #include "core/half_float.hpp"
 #include "layout/options.hpp"
+#include "strategies/pipeline/pipeline_options.hpp"
 #include "strategies/strategy.hpp"
+#include "strategies/tensor/tensor_options.hpp"
+#include "strategies/zero/zero_options.hpp"
 #include "train/loss_scaler.hpp"
 #include "train/optimizer.hpp"
 
@@ -37,12 +40,12 @@ std::string usage_error(std::vector<std::string> arguments, int world = 1) {
 
 TEST(Options, DefaultsAndOverrides) {
   const Config config = parsed({"--layers", "6", "--lr", "0.01", "--shuffle", "--dataset", "mixture"}, 4);
-  EXPECT_EQ(config.layers, 6);
-  EXPECT_DOUBLE_EQ(config.lr, 0.01);
-  EXPECT_TRUE(config.shuffle);
-  EXPECT_EQ(config.dataset, DatasetKind::mixture);
-  EXPECT_EQ(config.dp, 4);  // world / (tp * pp)
-  EXPECT_EQ(config.hidden, Config{}.hidden);
+  EXPECT_EQ(config.model.layers, 6);
+  EXPECT_DOUBLE_EQ(config.training.lr, 0.01);
+  EXPECT_TRUE(config.data.shuffle);
+  EXPECT_EQ(config.data.kind, DatasetKind::mixture);
+  EXPECT_EQ(config.grid.dp, 4);  // world / (tp * pp)
+  EXPECT_EQ(config.model.hidden, Config{}.model.hidden);
 }
 
 TEST(Options, HelpListsEveryOption) {
@@ -58,7 +61,7 @@ TEST(Options, EveryStrategysOwnOptionsAreParsedAndWrittenBack) {
   const ParsedOptions help = parse_options({"--help"});
   int declared = 0;
   for (const StrategyRegistration& strategy : strategy_registry())
-    for (const StrategyOption& option : strategy.options) {
+    for (const Option& option : strategy.options) {
       ++declared;
       const std::string name(option.name);
       EXPECT_NE(help.help_text.find("--" + name + " "), std::string::npos) << name;
@@ -68,11 +71,11 @@ TEST(Options, EveryStrategysOwnOptionsAreParsedAndWrittenBack) {
   const Config config = parsed({"--pp", "2", "--schedule", "interleaved", "--virtual-stages", "2", "--micro-batches",
                                 "4", "--zero", "2", "--zero-shard-size", "1", "--sequence-parallel", "--tp", "2",
                                 "--global-batch", "64", "--layers", "8"}, 8);
-  EXPECT_EQ(config.schedule, "interleaved");
-  EXPECT_EQ(config.virtual_stages, 2);
-  EXPECT_EQ(config.zero, 2);
-  EXPECT_EQ(config.zero_shard_size, 1);
-  EXPECT_TRUE(config.sequence_parallel);
+  EXPECT_EQ(config.strategies.get<PipelineOptions>().schedule.get().name, "interleaved");
+  EXPECT_EQ(config.strategies.get<PipelineOptions>().virtual_stages, 2);
+  EXPECT_EQ(config.strategies.get<ZeroOptions>().stage, 2);
+  EXPECT_EQ(config.strategies.get<ZeroOptions>().shard_size, 1);
+  EXPECT_TRUE(config.strategies.get<TensorParallelOptions>().sequence_parallel);
   // Each strategy's rules: the pipeline's schedule table, ZeRO's stage range.
   EXPECT_THROW(parsed({"--pp", "2", "--schedule", "zb-v2"}, 2), UsageError);
   EXPECT_THROW(parsed({"--zero", "4"}, 2), UsageError);
@@ -85,17 +88,17 @@ TEST(Options, IniFileIsReadAndCommandLineWins) {
     ini << "# comment\nlayers = 5\nhidden = 64\nshuffle = true\nlr = 0.5\n";
   }
   const Config config = parsed({"--config", path, "--hidden", "32"});
-  EXPECT_EQ(config.layers, 5);
-  EXPECT_EQ(config.hidden, 32);
-  EXPECT_TRUE(config.shuffle);
-  EXPECT_DOUBLE_EQ(config.lr, 0.5);
+  EXPECT_EQ(config.model.layers, 5);
+  EXPECT_EQ(config.model.hidden, 32);
+  EXPECT_TRUE(config.data.shuffle);
+  EXPECT_DOUBLE_EQ(config.training.lr, 0.5);
 }
 
 TEST(Options, SwitchesSetInAnIniFileCanBeTurnedOffOnTheCommandLine) {
   const std::string path = ::testing::TempDir() + "switches.ini";
   std::ofstream(path) << "shuffle = true\n";
-  EXPECT_TRUE(parsed({"--config", path}).shuffle);
-  EXPECT_FALSE(parsed({"--config", path, "--shuffle=false"}).shuffle);
+  EXPECT_TRUE(parsed({"--config", path}).data.shuffle);
+  EXPECT_FALSE(parsed({"--config", path, "--shuffle=false"}).data.shuffle);
 }
 
 TEST(Options, IniTextRoundTrips) {
@@ -105,7 +108,7 @@ TEST(Options, IniTextRoundTrips) {
   std::ofstream(path) << to_ini(config);
   const Config again = parsed({"--config", path}, 2);
   EXPECT_EQ(to_ini(again), to_ini(config));
-  EXPECT_DOUBLE_EQ(again.lr, 0.000123456789);
+  EXPECT_DOUBLE_EQ(again.training.lr, 0.000123456789);
 }
 
 TEST(Options, BadInputNamesTheOption) {
@@ -146,34 +149,34 @@ TEST(Options, InconsistentFeaturesAreRefusedByName) {
   EXPECT_NE(usage_error({"--tf32"}).find("needs --device cuda"), std::string::npos);
   EXPECT_NE(usage_error({"--comm", "nccl"}).find("needs --device cuda"), std::string::npos);
   EXPECT_NE(usage_error({"--offload", "--device", "cpu"}).find("needs --device cuda"), std::string::npos);
-  EXPECT_TRUE(parsed({"--device", "loopback", "--offload"}, 1).offload);
-  EXPECT_EQ(parsed({"--device", "loopback", "--tp", "2"}, 2).device, Device::loopback);
-  EXPECT_TRUE(parsed({"--recompute", "--pp", "2", "--zero", "3"}, 4).recompute);
+  EXPECT_TRUE(parsed({"--device", "loopback", "--offload"}, 1).device.offload);
+  EXPECT_EQ(parsed({"--device", "loopback", "--tp", "2"}, 2).device.kind, Device::loopback);
+  EXPECT_TRUE(parsed({"--recompute", "--pp", "2", "--zero", "3"}, 4).training.recompute);
 }
 
 TEST(Options, PipelineNeedsALayerPerStageAndAKnownSchedule) {
-  EXPECT_EQ(parsed({"--pp", "2", "--layers", "2"}, 2).pp, 2);
+  EXPECT_EQ(parsed({"--pp", "2", "--layers", "2"}, 2).grid.pp, 2);
   EXPECT_NE(usage_error({"--pp", "4", "--layers", "3"}, 4).find("--pp 4 needs at least one layer per stage"),
             std::string::npos);
   EXPECT_NE(usage_error({"--pp", "2", "--schedule", "zigzag"}, 2).find("unknown value 'zigzag'"),
             std::string::npos);
-  EXPECT_EQ(parsed({"--pp", "2", "--global-batch", "8", "--micro-batches", "4"}, 4).dp, 2);
+  EXPECT_EQ(parsed({"--pp", "2", "--global-batch", "8", "--micro-batches", "4"}, 4).grid.dp, 2);
   EXPECT_NE(usage_error({"--pp", "2", "--global-batch", "8", "--micro-batches", "8"}, 4).find("dp 2"),
             std::string::npos);
 }
 
 TEST(LearningRate, WarmupThenConstantOrCosine) {
   Config config;
-  config.lr = 0.1;
-  config.steps = 10;
-  config.warmup_steps = 4;
+  config.training.lr = 0.1;
+  config.training.steps = 10;
+  config.training.warmup_steps = 4;
   EXPECT_DOUBLE_EQ(scheduled_learning_rate(config, 0), 0.025);
   EXPECT_DOUBLE_EQ(scheduled_learning_rate(config, 3), 0.1);
   EXPECT_DOUBLE_EQ(scheduled_learning_rate(config, 9), 0.1);
-  config.lr_schedule = LearningRateSchedule::cosine;
+  config.training.lr_schedule = LearningRateSchedule::cosine;
   EXPECT_DOUBLE_EQ(scheduled_learning_rate(config, 4), 0.1);
   EXPECT_NEAR(scheduled_learning_rate(config, 7), 0.1 * 0.5 * (1 + std::cos(std::numbers::pi * 3 / 6)), 1e-15);
-  config.warmup_steps = 0;
+  config.training.warmup_steps = 0;
   EXPECT_DOUBLE_EQ(scheduled_learning_rate(config, 0), 0.1);
 }
 
@@ -187,7 +190,7 @@ TEST(AdamW, TwoStepsByHand) {
   // p0 = 1, g = 0.5 then -0.25. Step 1: m = 0.05, v = 0.00025, m_hat = 0.5, v_hat = 0.25,
   // p = 1 * (1 - 0.001) - 0.1 * 0.5 / (0.5 + 1e-8) = 0.899 (to 1e-8).
   Config config;
-  config.lr = 0.1;
+  config.training.lr = 0.1;
   MemoryLedger ledger;
   HostAllocator allocator(ledger);
   auto kernels = make_cpu_kernels();
@@ -250,11 +253,11 @@ TEST(AdamW, HalfParametersKeepFloatMastersAndTheirRoundedCopy) {
 
 TEST(LossScaler, DynamicScaleHalvesOnOverflowAndDoublesAfterTheWindow) {
   Config config;
-  config.param_dtype = DataType::float16;
-  config.loss_scale = 0;
-  config.initial_loss_scale = 8;
-  config.loss_scale_window = 2;
-  config.min_loss_scale = 2;
+  config.precision.param_dtype = DataType::float16;
+  config.precision.loss_scale = 0;
+  config.precision.initial_loss_scale = 8;
+  config.precision.loss_scale_window = 2;
+  config.precision.min_loss_scale = 2;
   LossScaler scaler(config);
   ASSERT_TRUE(scaler.scales() && scaler.dynamic());
   std::vector<float> seen;
@@ -265,7 +268,7 @@ TEST(LossScaler, DynamicScaleHalvesOnOverflowAndDoublesAfterTheWindow) {
   EXPECT_EQ(seen, (std::vector<float>{8, 8, 4, 2, 2, 2, 4, 4}));  // never below the minimum 2
   EXPECT_EQ(scaler.skipped_steps(), 4);
   EXPECT_EQ(scaler.scale(), 2);
-  config.loss_scale = 128;  // fixed
+  config.precision.loss_scale = 128;  // fixed
   LossScaler fixed(config);
   fixed.finite_step();
   fixed.finite_step();
@@ -278,13 +281,13 @@ TEST(LossScaler, DynamicScaleHalvesOnOverflowAndDoublesAfterTheWindow) {
 
 TEST(Options, PrecisionNeedsOneHalfFormatAndScalesOnlyFp16) {
   const Config bf16 = parsed({"--param-dtype", "bf16"});
-  EXPECT_EQ(bf16.precision().optimizer_bytes(), 12u);
-  EXPECT_FALSE(bf16.precision().scales_loss());
+  EXPECT_EQ(bf16.precision.types().optimizer_bytes(), 12u);
+  EXPECT_FALSE(bf16.precision.types().scales_loss());
   const Config fp16 = parsed({"--param-dtype", "fp16"});
-  EXPECT_EQ(fp16.loss_scale, 0);  // dynamic by default
-  EXPECT_EQ(fp16.initial_loss_scale, 65536);
-  EXPECT_EQ(fp16.loss_scale_window, 1000);
-  EXPECT_EQ(fp16.min_loss_scale, 1);
+  EXPECT_EQ(fp16.precision.loss_scale, 0);  // dynamic by default
+  EXPECT_EQ(fp16.precision.initial_loss_scale, 65536);
+  EXPECT_EQ(fp16.precision.loss_scale_window, 1000);
+  EXPECT_EQ(fp16.precision.min_loss_scale, 1);
   EXPECT_NE(usage_error({"--param-dtype", "bf16", "--reduce-dtype", "fp16"}).find("--reduce-dtype fp16"), std::string::npos);
   EXPECT_NE(usage_error({"--param-dtype", "fp8"}).find("--param-dtype"), std::string::npos);
   EXPECT_NE(usage_error({"--loss-scale", "128"}).find("--loss-scale"), std::string::npos);

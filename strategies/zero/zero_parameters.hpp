@@ -16,8 +16,8 @@
 #include <memory>
 #include <vector>
 
-#include "strategies/zero_gradients.hpp"
-#include "strategies/zero_shards.hpp"
+#include "strategies/zero/zero_gradients.hpp"
+#include "strategies/zero/zero_shards.hpp"
 
 namespace mlptrain {
 

@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include "schedule/schedule_table.hpp"
+#include "strategies/pipeline/pipeline_options.hpp"
 #include "strategies/strategy.hpp"
 
 namespace mlptrain {
@@ -26,14 +27,15 @@ std::vector<std::int64_t> layer_costs(const std::vector<LayerSpec>& model) {
 // The stages, their model chunks (V under the interleaved schedule, two in a V under ZB-V, else
 // one) and the micro-batches.
 PipelineShape pipeline_shape(const Config& config, int stages, int micro_batches) {
-  return schedule_shape(schedule_named(config.schedule), stages, config.virtual_stages, micro_batches);
+  const PipelineOptions& options = config.strategies.get<PipelineOptions>();
+  return schedule_shape(options.schedule, stages, options.virtual_stages, micro_batches);
 }
 
 class Pipeline final : public Strategy, public StageTransfers {
  public:
   explicit Pipeline(const StrategyContext& context)
       : group_(context.groups.group(GroupKind::pipeline)), stage_(group_.rank()),
-        shape_(pipeline_shape(context.config, group_.size(), context.config.micro_batches)),
+        shape_(pipeline_shape(context.config, group_.size(), context.config.data.micro_batches)),
         boundaries_(shape_.stages * shape_.chunks) {}
 
   Request start_transfer(const TransferEvent& event) override {
@@ -71,31 +73,31 @@ class Pipeline final : public Strategy, public StageTransfers {
   const int boundaries_;
 };
 
-constexpr StrategyOption options[] = {
-    {.name = "schedule", .field = &Config::schedule, .help = "pipeline schedule", .choices = schedule_names},
-    {.name = "virtual-stages",
-     .field = &Config::virtual_stages,
-     .help = "interleaved: model chunks per pipeline stage (the layers split into pp x V chunks)"},
+constexpr Option options[] = {
+    strategy_option<PipelineOptions, &PipelineOptions::schedule>("schedule", "pipeline schedule"),
+    strategy_option<PipelineOptions, &PipelineOptions::virtual_stages>(
+        "virtual-stages", "interleaved: model chunks per pipeline stage (the layers split into pp x V chunks)"),
 };
 
 // A layer for every chunk, and a shape the schedule suits (its table entry's rule).
-void validate(const Config& c) {
-  require(c.layers >= c.pp,
-          fmt::format("--pp {} needs at least one layer per stage (got --layers {})", c.pp, c.layers));
-  at_least("virtual-stages", c.virtual_stages, 1);
-  const ScheduleEntry* schedule = find_schedule(c.schedule);
-  require(schedule != nullptr, fmt::format("--schedule: unknown value '{}' (choose {})", c.schedule, schedule_names()));
-  const int fixed_chunks = schedule_shape(*schedule, c.pp, 1, c.micro_batches).chunks;
-  require(c.virtual_stages == 1 || schedule->chunked,
+void validate(const Config& config) {
+  const PipelineOptions& options = config.strategies.get<PipelineOptions>();
+  const ScheduleEntry& schedule = options.schedule;
+  const int layers = config.model.layers, stages = config.grid.pp, micro_batches = config.data.micro_batches;
+  require(layers >= stages,
+          fmt::format("--pp {} needs at least one layer per stage (got --layers {})", stages, layers));
+  at_least("virtual-stages", options.virtual_stages, 1);
+  const int fixed_chunks = schedule_shape(schedule, stages, 1, micro_batches).chunks;
+  require(options.virtual_stages == 1 || schedule.chunked,
           fmt::format("--virtual-stages splits each pipeline stage into model chunks: --schedule {} holds {} a stage",
-                      c.schedule, fixed_chunks == 1 ? "one chunk" : fmt::format("{} chunks", fixed_chunks)));
-  const PipelineShape shape = schedule_shape(*schedule, c.pp, c.virtual_stages, c.micro_batches);
-  const std::string chunks = schedule->chunked ? fmt::format("--virtual-stages {}", c.virtual_stages)
-                                               : fmt::format("--schedule {}'s {} chunks a stage", c.schedule, shape.chunks);
-  require(c.layers >= shape.stages * shape.chunks,
-          fmt::format("--pp {} x {} needs at least one layer per chunk (got --layers {})", c.pp, chunks, c.layers));
-  const std::string problem = schedule_shape_problem(*schedule, shape);
-  require(problem.empty(), fmt::format("--schedule {}: {}", c.schedule, problem));
+                      schedule.name, fixed_chunks == 1 ? "one chunk" : fmt::format("{} chunks", fixed_chunks)));
+  const PipelineShape shape = schedule_shape(schedule, stages, options.virtual_stages, micro_batches);
+  const std::string chunks = schedule.chunked ? fmt::format("--virtual-stages {}", options.virtual_stages)
+                                              : fmt::format("--schedule {}'s {} chunks a stage", schedule.name, shape.chunks);
+  require(layers >= shape.stages * shape.chunks,
+          fmt::format("--pp {} x {} needs at least one layer per chunk (got --layers {})", stages, chunks, layers));
+  const std::string problem = schedule_shape_problem(schedule, shape);
+  require(problem.empty(), fmt::format("--schedule {}: {}", schedule.name, problem));
 }
 
 bool wanted(const Config&, const GridShape& shape) { return shape.pp > 1; }
@@ -106,12 +108,13 @@ std::unique_ptr<Strategy> create(const StrategyContext& context) {
 
 RankLayers stage_layers(const Config& config, const std::vector<LayerSpec>& model, const GridShape& shape,
                         const GridCoordinates& place) {
-  return stage_chunks(layer_costs(model), pipeline_shape(config, shape.pp, config.micro_batches), place.pp);
+  return stage_chunks(layer_costs(model), pipeline_shape(config, shape.pp, config.data.micro_batches), place.pp);
 }
 
 std::vector<Action> schedule(const Config& config, const GridShape& shape, const GridCoordinates& place,
                              int micro_batches, bool training) {
-  return stage_schedule(schedule_named(config.schedule), pipeline_shape(config, shape.pp, micro_batches), place.pp, training);
+  return stage_schedule(config.strategies.get<PipelineOptions>().schedule, pipeline_shape(config, shape.pp, micro_batches),
+                        place.pp, training);
 }
 
 // The loop predicts the transfers and the activations from the schedule it executes; each stage
@@ -123,11 +126,11 @@ void predict(const RankLayout&, Prediction& prediction) {
 }
 
 std::string describe(const RankLayout& layout) {
-  const PipelineShape shape = pipeline_shape(layout.config, layout.shape.pp, layout.config.micro_batches);
+  const PipelineShape shape = pipeline_shape(layout.config, layout.shape.pp, layout.config.data.micro_batches);
   std::string ranges;
   for (const LayerRange& range : balanced_stages(layer_costs(layout.model), shape.stages * shape.chunks))
     ranges += fmt::format("{}{}-{}", ranges.empty() ? "" : ", ", range.first, range.last - 1);
-  const ScheduleEntry& schedule = schedule_named(layout.config.schedule);
+  const ScheduleEntry& schedule = layout.config.strategies.get<PipelineOptions>().schedule;
   const std::string placement = shape.placement == ChunkPlacement::v_shape
                                     ? fmt::format("chunks c and {} - c on stage c", 2 * shape.stages - 1)
                                     : fmt::format("chunk c on stage c mod {}", shape.stages);

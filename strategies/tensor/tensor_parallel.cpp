@@ -34,10 +34,13 @@
 #include <fmt/format.h>
 
 #include "strategies/strategy.hpp"
+#include "strategies/tensor/tensor_options.hpp"
 
 namespace mlptrain {
 
 namespace {
+
+bool sequence_parallel(const Config& config) { return config.strategies.get<TensorParallelOptions>().sequence_parallel; }
 
 enum class PairPart { replicated, column, row, experts };  // a layer's part in the pairs
 
@@ -76,7 +79,7 @@ std::pair<std::int64_t, std::int64_t> slice(std::int64_t extent, int rank, int s
 class TensorParallel final : public Strategy, public LayerHooks {
  public:
   explicit TensorParallel(const StrategyContext& context)
-      : model_(context.layers), local_(context.local), sequence_parallel_(context.config.sequence_parallel),
+      : model_(context.layers), local_(context.local), sequence_parallel_(sequence_parallel(context.config)),
         kernels_(context.kernels), allocator_(context.allocator), group_(context.groups.group(GroupKind::tensor)) {}
 
   // A split output has a block of the rows; a gathered input (in forward, for the layer's
@@ -205,33 +208,35 @@ class TensorParallel final : public Strategy, public LayerHooks {
   Buffer gathered_grad_;   // and the gradient of it, before its reduce-scatter
 };
 
-constexpr StrategyOption options[] = {
-    {.name = "sequence-parallel",
-     .field = &Config::sequence_parallel,
-     .help = "with --tp: split the rows every tensor rank would hold whole between a row-parallel layer and the "
-             "next column-parallel (or MoE) layer over the tensor group"},
+constexpr Option options[] = {
+    strategy_option<TensorParallelOptions, &TensorParallelOptions::sequence_parallel>(
+        "sequence-parallel",
+        "with --tp: split the rows every tensor rank would hold whole between a row-parallel layer and the "
+        "next column-parallel (or MoE) layer over the tensor group"),
 };
 
 // Slices need equal widths, and sequence parallelism equal row blocks.
-void validate(const Config& c) {
-  require(c.hidden % c.tp == 0, fmt::format("--hidden {} is not divisible by --tp {}", c.hidden, c.tp));
-  require(c.tp == 1 || c.moe_every == 0 || c.experts % (c.ep * c.tp) == 0,
+void validate(const Config& config) {
+  const ModelConfig& model = config.model;
+  const GridConfig& grid = config.grid;
+  require(model.hidden % grid.tp == 0, fmt::format("--hidden {} is not divisible by --tp {}", model.hidden, grid.tp));
+  require(grid.tp == 1 || model.moe_every == 0 || model.experts % (grid.ep * grid.tp) == 0,
           fmt::format("--experts {} is not divisible by --ep x --tp = {} x {}: each tensor rank holds an equal "
-                      "slice of its expert-parallel rank's experts", c.experts, c.ep, c.tp));
-  if (!c.sequence_parallel) return;
-  const int rows = c.global_batch / c.micro_batches / c.dp;
-  require(c.tp > 1, "--sequence-parallel splits rows over the tensor-parallel group: it needs --tp 2 or more");
-  require(rows % c.tp == 0,
+                      "slice of its expert-parallel rank's experts", model.experts, grid.ep, grid.tp));
+  if (!sequence_parallel(config)) return;
+  const int rows = config.data.global_batch / config.data.micro_batches / grid.dp;
+  require(grid.tp > 1, "--sequence-parallel splits rows over the tensor-parallel group: it needs --tp 2 or more");
+  require(rows % grid.tp == 0,
           fmt::format("--sequence-parallel: the {} rows of a micro-batch on each data-parallel rank (--global-batch "
-                      "/ --micro-batches / dp) are not divisible by --tp {}", rows, c.tp));
+                      "/ --micro-batches / dp) are not divisible by --tp {}", rows, grid.tp));
 }
 
 bool wanted(const Config&, const GridShape& shape) { return shape.tp > 1; }
 
 void plan(const Config& config, const GridShape& shape, const GridCoordinates& place,
           ParameterPlan& plan) {
-  const std::vector<LayerSpec> model = model_layer_specs(config.layers, 1, config.hidden, 1, config.moe_every,
-                                                         config.experts, config.top_k);
+  const std::vector<LayerSpec> model = model_layer_specs(config.model.layers, 1, config.model.hidden, 1, config.model.moe_every,
+                                                         config.model.experts, config.model.top_k);
   plan.splits.push_back([model, rank = place.tp, size = shape.tp](ParameterTensor& tensor) {
     const PairPart part = part_of(tensor.layer, model);
     const bool weight = tensor.global_shape.size() == 2;
@@ -262,7 +267,7 @@ std::unique_ptr<Strategy> create(const StrategyContext& context) {
 // hooks split them.
 void split_rows(const RankLayout& layout, std::vector<std::int64_t>& output_rows) {
   for (int layer : layout.layers.list())
-    if (splits_output(layer, layout.model, layout.layers, layout.config.sequence_parallel))
+    if (splits_output(layer, layout.model, layout.layers, sequence_parallel(layout.config)))
       output_rows[static_cast<std::size_t>(layout.layers.local_index(layer))] /= layout.shape.tp;
 }
 
@@ -281,14 +286,14 @@ void predict(const RankLayout& layout, Prediction& prediction) {
   // every rank's [rows, out], or all-to-all of the row blocks when split). An MoE layer also
   // sums (in fp32) the router's probability gradients [rows, E].
   std::int64_t all_reduce = 0, reduce_scatter = 0, all_gather = 0, all_to_all = 0, float_elements = 0;
-  const bool sequence_parallel = config.sequence_parallel;
+  const bool split_rows = sequence_parallel(config);
   for (int index : layout.layers.list()) {  // this rank's layers
     const LayerSpec& layer = layout.model[static_cast<std::size_t>(index)];
     const PairPart part = part_of(layer.index, layout.model);
-    const std::int64_t forwards = config.recompute && layer.gelu ? 2 : 1;
+    const std::int64_t forwards = config.training.recompute && layer.gelu ? 2 : 1;
     const std::int64_t output = layout.rows * layer.out_features, input = layout.rows * layer.in_features;
-    const bool gathered = gathers_partials(part, config.param_dtype);
-    if (splits_output(index, layout.model, layout.layers, sequence_parallel)) {
+    const bool gathered = gathers_partials(part, config.precision.param_dtype);
+    if (splits_output(index, layout.model, layout.layers, split_rows)) {
       (gathered ? all_to_all : reduce_scatter) += forwards * output;
       all_gather += output;
     } else if (gathered) {
@@ -296,7 +301,7 @@ void predict(const RankLayout& layout, Prediction& prediction) {
     } else if (sums_output(part)) {
       all_reduce += forwards * output;
     }
-    if (gathers_input(index, layout.model, layout.layers, sequence_parallel)) {
+    if (gathers_input(index, layout.model, layout.layers, split_rows)) {
       all_gather += (forwards + 1) * input;
       reduce_scatter += input;
     } else if (starts_whole(part) && layer.index > 0) {
@@ -305,9 +310,9 @@ void predict(const RankLayout& layout, Prediction& prediction) {
     if (part == PairPart::experts) float_elements += layout.rows * layer.experts;
   }
   const auto bytes = [&](std::int64_t elements) {
-    return config.micro_batches * elements * static_cast<std::int64_t>(size_of(config.param_dtype));
+    return config.data.micro_batches * elements * static_cast<std::int64_t>(size_of(config.precision.param_dtype));
   };
-  prediction.add_comm(GroupKind::tensor, CommOp::all_reduce, bytes(all_reduce) + config.micro_batches * 4 * float_elements);
+  prediction.add_comm(GroupKind::tensor, CommOp::all_reduce, bytes(all_reduce) + config.data.micro_batches * 4 * float_elements);
   if (reduce_scatter > 0) prediction.add_comm(GroupKind::tensor, CommOp::reduce_scatter, bytes(reduce_scatter));
   if (all_gather > 0) prediction.add_comm(GroupKind::tensor, CommOp::all_gather, bytes(all_gather));
   if (all_to_all > 0) prediction.add_comm(GroupKind::tensor, CommOp::all_to_all, bytes(all_to_all));
@@ -315,18 +320,18 @@ void predict(const RankLayout& layout, Prediction& prediction) {
 
 std::string describe(const RankLayout& layout) {
   int pairs = 0, replicated = 0, moe = 0;
-  for (int layer = 0; layer < layout.config.layers; ++layer) {
+  for (int layer = 0; layer < layout.config.model.layers; ++layer) {
     pairs += part_of(layer, layout.model) == PairPart::row ? 1 : 0;
     replicated += part_of(layer, layout.model) == PairPart::replicated ? 1 : 0;
     moe += part_of(layer, layout.model) == PairPart::experts ? 1 : 0;
   }
   int splits = 0;
   for (int layer : layout.layers.list())
-    splits += splits_output(layer, layout.model, layout.layers, layout.config.sequence_parallel) ? 1 : 0;
+    splits += splits_output(layer, layout.model, layout.layers, sequence_parallel(layout.config)) ? 1 : 0;
   return fmt::format("tensor parallel over {} ranks: {} column/row layer pair(s), {} replicated layer(s){}{}",
                      layout.shape.tp, pairs, replicated,
                      moe > 0 ? fmt::format(", {} MoE layer(s) with their experts split", moe) : "",
-                     layout.config.sequence_parallel
+                     sequence_parallel(layout.config)
                          ? fmt::format("; sequence parallel: the rows after {} of this rank's layer(s) split "
                                        "{} ways", splits, layout.shape.tp)
                          : "");

@@ -1,5 +1,5 @@
 // ZeRO's shared unit machinery (see zero_shards.hpp).
-#include "strategies/zero_shards.hpp"
+#include "strategies/zero/zero_shards.hpp"
 
 #include <stdexcept>
 #include <string>
@@ -21,7 +21,7 @@ ZeroShards::ZeroShards(const StrategyContext& context)
       store_(context.parameters),
       precision_(store_.precision()),
       layout_(zero_layout(store_.tensors(), store_.unit_multiple(), context.layers, context.local,
-                          context.config.recompute, context.groups.shape())),
+                          context.config.training.recompute, context.groups.shape())),
       local_(context.local) {}
 
 std::size_t ZeroShards::unit_of(int layer) const {

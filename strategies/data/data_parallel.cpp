@@ -111,7 +111,7 @@ std::unique_ptr<Strategy> create(const StrategyContext& context) {
 
 void predict(const RankLayout& layout, Prediction& prediction) {
   Prediction::shard(prediction.activations);  // each rank holds the activations of its own samples
-  const std::size_t element_bytes = layout.config.precision().reduce_bytes();
+  const std::size_t element_bytes = layout.config.precision.types().reduce_bytes();
   for (const BucketRange& bucket :
        gradient_buckets(layout.tensors, layout.plan.unit_multiple, layout.layers, layout.shape, element_bytes))
     prediction.add_comm(bucket.group, CommOp::all_reduce, static_cast<std::int64_t>(bucket.range.count * element_bytes));

@@ -1,5 +1,7 @@
 // ZeRO's unit layout and the cost-model terms and sentence it implies (see zero_units.hpp).
-#include "strategies/zero_units.hpp"
+#include "strategies/zero/zero_units.hpp"
+
+#include "strategies/zero/zero_options.hpp"
 
 #include <algorithm>
 #include <fmt/format.h>
@@ -46,10 +48,10 @@ ZeroSlotLayout zero_slot_layout(const ZeroLayout& layout, const Precision& preci
 }
 
 void zero_predict(const RankLayout& layout, Prediction& prediction) {
-  const int stage = layout.config.zero;
+  const int stage = layout.config.strategies.get<ZeroOptions>().stage;
   const ZeroLayout zero = zero_layout(layout.tensors, layout.plan.unit_multiple, layout.model, layout.layers,
-                                      layout.config.recompute, layout.shape);
-  const Precision precision = layout.config.precision();
+                                      layout.config.training.recompute, layout.shape);
+  const Precision precision = layout.config.precision.types();
   const auto bytes = [](std::size_t count, std::size_t element_bytes) {
     return static_cast<std::int64_t>(count * element_bytes);
   };
@@ -69,7 +71,7 @@ void zero_predict(const RankLayout& layout, Prediction& prediction) {
   // a gathered unit (with its gradients after the values when their types differ) in stage 3.
   if (stage == 2) prediction.comm_buffers.bytes += bytes(2 * zero.largest_unit, reduce);
   if (stage == 3) prediction.comm_buffers.bytes += static_cast<std::int64_t>(2 * zero_slot_layout(zero, precision).bytes);
-  const std::int64_t micro_batches = layout.config.micro_batches;
+  const std::int64_t micro_batches = layout.config.data.micro_batches;
   for (const ZeroUnit& unit : zero.units)
     for (const ZeroSegment& piece : unit.segments) {
       if (piece.ranks == 1) continue;
@@ -87,7 +89,7 @@ void zero_predict(const RankLayout& layout, Prediction& prediction) {
 }
 
 std::string zero_describe(const RankLayout& layout) {
-  const int stage = layout.config.zero, ranks = shard_ranks(layout.shape);
+  const int stage = layout.config.strategies.get<ZeroOptions>().stage, ranks = shard_ranks(layout.shape);
   if (ranks == 1 && !hybrid_sharding(layout.shape))
     return fmt::format("ZeRO stage {} on a data-parallel group of one rank: nothing is sharded", stage);
   std::string sentence = fmt::format("ZeRO stage {}: optimizer state{}{} sharded over {} ranks", stage,

@@ -1,5 +1,5 @@
 // ZeRO's gradient paths (see zero_gradients.hpp).
-#include "strategies/zero_gradients.hpp"
+#include "strategies/zero/zero_gradients.hpp"
 
 #include <algorithm>
 #include <stdexcept>

@@ -24,9 +24,10 @@
 #include <memory>
 
 #include "strategies/strategy.hpp"
-#include "strategies/zero_gradients.hpp"
-#include "strategies/zero_parameters.hpp"
-#include "strategies/zero_shards.hpp"
+#include "strategies/zero/zero_gradients.hpp"
+#include "strategies/zero/zero_parameters.hpp"
+#include "strategies/zero/zero_options.hpp"
+#include "strategies/zero/zero_shards.hpp"
 
 namespace mlptrain {
 
@@ -38,8 +39,8 @@ class Zero final : public Strategy, public LayerHooks, public StateSharding {
       : shards_(context),
         shape_(context.groups.shape()),
         place_(context.groups.place()),
-        gradients_(make_gradient_path(shards_, context.config.zero)),
-        parameters_(make_parameter_path(shards_, context.config.zero, *gradients_)) {}
+        gradients_(make_gradient_path(shards_, context.config.strategies.get<ZeroOptions>().stage)),
+        parameters_(make_parameter_path(shards_, context.config.strategies.get<ZeroOptions>().stage, *gradients_)) {}
 
   void before_layer_forward(ForwardEvent& event) override {
     if (void* values = parameters_->begin_forward(shards_.unit_of(event.layer), event.recomputing))
@@ -128,33 +129,36 @@ StatePlacement Zero::state_placement() const {
   return placement;
 }
 
-constexpr StrategyOption options[] = {
-    {.name = "zero", .field = &Config::zero, .help = "ZeRO stage 0..3 on the data-parallel group"},
-    {.name = "zero-shard-size",
-     .field = &Config::zero_shard_size,
-     .help = "hybrid sharding: ZeRO's shards span groups of this many consecutive data-parallel ranks (a node), "
-             "replicated across the groups (0: the whole data-parallel group)"},
+constexpr Option options[] = {
+    strategy_option<ZeroOptions, &ZeroOptions::stage>("zero", "ZeRO stage 0..3 on the data-parallel group"),
+    strategy_option<ZeroOptions, &ZeroOptions::shard_size>(
+        "zero-shard-size",
+        "hybrid sharding: ZeRO's shards span groups of this many consecutive data-parallel ranks (a node), "
+        "replicated across the groups (0: the whole data-parallel group)"),
 };
 
 // Shard groups must tile the data-parallel group and fall evenly on each expert's ranks.
-void validate(const Config& c) {
-  require(c.zero >= 0 && c.zero <= 3, fmt::format("--zero must be 0, 1, 2 or 3 (got {})", c.zero));
-  at_least("zero-shard-size", c.zero_shard_size, 0);
-  if (c.zero_shard_size == 0) return;
-  require(c.zero > 0, "--zero-shard-size shards ZeRO's state: it needs --zero 1, 2 or 3");
-  require(c.dp % c.zero_shard_size == 0,
-          fmt::format("--zero-shard-size {} does not divide dp {}", c.zero_shard_size, c.dp));
-  require(c.zero_shard_size % c.ep == 0 || c.ep % c.zero_shard_size == 0,
+void validate(const Config& config) {
+  const ZeroOptions& zero = config.strategies.get<ZeroOptions>();
+  const GridConfig& grid = config.grid;
+  require(zero.stage >= 0 && zero.stage <= 3, fmt::format("--zero must be 0, 1, 2 or 3 (got {})", zero.stage));
+  at_least("zero-shard-size", zero.shard_size, 0);
+  if (zero.shard_size == 0) return;
+  require(zero.stage > 0, "--zero-shard-size shards ZeRO's state: it needs --zero 1, 2 or 3");
+  require(grid.dp % zero.shard_size == 0,
+          fmt::format("--zero-shard-size {} does not divide dp {}", zero.shard_size, grid.dp));
+  require(zero.shard_size % grid.ep == 0 || grid.ep % zero.shard_size == 0,
           fmt::format("--zero-shard-size {} is neither a multiple nor a divisor of --ep {}: each expert's "
-                      "ranks must fall evenly into the shard groups", c.zero_shard_size, c.ep));
+                      "ranks must fall evenly into the shard groups", zero.shard_size, grid.ep));
 }
 
-bool wanted(const Config& config, const GridShape&) { return config.zero > 0; }
+bool wanted(const Config& config, const GridShape&) { return config.strategies.get<ZeroOptions>().stage > 0; }
 
 void plan(const Config& config, const GridShape& shape, const GridCoordinates&, ParameterPlan& plan) {
+  const int stage = config.strategies.get<ZeroOptions>().stage;
   plan.unit_multiple = std::max(plan.unit_multiple, shape.dp);
-  plan.hold_grads = plan.hold_grads && config.zero == 1;
-  plan.hold_values = plan.hold_values && config.zero <= 2;
+  plan.hold_grads = plan.hold_grads && stage == 1;
+  plan.hold_values = plan.hold_values && stage <= 2;
 }
 
 std::unique_ptr<Strategy> create(const StrategyContext& context) {

@@ -69,14 +69,14 @@ class ExpertParallel final : public Strategy, public ExpertExchange {
 
 // The experts split evenly over an expert-parallel group carved out of the data-parallel one.
 void validate(const Config& c) {
-  require(c.dp % c.ep == 0, fmt::format("--ep {} does not divide dp {}", c.ep, c.dp));
-  require(c.ep == 1 || c.moe_every > 0, "--ep splits the experts of MoE layers: it needs --moe-every");
-  require(c.moe_every == 0 || c.experts % c.ep == 0,
-          fmt::format("--experts {} is not divisible by --ep {}", c.experts, c.ep));
+  require(c.grid.dp % c.grid.ep == 0, fmt::format("--ep {} does not divide dp {}", c.grid.ep, c.grid.dp));
+  require(c.grid.ep == 1 || c.model.moe_every > 0, "--ep splits the experts of MoE layers: it needs --moe-every");
+  require(c.model.moe_every == 0 || c.model.experts % c.grid.ep == 0,
+          fmt::format("--experts {} is not divisible by --ep {}", c.model.experts, c.grid.ep));
 }
 
 bool wanted(const Config& config, const GridShape& shape) {
-  return config.moe_every > 0 && (shape.dp > 1 || shape.tp > 1);
+  return config.model.moe_every > 0 && (shape.dp > 1 || shape.tp > 1);
 }
 
 // Experts split on their first dimension over the EP group: rank j holds [j E/X, (j+1) E/X).
@@ -105,17 +105,17 @@ void predict(const RankLayout& layout, Prediction& prediction) {
   // split, four exchanges of about k rows per token when routing is balanced (the summary
   // replaces this by what the routing counts give).
   const Config& config = layout.config;
-  const std::int64_t passes = static_cast<std::int64_t>(local_moe_layers(layout)) * config.micro_batches;
+  const std::int64_t passes = static_cast<std::int64_t>(local_moe_layers(layout)) * config.data.micro_batches;
   if (layout.shape.dp > 1)
-    prediction.add_comm(GroupKind::data, CommOp::all_gather, passes * (2 * config.experts + 1) * 8 * layout.shape.dp);
+    prediction.add_comm(GroupKind::data, CommOp::all_gather, passes * (2 * config.model.experts + 1) * 8 * layout.shape.dp);
   if (layout.shape.ep > 1)
     prediction.add_comm(GroupKind::expert, CommOp::all_to_all,
-                        passes * 4 * config.top_k * layout.rows * config.hidden *
-                            static_cast<std::int64_t>(size_of(config.param_dtype)) / layout.shape.tp);
+                        passes * 4 * config.model.top_k * layout.rows * config.model.hidden *
+                            static_cast<std::int64_t>(size_of(config.precision.param_dtype)) / layout.shape.tp);
 }
 
 std::string describe(const RankLayout& layout) {
-  const int experts = layout.config.experts, ranks = layout.shape.ep;
+  const int experts = layout.config.model.experts, ranks = layout.shape.ep;
   return fmt::format("experts: routing over the global micro-batch of {} data-parallel ranks; {} of the {} "
                      "experts of each MoE layer on each of the {} rank(s) of an expert-parallel group, "
                      "expert gradients summed over {} rank(s)",

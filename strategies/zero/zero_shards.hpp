@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "strategies/strategy.hpp"
-#include "strategies/zero_units.hpp"
+#include "strategies/zero/zero_units.hpp"
 
 namespace mlptrain {
 

@@ -18,7 +18,7 @@
 #include <memory>
 #include <vector>
 
-#include "strategies/zero_shards.hpp"
+#include "strategies/zero/zero_shards.hpp"
 
 namespace mlptrain {
 

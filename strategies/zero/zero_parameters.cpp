@@ -1,5 +1,5 @@
 // ZeRO's parameter paths (see zero_parameters.hpp).
-#include "strategies/zero_parameters.hpp"
+#include "strategies/zero/zero_parameters.hpp"
 
 #include <algorithm>
 #include <exception>
