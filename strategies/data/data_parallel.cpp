@@ -6,8 +6,12 @@
 // scaled by the global sample count, so the sum over ranks is the gradient of the global mean.
 // Each tensor's gradients are summed over its replica group: the whole data-parallel group, or for
 // experts split over an expert-parallel group, the ranks holding the same experts; a bucket holds
-// ranges of one group only. Gradients are reduced in the reduce type, buckets sized in its bytes.
+// ranges of one group only. Gradients are reduced in the reduce type, buckets sized in its bytes
+// (--bucket-mb, as PyTorch DDP's bucket_cap_mb).
+#include <fmt/format.h>
+
 #include <algorithm>
+#include <cmath>
 
 #include "strategies/strategy.hpp"
 
@@ -15,8 +19,14 @@ namespace mlptrain {
 
 namespace {
 
-// Buckets of about this size give overlap without many small messages.
-constexpr std::size_t bucket_capacity_bytes = 4u << 20;
+// Data parallelism's own options.
+struct DataParallelOptions {
+  double bucket_mb = 4;  // buckets of about this size give overlap without many small messages
+};
+
+std::size_t bucket_capacity_bytes(const Config& config) {
+  return static_cast<std::size_t>(std::llround(config.strategies.get<DataParallelOptions>().bucket_mb * (1 << 20)));
+}
 
 // A bucket as the layout gives it: what it sums over which group, and the layer whose backward
 // completes it.
@@ -30,7 +40,7 @@ struct BucketRange {
 // strategy reduces these, and the cost model counts them.
 std::vector<BucketRange> gradient_buckets(const std::vector<ParameterTensor>& tensors, int unit_multiple,
                                           const RankLayers& layers, const GridShape& shape,
-                                          std::size_t element_bytes) {
+                                          std::size_t element_bytes, std::size_t capacity_bytes) {
   std::vector<BucketRange> buckets;
   const std::vector<int> held = layers.list();
   for (auto layer_at = held.rbegin(); layer_at != held.rend(); ++layer_at) {
@@ -46,7 +56,7 @@ std::vector<BucketRange> gradient_buckets(const std::vector<ParameterTensor>& te
           buckets.empty() || (moe && buckets.back().first_layer != layer) ? nullptr : &buckets.back();
       if (bucket != nullptr && bucket->group == segment->group &&
           segment->range.offset + segment->range.count == bucket->range.offset &&
-          bucket->range.count * element_bytes < bucket_capacity_bytes) {
+          bucket->range.count * element_bytes < capacity_bytes) {
         bucket->first_layer = layer;
         bucket->range = {segment->range.offset, bucket->range.count + segment->range.count};
       } else {
@@ -71,8 +81,9 @@ class DataParallel final : public Strategy, public LayerHooks {
     parameters_.reallocate_grads([&](std::size_t bytes) {
       return data.allocate_collective_memory(context.allocator, MemoryState::grads, bytes);
     });
-    for (const BucketRange& range : gradient_buckets(parameters_.tensors(), parameters_.unit_multiple(), context.local,
-                                                     context.groups.shape(), parameters_.precision().reduce_bytes()))
+    for (const BucketRange& range :
+         gradient_buckets(parameters_.tensors(), parameters_.unit_multiple(), context.local, context.groups.shape(),
+                          parameters_.precision().reduce_bytes(), bucket_capacity_bytes(context.config)))
       buckets_.push_back({.layout = range, .group = &context.groups.group(range.group)});
   }
 
@@ -103,6 +114,16 @@ class DataParallel final : public Strategy, public LayerHooks {
   std::vector<Bucket> buckets_;
 };
 
+constexpr Option options[] = {
+    strategy_option<DataParallelOptions, &DataParallelOptions::bucket_mb>(
+        "bucket-mb", "MiB of gradients a data-parallel all-reduce carries at most (whole layers; started as backward fills them)"),
+};
+
+void validate(const Config& config) {
+  const double bucket_mb = config.strategies.get<DataParallelOptions>().bucket_mb;
+  require(std::isfinite(bucket_mb) && bucket_mb > 0, fmt::format("--bucket-mb must be positive (got {})", bucket_mb));
+}
+
 bool wanted(const Config&, const GridShape& shape) { return shape.dp > 1; }
 
 std::unique_ptr<Strategy> create(const StrategyContext& context) {
@@ -113,7 +134,8 @@ void predict(const RankLayout& layout, Prediction& prediction) {
   Prediction::shard(prediction.activations);  // each rank holds the activations of its own samples
   const std::size_t element_bytes = layout.config.precision.types().reduce_bytes();
   for (const BucketRange& bucket :
-       gradient_buckets(layout.tensors, layout.plan.unit_multiple, layout.layers, layout.shape, element_bytes))
+       gradient_buckets(layout.tensors, layout.plan.unit_multiple, layout.layers, layout.shape, element_bytes,
+                        bucket_capacity_bytes(layout.config)))
     prediction.add_comm(bucket.group, CommOp::all_reduce, static_cast<std::int64_t>(bucket.range.count * element_bytes));
 }
 
@@ -121,7 +143,12 @@ constexpr Role roles[] = {Role::reduces_gradients};
 
 }  // namespace
 
-extern const StrategyRegistration data_parallel_registration{
-    .name = "data_parallel", .roles = roles, .wanted = wanted, .create = create, .predict = predict};
+extern const StrategyRegistration data_parallel_registration{.name = "data_parallel",
+                                                             .roles = roles,
+                                                             .options = options,
+                                                             .validate = validate,
+                                                             .wanted = wanted,
+                                                             .create = create,
+                                                             .predict = predict};
 
 }  // namespace mlptrain

@@ -81,6 +81,27 @@ TEST(Layouts, DataParallelBucketsSumEveryReplica) {
   }
 }
 
+// --bucket-mb, set through its declaration as the parser sets it: smaller buckets, more
+// all-reduces, the same bytes and the same sums.
+TEST(Layouts, DataParallelBucketSizeSplitsTheSameSums) {
+  if (world_size() == 1) GTEST_SKIP() << "data parallelism needs two ranks";
+  const auto all_reduces = [](double bucket_mb) {
+    Config layout = small_model(2);
+    for (const StrategyRegistration& strategy : strategy_registry())
+      for (const Option& option : strategy.options)
+        if (option.name == "bucket-mb") *std::get<double*>(option.field(layout)) = bucket_mb;
+    Replica split(MPI_COMM_WORLD, layout), whole = whole_of(layout);
+    expect_same_loss(world_loss(split, split.step()), whole.step());
+    expect_gradients_match(split, whole);
+    const CommTotals& totals = split.ledger.by_group().at("dp");
+    return std::pair{totals.calls[static_cast<int>(CommOp::all_reduce)], totals.bytes_of(CommOp::all_reduce)};
+  };
+  const auto [few, few_bytes] = all_reduces(4);
+  const auto [many, many_bytes] = all_reduces(0.0001);  // about 100 bytes: a bucket a layer's tensor
+  EXPECT_GT(many, few);
+  EXPECT_EQ(many_bytes, few_bytes);
+}
+
 TEST(Layouts, ZeroStagesShardAndGatherBackAfterTheUpdate) {
   for (int stage = 1; stage <= 3; ++stage) {
     SCOPED_TRACE("stage " + std::to_string(stage));
