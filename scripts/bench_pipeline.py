@@ -5,9 +5,9 @@ ratios measured together mean anything):
 
   * one process with the same global batch and micro-batches: the step time an ideal pipeline
     divides by P and stretches by its schedule's bubble b, (T1 / P) / (1 - b);
-  * 1F1B, GPipe, interleaved 1F1B (V = 2), ZB-H1 and ZB-V at --pp P with --trace: step time,
-    the measured bubble against the schedule's theory ((P-1)/(M+P-1), (P-1)/(VM+P-1),
-    (P-1)/(3M+P-1), (P-1)/(6M+P-1): src/schedule/schedule_table.cpp gives the sources; scripts/trace_timeline.py
+  * every schedule mlptrain has (`mlpplan --list schedules`; a chunked one with V = 2) at --pp P
+    with --trace: step time, the measured bubble against the schedule's theory (its table entry,
+    src/schedule/schedule_table.cpp, which also gives its source; scripts/trace_timeline.py
     measures it and also gives the bubble the stages' measured compute times alone explain),
     stage 0's peak activation memory against its prediction.
 
@@ -22,10 +22,12 @@ import statistics
 import subprocess
 import sys
 
-from benchlib import BUILD, ROOT, arguments, train, write_result
+from benchlib import BUILD, ROOT, arguments, program_list, train, write_result
 
 MICRO_BATCHES = 8
-SCHEDULES = {"1f1b": [], "gpipe": [], "interleaved": ["--virtual-stages", 2], "zb-h1": [], "zb-v": []}
+# Every schedule the programs know, with the options it runs on: two chunks a stage where chunked.
+SCHEDULES = {schedule["name"]: ["--virtual-stages", 2] if schedule["chunked"] else []
+             for schedule in program_list("schedules")}
 
 
 def model(args):

@@ -124,6 +124,14 @@ def interleaved_rounds(rounds, layouts, run):
     return step_ms, summaries
 
 
+def program_list(what):
+    """A list the programs know (`mlpplan --list WHAT --json`: schedules, strategies, datasets,
+    devices, presets, options), one dict an entry: scripts read names from the code that defines
+    them rather than copy them."""
+    output = subprocess.run([PLANNER, "--list", what, "--json"], capture_output=True, text=True, check=True).stdout
+    return [json.loads(line) for line in output.splitlines() if line.startswith("{")]
+
+
 def run_json(command):
     """The JSON objects a program prints, one per line."""
     output = subprocess.run(command, capture_output=True, text=True, check=True, env=ENVIRONMENT).stdout

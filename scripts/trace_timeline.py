@@ -6,13 +6,13 @@ backward's B and W apart) and measures the pipeline bubble.
 
 The bubble of a step is the idle share of the stages' time between the step's first computation
 and its last: 1 - (sum over stages of computation time) / (P x that window). It is set beside the
-schedule's ideal with equal stages and no transfer cost: (P-1)/(M+P-1) for GPipe and 1F1B,
-(P-1)/(VM+P-1) for interleaved 1F1B with V chunks per stage, (P-1)/(3M+P-1) for ZB-H1 and
-(P-1)/(6M+P-1) for ZB-V (M >= 2P-1) when F, B and W take equal time. The figure shows one
-data-parallel replica (dp 0) and one tensor-parallel rank (tp 0) per stage; the bubble is the
-median over the steps after the first (which includes warm-up costs). Beside both, the bubble the
-same schedule would have with free transfers and each stage's measured compute times: the part of
-the measured bubble that stages of unequal speed explain.
+schedule's ideal with equal stages and no transfer cost, as the run's own trace records it (the
+schedule's table entry: its value and formula), as it records whether backward splits into B and
+W and which global chunk each stage's chunks are. The figure shows one data-parallel replica
+(dp 0) and one tensor-parallel rank (tp 0) per stage; the bubble is the median over the steps
+after the first (which includes warm-up costs). Beside both, the bubble the same schedule would
+have with free transfers and each stage's measured compute times: the part of the measured bubble
+that stages of unequal speed explain.
 
 usage: trace_timeline.py TRACE [--output timeline.png] [--step N] [--json]"""
 import argparse
@@ -64,10 +64,12 @@ def step_bubble(spans, ranks, step):
     return 1.0 - busy / (len(ranks) * window), window / 1000.0
 
 
-def simulated_bubble(spans, ranks, step, v_shape=False):
+def simulated_bubble(spans, ranks, step, global_chunks):
     """The bubble the step's own schedule would have with free transfers and every stage's
     computations taking their median measured time: it separates what the stages' speeds cost
-    (an imbalance the FLOP-balanced split cannot see) from what transfers and waiting cost."""
+    (an imbalance the FLOP-balanced split cannot see) from what transfers and waiting cost.
+    `global_chunks[stage][chunk]` is the global chunk a stage's local chunk is (the trace's own
+    record of the placement)."""
     orders, durations = [], []
     for pid in ranks:
         done = sorted(computations(spans, pid, step), key=lambda span: span["ts"])
@@ -76,9 +78,8 @@ def simulated_bubble(spans, ranks, step, v_shape=False):
                           for name in {span["name"] for span in done}})
     stages = len(ranks)
     # A forward waits for the previous global chunk's forward, a backward (or its B) for the
-    # next one's; global chunk c * P + s is local chunk c of stage s (in a V, stage s holds
-    # global chunks s and 2P - 1 - s). W waits for nothing else.
-    last_global = stages * (1 + max(chunk for order in orders for _, _, chunk in order)) - 1
+    # next one's. W waits for nothing else.
+    last_global = max(chunk for chunks in global_chunks for chunk in chunks)
     finished = {}  # (global chunk, forward or backward, micro_batch) -> end time
     position = [0] * stages
     free_at = [0.0] * stages
@@ -87,7 +88,7 @@ def simulated_bubble(spans, ranks, step, v_shape=False):
         for stage in range(stages):
             while position[stage] < len(orders[stage]):
                 name, micro_batch, chunk = orders[stage][position[stage]]
-                here = (stage if chunk == 0 else 2 * stages - 1 - stage) if v_shape else chunk * stages + stage
+                here = global_chunks[stage][chunk]
                 direction = "forward" if name == "forward" else "backward"
                 ready = 0.0
                 if name != "backward_weight":
@@ -127,8 +128,10 @@ def analyse(run, places, spans):
         "bubble": statistics.median(measured[step][0] for step in counted),
         "window_ms": statistics.median(measured[step][1] for step in counted),
         "bubble_from_stage_times": statistics.median(
-            value for value in (simulated_bubble(spans, ranks, step, run.get("chunk_placement") == "v_shape")
-                                for step in counted) if value is not None),
+            value for value in (simulated_bubble(spans, ranks, step, run["global_chunks"]) for step in counted)
+            if value is not None),
+        "schedule_source": run.get("schedule_source", ""),
+        "splits_backward": run.get("splits_backward", False),
         "bubble_by_step": {str(step): round(measured[step][0], 4) for step in sorted(measured)},
         "ranks_drawn": ranks,
     }
@@ -162,9 +165,10 @@ def draw(run, places, spans, report, step, output):
     axes.set_yticklabels([f"stage {places[pid].get('stage', 0)}" for pid in ranks])
     axes.invert_yaxis()
     axes.set_xlabel("time in step (ms)")
-    schedule = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": f"interleaved 1F1B, V = {report.get('virtual_stages', 1)}",
-                "zb-h1": "ZB-H1"}.get(report["schedule"], report["schedule"])
-    split = report["schedule"] == "zb-h1"
+    # The schedule as the run named it, its chunks a stage where it has several.
+    chunks = max(len(stage_chunks) for stage_chunks in run["global_chunks"])
+    schedule = report["schedule"] + (f", {chunks} chunks a stage" if chunks > 1 else "")
+    split = report["splits_backward"]
     axes.set_title(f"{schedule}, P = {report['stages']}, M = {report['micro_batches']}, step {step}: "
                    f"bubble {report['bubble_by_step'][str(step)]:.3f} measured, {report['ideal_bubble']:.3f} ideal; "
                    f"forward blue, {'B green, W orange' if split else 'backward green'}", fontsize=9)

@@ -356,6 +356,17 @@ std::string to_ini(const Config& config) {
   return text;
 }
 
+std::vector<OptionDescription> option_descriptions() {
+  std::vector<OptionDescription> descriptions;
+  Config defaults;
+  for (const Option& option : all_options())
+    descriptions.push_back({.name = std::string(option.name),
+                            .section = section_title(option.section),
+                            .default_value = ini_value(option.field(defaults)),
+                            .help = std::string(option.help)});
+  return descriptions;
+}
+
 std::vector<std::string> model_shape_options() {
   return {"layers", "hidden", "input-dim", "output-dim", "moe-every", "experts"};
 }

@@ -33,4 +33,13 @@ std::string to_ini(const Config& config);
 // The options that decide the model's tensor shapes (named as on the command line).
 std::vector<std::string> model_shape_options();
 
+// Every option as --help shows it: its name, section, default (as INI text) and help.
+struct OptionDescription {
+  std::string name;
+  std::string section;
+  std::string default_value;
+  std::string help;
+};
+std::vector<OptionDescription> option_descriptions();
+
 }  // namespace mlptrain

@@ -16,6 +16,7 @@
 #include "data/dataset.hpp"
 #include "layout/options.hpp"
 #include "plan/layout_search.hpp"
+#include "plan/listings.hpp"
 #include "plan/plan_report.hpp"
 #include "plan/plan_request.hpp"
 #include "schedule/schedule_table.hpp"
@@ -44,6 +45,10 @@ PlannedLayout plan_layout(const Config& config, const std::vector<LayerSpec>& mo
 
 void plan(int argc, char** argv) {
   const PlanRequest request = parse_plan_request(argc, argv);
+  if (!request.list.empty()) {
+    std::fputs(listing(request.list, request.json).c_str(), stdout);
+    return;
+  }
   ParsedOptions options = parse_options(request.trainer_arguments);
   if (options.help) {
     std::printf("usage: mlpplan --world N [mlpplan's options] [mlptrain's options]\n\n%s\n%s", plan_options_help,

@@ -19,7 +19,9 @@ const char* const plan_options_help =
     "  --virtual-stage-choices L  model chunks per stage --layouts all tries with --schedule\n"
     "                           interleaved (each at least 2; default 2, 4 and --virtual-stages)\n"
     "  --top K                  rows --layouts all prints (default 10; 0: all)\n"
-    "  --json                   one JSON object per layout\n";
+    "  --json                   one JSON object per layout (with --list: per entry)\n"
+    "  --list WHAT              print a list the programs know, one name a line, and exit: schedules,\n"
+    "                           strategies, datasets, devices, presets or options\n";
 
 namespace {
 
@@ -69,6 +71,8 @@ PlanRequest parse_plan_request(int argc, char** argv) {
     };
     if (argument == "--json") {
       request.json = true;
+    } else if (argument == "--list") {
+      request.list = next();
     } else if (argument == "--world") {
       request.world = positive_number(argument, next(), 1);
     } else if (argument == "--ranks-per-node") {
@@ -99,7 +103,8 @@ PlanRequest parse_plan_request(int argc, char** argv) {
   }
   if (request.cluster_given && !request.calibration_files.empty())
     throw UsageError("--cluster and --calibrate both describe the cluster: give one");
-  if (request.world == 0 && !request.help) throw UsageError("--world N is required: the number of ranks to plan for");
+  if (request.world == 0 && !request.help && request.list.empty())
+    throw UsageError("--world N is required: the number of ranks to plan for");
   return request;
 }
 

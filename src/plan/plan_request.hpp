@@ -23,6 +23,7 @@ struct PlanRequest {
   std::vector<int> virtual_stage_choices;      // --layouts all; default: 2, 4 and the trainer's value
   bool json = false;
   bool help = false;
+  std::string list;  // --list WHAT: print a list the programs know, and nothing else
 };
 
 // Throws UsageError naming the option.

@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "comm/consensus.hpp"
@@ -132,6 +133,19 @@ void write_trace_file(Run& run) {
   layout["chunk_placement"] = pipeline.placement == ChunkPlacement::v_shape ? "v_shape" : "looped";
   layout["theoretical_bubble"] = schedule.bubble(pipeline);
   layout["bubble_formula"] = schedule.bubble_formula;
+  layout["schedule_source"] = schedule.source;
+  // Whether backward runs as B and W (this rank's actions say), and which global chunk each
+  // stage's local chunk is: a timeline needs neither to know the schedule.
+  layout["splits_backward"] = std::any_of(run.schedule.begin(), run.schedule.end(), [](const Action& action) {
+    return action.kind == ActionKind::backward_input || action.kind == ActionKind::backward_weight;
+  });
+  nlohmann::json global_chunks = nlohmann::json::array();
+  for (int stage = 0; stage < pipeline.stages; ++stage) {
+    nlohmann::json chunks = nlohmann::json::array();
+    for (int chunk = 0; chunk < pipeline.chunks; ++chunk) chunks.push_back(global_chunk(pipeline, stage, chunk));
+    global_chunks.push_back(chunks);
+  }
+  layout["global_chunks"] = global_chunks;
   agree_or_throw(run.world(), [&] {
     write_trace(config.output.trace_path, *run.ledgers.trace, run.ledgers.trace_origin_ms, run.mpi_world, run.groups->place(), layout);
   });

@@ -12,6 +12,7 @@ import subprocess
 import unittest
 
 from common import TrainingTestCase, run
+from benchlib import program_list  # noqa: E402  (common puts scripts/ on the path)
 
 MLPPLAN = os.path.join(os.path.dirname(os.environ.get("MLPTRAIN", "build/mlptrain")), "mlpplan")
 SMALL = ["--layers", 4, "--hidden", 32, "--input-dim", 16, "--output-dim", 8, "--global-batch", 32]
@@ -230,11 +231,16 @@ class Mlpplan(TrainingTestCase):
         self.assertEqual(given.returncode, 0, given.stderr)
         chunks = {json.loads(line)["layout"]["virtual_stages"] for line in given.stdout.splitlines()}
         self.assertEqual(chunks, {1, 2, 3})  # 6 layers: 2 stages x 4 chunks do not fit
-        # Every schedule where there is a pipeline; model chunks where a stage's layers split (2 x 2 <= 4).
+        # Every schedule the programs know where there is a pipeline, each where its chunks fit the
+        # 4 layers: one chunk a stage, or 2 (a V, or a chunked schedule at V = 2) on 2 stages only.
         schedules = {(r["layout"]["pp"], r["layout"]["schedule"], r["layout"]["virtual_stages"]) for r in rows}
-        self.assertEqual(schedules, {(1, "none", 1), (2, "1f1b", 1), (2, "gpipe", 1), (2, "zb-h1", 1),
-                                     (2, "interleaved", 2), (2, "zb-v", 1), (4, "1f1b", 1), (4, "gpipe", 1),
-                                     (4, "zb-h1", 1)})  # ZB-V's 2 chunks a stage: 4 layers fill 2 stages
+        expected = {(1, "none", 1)}
+        for schedule in program_list("schedules"):
+            chunks = 2 if schedule["chunked"] or schedule["placement"] == "v_shape" else 1
+            for stages in (2, 4):
+                if stages * chunks <= 4:
+                    expected.add((stages, schedule["name"], chunks if schedule["chunked"] else 1))
+        self.assertEqual(schedules, expected)
         fitting = [r["step_ms"]["total"] for r in rows if r["fits"]]
         self.assertEqual(fitting, sorted(fitting))
         self.assertTrue(all(r["fits"] for r in rows[:len(fitting)]))
