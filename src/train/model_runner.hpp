@@ -16,7 +16,7 @@
 #include "model/loss.hpp"
 #include "model/moe.hpp"
 #include "model/recompute_plan.hpp"
-#include "train/micro_batch.hpp"
+#include "model/micro_batch.hpp"
 #include "train/strategy_stack.hpp"
 
 namespace mlptrain {

@@ -16,7 +16,7 @@
 #include "model/parameter_store.hpp"
 #include "model/state_runs.hpp"
 #include "train/model_runner.hpp"
-#include "train/optimizer.hpp"
+#include "optimizer/optimizer.hpp"
 #include "train/strategy_stack.hpp"
 
 namespace mlptrain {

@@ -10,7 +10,7 @@
 #include "io/checkpoint.hpp"
 #include "layout/options.hpp"
 #include "layout/rank_plan.hpp"
-#include "train/trace_file.hpp"
+#include "report/trace_file.hpp"
 
 namespace mlptrain {
 

@@ -16,8 +16,8 @@
 #include "core/trace.hpp"
 #include "device/compute_device.hpp"
 #include "train/rank_model.hpp"
-#include "train/report.hpp"
-#include "train/run_data.hpp"
+#include "report/reporter.hpp"
+#include "feed/run_data.hpp"
 #include "train/schedule_executor.hpp"
 
 namespace mlptrain {

@@ -13,9 +13,9 @@
 #include "core/timer.hpp"
 #include "layout/rank_plan.hpp"
 #include "train/checkpointer.hpp"
-#include "train/loss_scaler.hpp"
+#include "optimizer/loss_scaler.hpp"
 #include "train/run.hpp"
-#include "train/run_report.hpp"
+#include "train/run_records.hpp"
 #include "train/step_totals.hpp"
 #include "train/watchdog.hpp"
 

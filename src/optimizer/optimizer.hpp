@@ -14,7 +14,7 @@
 #include "device/compute_device.hpp"
 #include "kernels/kernels.hpp"
 #include "model/state_runs.hpp"
-#include "train/offloaded_update.hpp"
+#include "optimizer/offloaded_update.hpp"
 
 namespace mlptrain {
 

@@ -7,7 +7,7 @@
 #include <string>
 
 #include "cost/prediction.hpp"
-#include "train/report.hpp"
+#include "report/reporter.hpp"
 #include "train/run.hpp"
 
 namespace mlptrain {

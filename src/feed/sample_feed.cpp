@@ -1,5 +1,5 @@
 // Reading micro-batches' samples on the host, ahead where it pays (see sample_feed.hpp).
-#include "train/sample_feed.hpp"
+#include "feed/sample_feed.hpp"
 
 #include <algorithm>
 #include <cstring>

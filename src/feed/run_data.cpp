@@ -1,11 +1,11 @@
 // Reading a run's samples (see run_data.hpp).
-#include "train/run_data.hpp"
+#include "feed/run_data.hpp"
 
 #include <algorithm>
 
 #include "core/timer.hpp"
-#include "train/device_samples.hpp"
-#include "train/sample_feed.hpp"
+#include "feed/device_samples.hpp"
+#include "feed/sample_feed.hpp"
 
 namespace mlptrain {
 

@@ -16,8 +16,8 @@
 #include "data/sample_order.hpp"
 #include "kernels/kernels.hpp"
 #include "model/loss.hpp"
-#include "train/micro_batch.hpp"
-#include "train/sample_source.hpp"
+#include "model/micro_batch.hpp"
+#include "feed/sample_source.hpp"
 
 namespace mlptrain {
 

@@ -1,5 +1,5 @@
 // The pipelined offloaded AdamW update (see offloaded_update.hpp).
-#include "train/offloaded_update.hpp"
+#include "optimizer/offloaded_update.hpp"
 
 #include <algorithm>
 #include <stdexcept>

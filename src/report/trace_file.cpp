@@ -1,5 +1,5 @@
 // Chrome trace output (see trace_file.hpp).
-#include "train/trace_file.hpp"
+#include "report/trace_file.hpp"
 
 #include <fmt/format.h>
 

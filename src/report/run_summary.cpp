@@ -1,12 +1,12 @@
 // The end-of-run summary and the prediction tables (see run_summary.hpp).
-#include "train/run_summary.hpp"
+#include "report/run_summary.hpp"
 
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <cmath>
 
-#include "train/report.hpp"
+#include "report/step_record.hpp"
 
 namespace mlptrain {
 

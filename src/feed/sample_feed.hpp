@@ -27,7 +27,7 @@
 #include "core/buffer.hpp"
 #include "core/memory_ledger.hpp"
 #include "data/dataset.hpp"
-#include "train/sample_source.hpp"
+#include "feed/sample_source.hpp"
 
 namespace mlptrain {
 

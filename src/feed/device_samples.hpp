@@ -9,7 +9,7 @@
 
 #include "core/synthetic_samples.hpp"
 #include "kernels/kernels.hpp"
-#include "train/sample_source.hpp"
+#include "feed/sample_source.hpp"
 
 namespace mlptrain {
 

@@ -1,5 +1,5 @@
 // Generating the built-in datasets on the device (see device_samples.hpp).
-#include "train/device_samples.hpp"
+#include "feed/device_samples.hpp"
 
 #include "core/error.hpp"
 

@@ -1,5 +1,5 @@
 // The run's header, prediction, summary and trace (see run_report.hpp).
-#include "train/run_report.hpp"
+#include "train/run_records.hpp"
 
 #include <fmt/format.h>
 
@@ -11,7 +11,7 @@
 #include "schedule/schedule_table.hpp"
 #include "strategies/pipeline/pipeline_options.hpp"
 #include "strategies/zero/zero_options.hpp"
-#include "train/trace_file.hpp"
+#include "report/trace_file.hpp"
 
 namespace mlptrain {
 

@@ -1,5 +1,5 @@
 // Metrics, log lines and the summary (see report.hpp).
-#include "train/report.hpp"
+#include "report/reporter.hpp"
 
 #include <fmt/format.h>
 #include <unistd.h>

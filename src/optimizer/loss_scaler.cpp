@@ -1,5 +1,5 @@
 // fp16 loss scaling (see loss_scaler.hpp).
-#include "train/loss_scaler.hpp"
+#include "optimizer/loss_scaler.hpp"
 
 #include <algorithm>
 

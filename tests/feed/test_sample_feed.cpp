@@ -14,8 +14,8 @@
 #include "core/error.hpp"
 #include "core/memory_ledger.hpp"
 #include "kernels/loopback/loopback_backend.hpp"
-#include "train/device_samples.hpp"
-#include "train/sample_feed.hpp"
+#include "feed/device_samples.hpp"
+#include "feed/sample_feed.hpp"
 
 using namespace mlptrain;
 

@@ -1,5 +1,5 @@
 // AdamW, schedules and clipping helpers (see optimizer.hpp).
-#include "train/optimizer.hpp"
+#include "optimizer/optimizer.hpp"
 
 #include <algorithm>
 #include <cmath>

@@ -18,7 +18,7 @@
 
 namespace mlptrain {
 
-struct StepRecord;
+struct StepRecord;  // report/step_record.hpp
 
 // What the end-of-run summary needs of the steps, kept compact: a long run adds 32 bytes a step.
 struct RunSummary {
