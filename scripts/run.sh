@@ -3,5 +3,5 @@
 # built-in teacher data with 4 MPI ranks on the CPU. Extra arguments go to mlptrain.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh
+scripts/build/setup.sh
 exec mpiexec.mpich -n "${RANKS:-4}" build/mlptrain "$@"

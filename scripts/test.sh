@@ -6,7 +6,7 @@
 # sanitizer build.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh || { echo "0 passed, 1 failed"; exit 1; }
+scripts/build/setup.sh || { echo "0 passed, 1 failed"; exit 1; }
 
 passed=0
 failed=0

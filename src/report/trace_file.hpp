@@ -1,7 +1,7 @@
 // Writes every rank's trace spans into one Chrome trace file (the JSON "traceEvents" format that
 // Perfetto and chrome://tracing open): a process per rank, named by its place in the grid, with
 // rows for computation, transfers and collectives; times in microseconds from an origin the
-// ranks took together. scripts/trace_timeline.py draws it and measures the pipeline bubble.
+// ranks took together. scripts/tools/trace_timeline.py draws it and measures the pipeline bubble.
 #pragma once
 
 #include <mpi.h>

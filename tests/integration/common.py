@@ -19,7 +19,9 @@ MLPTRAIN = os.environ.get("MLPTRAIN", "build/mlptrain")
 SOURCE_ROOT = os.environ.get("MLPTRAIN_SOURCE", os.path.join(os.path.dirname(__file__), "..", ".."))
 MPIEXEC = shutil.which("mpiexec.mpich") or "mpiexec"
 
-sys.path.insert(0, os.path.join(SOURCE_ROOT, "scripts"))
+# The scripts the tests drive as modules: the benchmarks' library and the experiments.
+for folder in ("bench", "experiments"):
+    sys.path.insert(0, os.path.join(SOURCE_ROOT, "scripts", folder))
 from benchlib import rank_processes  # noqa: E402  (shared with the soak script)
 RELATIVE_TOLERANCE = 1e-5
 

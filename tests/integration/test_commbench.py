@@ -5,7 +5,7 @@ bandwidth times nccl-tests' bus factor, in place and out of place; the identity 
 all-reduce against reduce-scatter plus all-gather; a list of element types, each --report mode and the CSV
 file give what they say; the plot script draws its output; bad flags get one line
 and exit 2 on every rank. The device paths' pinned copies are exact too, and the GPU speed script
-(scripts/bench_gpu.py) runs end to end on loopback. Where a GPU is present, the NCCL path at world
+(scripts/gpu/bench.py) runs end to end on loopback. Where a GPU is present, the NCCL path at world
 size 1 is exact too (elsewhere that test says why it skips)."""
 import csv
 import json
@@ -111,7 +111,7 @@ class Commbench(TrainingTestCase):
                 with open(results, "w") as handle:
                     handle.write(result.stdout)
                 picture = self.path(f"commbench{ranks}{len(path)}.png")
-                subprocess.run([sys.executable, os.path.join(SOURCE_ROOT, "scripts", "commbench_plot.py"),
+                subprocess.run([sys.executable, os.path.join(SOURCE_ROOT, "scripts", "tools", "commbench_plot.py"),
                                 results, "--output", picture], check=True, capture_output=True)
                 with open(picture, "rb") as handle:
                     self.assertEqual(handle.read(8), b"\x89PNG\r\n\x1a\n")
@@ -129,7 +129,7 @@ class Commbench(TrainingTestCase):
             self.assertEqual(row["busbw_gbps"], row["algbw_gbps"])
 
     def test_gpu_speed_script_runs_on_loopback(self):
-        result = subprocess.run([sys.executable, os.path.join(SOURCE_ROOT, "scripts", "bench_gpu.py"),
+        result = subprocess.run([sys.executable, os.path.join(SOURCE_ROOT, "scripts", "gpu", "bench.py"),
                                  "--device", "loopback", "--tiny", "--rounds", "1", "--output-dir", self.directory],
                                 capture_output=True, text=True, timeout=300)
         self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
@@ -162,7 +162,7 @@ class Commbench(TrainingTestCase):
         self.assertTrue(all(row["correct"] for row in rows))
         # A short loan measures a part alone: staging at the world sizes asked, nothing else written.
         part = os.path.join(self.directory, "part")
-        result = subprocess.run([sys.executable, os.path.join(SOURCE_ROOT, "scripts", "bench_gpu.py"),
+        result = subprocess.run([sys.executable, os.path.join(SOURCE_ROOT, "scripts", "gpu", "bench.py"),
                                  "--device", "loopback", "--tiny", "--rounds", "1", "--parts", "staging",
                                  "--world-sizes", "1", "--output-dir", part], capture_output=True, text=True, timeout=300)
         self.assertEqual(result.returncode, 0, result.stdout + result.stderr)

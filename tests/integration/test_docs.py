@@ -83,10 +83,10 @@ def known_flags():
     for program in ("mlptrain", "mlpplan", "commbench"):
         help_text = subprocess.run([os.path.join(BUILD, program), "--help"], capture_output=True, text=True).stdout
         flags |= set(re.findall(r"(--[a-z][a-z0-9-]*)", help_text))
-    scripts = os.path.join(SOURCE_ROOT, "scripts")
-    for name in os.listdir(scripts):
-        if name.endswith(".py"):
-            flags |= set(re.findall(r"[\"'](--[a-z][a-z0-9-]*)[\"']", read(os.path.join(scripts, name))))
+    for folder, _, names in os.walk(os.path.join(SOURCE_ROOT, "scripts")):
+        for name in names:
+            if name.endswith(".py"):
+                flags |= set(re.findall(r"[\"'](--[a-z][a-z0-9-]*)[\"']", read(os.path.join(folder, name))))
     return flags
 
 

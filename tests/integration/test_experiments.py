@@ -19,7 +19,7 @@ import experiments  # noqa: E402  (common puts scripts/ on the path)
 from benchlib import layout_problem  # noqa: E402
 from experimentlib import Settings  # noqa: E402
 
-SCRIPT = os.path.join(SOURCE_ROOT, "scripts", "experiments.py")
+SCRIPT = os.path.join(SOURCE_ROOT, "scripts", "experiments", "experiments.py")
 FIELDS = {"scaling": {"kind", "strategy", "ranks", "step_ms", "speedup", "efficiency"},
           "memory": {"zero", "ranks", "predicted_bytes", "measured_bytes", "mode"},
           "comm": {"layout", "ranks", "comm_predicted_bytes", "comm_measured_bytes"},

@@ -1,4 +1,4 @@
-"""Training on a user's HDF5 file made from a CSV by scripts/csv_to_hdf5.py, with held-out
+"""Training on a user's HDF5 file made from a CSV by scripts/data/csv_to_hdf5.py, with held-out
 evaluation: the converter's layout, eval loss and accuracy in the metrics, learning beyond chance,
 and the same numbers at one and two ranks."""
 import os
@@ -29,7 +29,7 @@ class Hdf5Data(TrainingTestCase):
     def test_convert_train_and_evaluate(self):
         csv = self.make_csv()
         data = self.path("blobs.h5")
-        subprocess.run([sys.executable, os.path.join(SOURCE_ROOT, "scripts", "csv_to_hdf5.py"), csv,
+        subprocess.run([sys.executable, os.path.join(SOURCE_ROOT, "scripts", "data", "csv_to_hdf5.py"), csv,
                         data, "--test-fraction", "0.2", "--standardize", "--seed", "1"],
                        check=True, capture_output=True)
         with h5py.File(data, "r") as file:

@@ -1,5 +1,5 @@
 """Image data as the MNIST family ships it: IDX files (gzipped and not) converted by
-scripts/idx_to_hdf5.py into uint8 images with a scale attribute, checked against the bytes the
+scripts/data/idx_to_hdf5.py into uint8 images with a scale attribute, checked against the bytes the
 IDX files hold (parsed here from the format's definition); the images fed as pixel * scale, the
 same losses whether the file is held in memory or read a batch at a time, and every layout equal
 to one process on these data; bad IDX files named in one line."""
@@ -14,7 +14,7 @@ import numpy as np
 
 from common import SOURCE_ROOT, TrainingTestCase
 
-CONVERTER = os.path.join(SOURCE_ROOT, "scripts", "idx_to_hdf5.py")
+CONVERTER = os.path.join(SOURCE_ROOT, "scripts", "data", "idx_to_hdf5.py")
 TRAIN, TEST, SIDE, CLASSES = 96, 32, 6, 4
 
 

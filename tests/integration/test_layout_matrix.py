@@ -1,4 +1,4 @@
-"""The layout matrix's tested subset (scripts/layout_matrix.py --covering): every pair of values of
+"""The layout matrix's tested subset (scripts/experiments/layout_matrix.py --covering): every pair of values of
 dp, tp, pp with each schedule, ep, ZeRO 0-3, recomputation and MoE layers up to 4 ranks, and at 8
 ranks dp 2 x tp 2 x pp 2 and dp 4 (ep 2) x tp 2 with MoE layers, each against one process within 1e-5 with its
 placement and traffic as predicted. The full matrix is the script's, its result kept in

@@ -43,7 +43,7 @@ def micro_batch_floats(stages, last):
 
 def trace_timeline():
     specification = importlib.util.spec_from_file_location(
-        "trace_timeline", os.path.join(SOURCE_ROOT, "scripts", "trace_timeline.py"))
+        "trace_timeline", os.path.join(SOURCE_ROOT, "scripts", "tools", "trace_timeline.py"))
     module = importlib.util.module_from_spec(specification)
     specification.loader.exec_module(module)
     return module
@@ -143,7 +143,7 @@ class Pipeline(TrainingTestCase):
             ends = [event for event in mine if event["ph"] == "e"]
             self.assertEqual(len(ends), len([event for event in mine if event["ph"] == "b"]))
         picture = self.path("timeline.png")
-        result = subprocess.run([sys.executable, os.path.join(SOURCE_ROOT, "scripts", "trace_timeline.py"),
+        result = subprocess.run([sys.executable, os.path.join(SOURCE_ROOT, "scripts", "tools", "trace_timeline.py"),
                                  trace, "--output", picture, "--json"], capture_output=True, text=True,
                                 check=True)
         report = json.loads(result.stdout)
@@ -187,7 +187,8 @@ class Pipeline(TrainingTestCase):
                                 free[stage] = done[(stage, name, index)] = start + length
                                 position[stage] += 1
                     ideal = (stages - 1) / (micro_batches + stages - 1)
-                    run_data = {"micro_batches": micro_batches, "schedule": schedule, "theoretical_bubble": ideal}
+                    run_data = {"micro_batches": micro_batches, "schedule": schedule, "theoretical_bubble": ideal,
+                                "global_chunks": [[stage] for stage in range(stages)]}
                     report = analysis.analyse(run_data, places, spans)
                     self.assertAlmostEqual(report["ideal_bubble"], ideal)
                     self.assertAlmostEqual(report["bubble"], ideal)

@@ -1,4 +1,4 @@
-"""scripts/check_layers.py, the build's layering check: an include of a room the including room
+"""scripts/build/check_layers.py, the build's layering check: an include of a room the including room
 does not depend on (directly or through its dependencies) fails with a line naming the file, the
 include and the rooms allowed; includes within the layers pass and write the stamp."""
 import os
@@ -8,7 +8,7 @@ import tempfile
 import unittest
 
 SCRIPT = os.path.join(os.environ.get("MLPTRAIN_SOURCE", os.path.join(os.path.dirname(__file__), "..", "..")),
-                      "scripts", "check_layers.py")
+                      "scripts", "build", "check_layers.py")
 ROOMS = ["core=src/core:", "model=src/model:core", "train=src/train:model"]
 
 

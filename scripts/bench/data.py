@@ -20,7 +20,7 @@ step waited for samples) are reported, with memory/builtin and file/builtin (tar
 <= 1.03x builtin), and whether memory and file gave the same losses.
 
 The file comes from Debian's dataset-fashion-mnist (apt-get install dataset-fashion-mnist) through
-scripts/idx_to_hdf5.py, or --data FILE. Writes results/data_speed.json."""
+scripts/data/idx_to_hdf5.py, or --data FILE. Writes results/data_speed.json."""
 import os
 import statistics
 import subprocess
@@ -39,7 +39,7 @@ def fashion_mnist_file(path):
     if not os.path.exists(converted):
         if not os.path.isdir(DEBIAN_FOLDER):
             sys.exit(f"bench_data: {DEBIAN_FOLDER} is missing: apt-get install dataset-fashion-mnist, or give --data FILE")
-        subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "idx_to_hdf5.py"), "--from", DEBIAN_FOLDER,
+        subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "data", "idx_to_hdf5.py"), "--from", DEBIAN_FOLDER,
                         "--output", converted], check=True)
     return converted
 

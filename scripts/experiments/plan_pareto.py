@@ -5,15 +5,17 @@ in both); the 4,096-rank enumeration timed; and mlpplan's own time and peak memo
 as the world grows (flat: one rank per pipeline stage stands for the world). Writes
 results/plan_pareto.json and .png.
 
-usage: scripts/plan_pareto.py [--world N] [--cluster PRESET] [--output FILE]"""
+usage: scripts/experiments/plan_pareto.py [--world N] [--cluster PRESET] [--output FILE]"""
 import argparse
 import json
 import os
 import resource
 import subprocess
+import sys
 import time
 
-import benchlib
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))  # benchlib
+import benchlib  # noqa: E402
 
 PLAN = os.path.join(benchlib.BUILD, "mlpplan")
 # About 7.5 B parameters (the ZeRO paper's model size) in bf16 with fp32 AdamW.

@@ -1,10 +1,12 @@
-"""What every experiment of scripts/experiments.py shares: the model sizes and lists of a run
+"""What every experiment of scripts/experiments/experiments.py shares: the model sizes and lists of a run
 (full or --tiny), progress lines, one training run, and a row of predicted and measured bytes."""
 import os
+import sys
 import tempfile
 import time
 
-import benchlib
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))  # benchlib
+import benchlib  # noqa: E402
 
 MIB = 2.0 ** 20
 STATES = ("params", "grads", "optimizer", "activations", "comm_buffers")

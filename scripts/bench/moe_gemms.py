@@ -17,7 +17,7 @@ which pays for them, is reported beside it (early_step_ms)."""
 import os
 import statistics
 
-from bench_cpu import GEMMS
+from cpu import GEMMS
 from benchlib import BUILD, arguments, cpu_model, read_records, run_json, train, write_result
 
 EXPERTS, TOP_K, HIDDEN, INPUT, CLASSES = 8, 2, 1024, 256, 10

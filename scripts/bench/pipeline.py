@@ -7,7 +7,7 @@ ratios measured together mean anything):
     divides by P and stretches by its schedule's bubble b, (T1 / P) / (1 - b);
   * every schedule mlptrain has (`mlpplan --list schedules`; a chunked one with V = 2) at --pp P
     with --trace: step time, the measured bubble against the schedule's theory (its table entry,
-    src/schedule/schedule_table.cpp, which also gives its source; scripts/trace_timeline.py
+    src/schedule/schedule_table.cpp, which also gives its source; scripts/tools/trace_timeline.py
     measures it and also gives the bubble the stages' measured compute times alone explain),
     stage 0's peak activation memory against its prediction.
 
@@ -37,7 +37,7 @@ def model(args):
 
 
 def timeline(trace, picture):
-    output = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "trace_timeline.py"), trace,
+    output = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "tools", "trace_timeline.py"), trace,
                              "--output", picture, "--json"], capture_output=True, text=True, check=True)
     return json.loads(output.stdout)
 

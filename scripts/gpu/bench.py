@@ -9,7 +9,7 @@ together mean anything):
            (target: at most 0.02), the share taken by the other kernels (GELU forward and
            backward with the bias gradient, AdamW), the model FLOP utilization against the GPU's
            dense peak (the trainer's own figure), and PyTorch's step on the same GPU, model and
-           precision, eager and torch.compile'd (scripts/torch_peer.py --device cuda [--compile];
+           precision, eager and torch.compile'd (scripts/bench/torch_peer.py --device cuda [--compile];
            targets: bf16 at most 0.90x eager and 1.0x compiled, fp32 and TF32 at most 1.0x eager)
   kernels  every kernel besides the GEMMs on a layer of 8192 x 8192 (layerbench's kernel table):
            its time, the bytes it moves and their rate against a device copy of as many bytes
@@ -33,7 +33,8 @@ import statistics
 import subprocess
 import sys
 
-from benchlib import BUILD, ROOT, read_records, run_json, train, write_result
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))  # benchlib
+from benchlib import BUILD, ROOT, read_records, run_json, train, write_result  # noqa: E402
 
 PROGRAMS = os.path.dirname(os.environ.get("MLPTRAIN", os.path.join(BUILD, "mlptrain")))
 
@@ -55,7 +56,7 @@ def layer_times(args, width, out, precision):
 def torch_step_ms(args, precision, compiled=False):
     """PyTorch's median step on the same GPU, model and precision, eager or torch.compile'd (None
     where it cannot run)."""
-    command = [sys.executable, os.path.join(ROOT, "scripts", "torch_peer.py"), "--device", "cuda",
+    command = [sys.executable, os.path.join(ROOT, "scripts", "bench", "torch_peer.py"), "--device", "cuda",
                "--layers", str(args.layers), "--hidden", str(args.hidden), "--input-dim", str(args.hidden),
                "--batch-per-rank", str(args.batch), "--steps", str(args.steps)] + PRECISIONS[precision]["torch"] + \
         (["--compile", "--warmup", "5"] if compiled else [])

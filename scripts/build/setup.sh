@@ -2,7 +2,7 @@
 # Installs what mlptrain needs on Debian 12 (only the missing packages, with apt-get) and builds it
 # into build/ (Meson, release). Safe to run again: it only does what is not done yet.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 
 packages=(
   g++ pkg-config meson ninja-build

@@ -5,7 +5,7 @@ same run (the baseline), written to results/commbench/: the JSON rows per world 
 busbw against size, and summary.json with the CPU, the 16 MiB all-reduce's busbw against the
 baseline's, bf16 against fp32 and the identity all-reduce = reduce-scatter + all-gather.
 
-usage: bench_commbench.py [--worlds 2,4] [--max-bytes 64M] [--iterations 20]"""
+usage: scripts/bench/commbench.py [--worlds 2,4] [--max-bytes 64M] [--iterations 20]"""
 import argparse
 import json
 import os
@@ -63,7 +63,7 @@ def main():
         print(f"bench_commbench: {ranks} ranks: 16 MiB all-reduce {ours['busbw_gbps']:.2f} GB/s busbw, "
               f"MPI_Allreduce {raw['busbw_gbps']:.2f} ({ours['busbw_gbps'] / raw['busbw_gbps']:.2f}x), "
               f"bf16 {half['busbw_gbps']:.2f}", flush=True)
-    subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "commbench_plot.py"), *files, "--output",
+    subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "tools", "commbench_plot.py"), *files, "--output",
                     os.path.join(args.output_dir, "mpi_host.png")], check=True)
     write_result(os.path.join(args.output_dir, "summary.json"), summary)
 

@@ -24,9 +24,10 @@ import time
 import h5py
 import numpy as np
 
-from benchlib import PROGRAM, valid_layouts
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))  # benchlib
+from benchlib import PROGRAM, valid_layouts  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MPIEXEC = shutil.which("mpiexec.mpich") or "mpiexec"
 TOLERANCE = 1e-5
 
@@ -248,7 +249,7 @@ def main():
     rows = run_matrix(chosen, lambda line: print(line, flush=True))
     counts = {outcome: sum(row["outcome"] == outcome for row in rows) for outcome in ("passed", "failed", "refused")}
     with open(args.output, "w") as handle:
-        json.dump({"date": time.strftime("%Y-%m-%d"), "command": " ".join(["scripts/layout_matrix.py"] + sys.argv[1:]),
+        json.dump({"date": time.strftime("%Y-%m-%d"), "command": " ".join(["scripts/experiments/layout_matrix.py"] + sys.argv[1:]),
                    "model": " ".join(map(str, MODEL)), "moe": " ".join(map(str, MOE)), "counts": counts,
                    "layouts": rows}, handle, indent=1)
     print(f"matrix: {counts['passed']} passed, {counts['failed']} failed, {counts['refused']} refused -> {args.output}")

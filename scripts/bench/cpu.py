@@ -10,7 +10,7 @@ and noisy, and the CPU behind them changes: only ratios measured together mean a
     library is slower because its operands stream from memory;
   * mlptrain at 1 and 2 ranks (batch 256 per rank, one GEMM thread per rank): step time against
     that GEMM time, the share of the step outside the GEMMs, the data-parallel speed-up;
-  * the PyTorch peer (scripts/torch_peer.py; DDP over gloo at 2 ranks) on the same model;
+  * the PyTorch peer (scripts/bench/torch_peer.py; DDP over gloo at 2 ranks) on the same model;
   * one traced run at 1 rank: where the step's time goes (forward, backward, optimizer spans
     beside their GEMMs' share at the library's rate).
 
@@ -46,7 +46,7 @@ def mlptrain_step_ms(ranks, args, extra=(), name="cpu", program=PROGRAM):
 
 
 def torch_step_ms(ranks, args, extra=()):
-    command = [sys.executable, os.path.join(ROOT, "scripts", "torch_peer.py"), "--layers", str(args.layers),
+    command = [sys.executable, os.path.join(ROOT, "scripts", "bench", "torch_peer.py"), "--layers", str(args.layers),
                "--hidden", str(args.width), "--input-dim", str(args.width), "--steps", str(args.steps)] + list(extra)
     if ranks > 1:
         command = ["mpiexec.mpich", "-n", str(ranks)] + command

@@ -10,7 +10,7 @@ step time against the measured median over --rounds interleaved rounds (goal: wi
 Ranks beyond the cores share them; the rows say when they do. Writes results/plan_vs_measured.json
 and .png.
 
-usage: scripts/plan_vs_measured.py [--steps N] [--rounds R] [--output FILE]"""
+usage: scripts/experiments/plan_vs_measured.py [--steps N] [--rounds R] [--output FILE]"""
 import argparse
 import json
 import os
@@ -19,8 +19,9 @@ import subprocess
 import sys
 import tempfile
 
-import benchlib
-from benchlib import cpu_model
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))  # benchlib
+import benchlib  # noqa: E402
+from benchlib import cpu_model  # noqa: E402
 
 ROOT = benchlib.ROOT
 PLAN = os.path.join(benchlib.BUILD, "mlpplan")

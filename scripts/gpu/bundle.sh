@@ -5,11 +5,11 @@
 # gpu-bundle/root.tar.xz (git ignores gpu-bundle/): the packages are downloaded with apt-get,
 # unpacked with dpkg-deb into a root of their own (never into /), stripped of what neither the
 # build nor the runs read (static libraries, manuals, Fortran), and given the unversioned
-# library names the linker asks for. scripts/gpu_check.sh unpacks it on the GPU machine.
+# library names the linker asks for. scripts/gpu/check.sh unpacks it on the GPU machine.
 #
-# usage: scripts/gpu_bundle.sh            (then carry gpu-bundle with the device tool)
+# usage: scripts/gpu/bundle.sh            (then carry gpu-bundle with the device tool)
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 
 packages=(
   # what the build compiles and links against

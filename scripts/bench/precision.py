@@ -20,7 +20,7 @@ Runs are interleaved over --rounds rounds and medians reported. Writes
 results/precision_speed.json."""
 import statistics
 
-from bench_cpu import (GEMMS, layer_gemms, mlptrain_step_ms, model_arguments, model_parser,
+from cpu import (GEMMS, layer_gemms, mlptrain_step_ms, model_arguments, model_parser,
                        torch_peer_available, torch_step_ms, traced_phases)
 from benchlib import cpu_model, read_records, train, write_result
 

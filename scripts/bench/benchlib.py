@@ -9,7 +9,7 @@ import statistics
 import subprocess
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BUILD = os.path.join(ROOT, "build")
 PROGRAM = os.environ.get("MLPTRAIN", os.path.join(BUILD, "mlptrain"))
 # The placement calculator built beside that mlptrain: it validates mlptrain's options with

@@ -34,9 +34,10 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the file-only backend)
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))  # benchlib
 from benchlib import ENVIRONMENT, PROGRAM, ROOT, layout_problem, stamp  # noqa: E402
 
-from experiment_transport import device_problem, transport  # noqa: E402
+from transport import device_problem, transport  # noqa: E402
 from experimentlib import MIB, STATES, Settings, placement_row, run_all, train  # noqa: E402
 
 # ----------------------------------------------------------------------------------------- scaling
@@ -180,7 +181,7 @@ def pipeline(settings):
         trace = os.path.join(settings.scratch, "trace.json")
         step_ms, summary = train(settings, ranks, arguments, trace=trace)
         report = json.loads(subprocess.run(
-            [sys.executable, os.path.join(ROOT, "scripts", "trace_timeline.py"), trace, "--json",
+            [sys.executable, os.path.join(ROOT, "scripts", "tools", "trace_timeline.py"), trace, "--json",
              "--output", os.path.join(settings.scratch, "timeline.png")],
             capture_output=True, text=True, check=True).stdout)
         return {"step_ms": step_ms, "bubble": report["bubble"],
@@ -264,7 +265,7 @@ def pytorch(settings):
                                                        "--input-dim", width, "--output-dim", 10, "--global-batch",
                                                        per_rank * ranks, "--steps", settings.steps])[0]}
         output = subprocess.run(["mpiexec.mpich", "-n", str(ranks), sys.executable,
-                                 os.path.join(ROOT, "scripts", "torch_peer.py"), "--layers", str(layers),
+                                 os.path.join(ROOT, "scripts", "bench", "torch_peer.py"), "--layers", str(layers),
                                  "--hidden", str(width), "--input-dim", str(width), "--batch-per-rank",
                                  str(per_rank), "--steps", str(settings.steps), "--warmup", str(settings.warm_up)],
                                 capture_output=True, text=True, check=True, env=ENVIRONMENT).stdout
@@ -309,7 +310,7 @@ def main():
                         help="device of the transport experiment (loopback: its MPI half without a GPU)")
     args = parser.parse_args()
     if not os.access(PROGRAM, os.X_OK):
-        sys.exit(f"experiments: {PROGRAM} is not built (run scripts/setup.sh, or set MLPTRAIN)")
+        sys.exit(f"experiments: {PROGRAM} is not built (run scripts/build/setup.sh, or set MLPTRAIN)")
     names = list(EXPERIMENTS) if args.experiment == "all" else [args.experiment]
     if "pytorch" in names and not torch_available():
         if args.experiment == "pytorch":

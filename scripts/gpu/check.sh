@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every GPU check of mlptrain in one go, on a GPU machine that has CUDA, NCCL, Python with numpy
 # (and PyTorch for the speed comparison) but none of MPICH, parallel HDF5, Boost or oneDNN: those
-# come unpacked from gpu-bundle/root.tar.xz (made by scripts/gpu_bundle.sh on a Debian 12
+# come unpacked from gpu-bundle/root.tar.xz (made by scripts/gpu/bundle.sh on a Debian 12
 # machine), into gpu-bundle/root and never into /. It builds into build-gpu/ with the CUDA
 # backend, then runs each check with its own log and writes everything to one folder:
 #   machine.txt     the GPU, driver, CUDA, compiler, Python and the bundle's own launcher
@@ -11,13 +11,13 @@
 # Checks: build, cuda_kernels (test_cuda_kernels), device (tests/integration/test_device.py:
 # every layout on CUDA against the CPU, host-staged MPI at 2 and 4 ranks sharing the GPU, NCCL at
 # one rank, offloaded update, checkpoints across devices), offload, commbench (mpi-staged and
-# NCCL, exact results), bench (scripts/bench_gpu.py). A failing check does not stop the others.
+# NCCL, exact results), bench (scripts/gpu/bench.py). A failing check does not stop the others.
 #
-# usage: scripts/gpu_check.sh [--output DIR] [PHASE...]
+# usage: scripts/gpu/check.sh [--output DIR] [PHASE...]
 #   DIR defaults to $OUT (the device tool's folder) or results/gpu/check; PHASEs are any of build
 #   tests bench profile (default: all four), so a session can split the work over several runs.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 top=$PWD
 output=${OUT:-results/gpu/check}
 phases=()
@@ -25,7 +25,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --output) output=${2:?--output needs a folder}; shift 2 ;;
     build|tests|bench|profile) phases+=("$1"); shift ;;
-    *) echo "gpu_check: unknown argument '$1' (usage: scripts/gpu_check.sh [--output DIR] [build] [tests] [bench] [profile])" >&2; exit 2 ;;
+    *) echo "gpu_check: unknown argument '$1' (usage: scripts/gpu/check.sh [--output DIR] [build] [tests] [bench] [profile])" >&2; exit 2 ;;
   esac
 done
 [ ${#phases[@]} -gt 0 ] || phases=(build tests bench profile)
@@ -37,7 +37,7 @@ summary="$output/summary.txt"
 # The bundle's libraries, programs and build files ahead of the system's.
 root="$top/gpu-bundle/root"
 if [ ! -d "$root" ]; then
-  [ -f gpu-bundle/root.tar.xz ] || { echo "gpu_check: gpu-bundle/root.tar.xz is missing: run scripts/gpu_bundle.sh on a Debian 12 machine first" >&2; exit 2; }
+  [ -f gpu-bundle/root.tar.xz ] || { echo "gpu_check: gpu-bundle/root.tar.xz is missing: run scripts/gpu/bundle.sh on a Debian 12 machine first" >&2; exit 2; }
   tar -C gpu-bundle -xJf gpu-bundle/root.tar.xz
 fi
 libraries="$root/usr/lib/x86_64-linux-gnu"
@@ -132,9 +132,9 @@ for phase in "${phases[@]}"; do
       if [ -n "$python" ]; then
         # GPU_BENCH_ARGS picks parts for a short loan, e.g. "--parts step" or "--parts staging --world-sizes 1,2".
         # shellcheck disable=SC2086
-        check bench "$python" scripts/bench_gpu.py --output-dir "$output/results" ${GPU_BENCH_ARGS:-}
+        check bench "$python" scripts/gpu/bench.py --output-dir "$output/results" ${GPU_BENCH_ARGS:-}
       else
-        echo "bench: FAILED (no Python with numpy to run scripts/bench_gpu.py)" | tee -a "$summary"
+        echo "bench: FAILED (no Python with numpy to run scripts/gpu/bench.py)" | tee -a "$summary"
       fi
       ;;
     profile)

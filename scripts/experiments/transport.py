@@ -1,14 +1,16 @@
-"""The transport experiment of scripts/experiments.py: MPI staged through host memory against
+"""The transport experiment of scripts/experiments/experiments.py: MPI staged through host memory against
 NCCL device to device, on the GPU (commbench's all-reduce bandwidth by size for mpi-host,
 mpi-staged and nccl, and the step time of each layout with --comm mpi and --comm nccl)."""
 import os
 import subprocess
+import sys
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the file-only backend)
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))  # benchlib
 import benchlib  # noqa: E402
 from benchlib import ENVIRONMENT, PROGRAM  # noqa: E402
 from experimentlib import run_all, train  # noqa: E402

@@ -68,7 +68,7 @@ def main():
     if found:
         sys.exit(1)
     with open(stamp, "w") as handle:
-        handle.write("// Every include of the code stays within its layers (scripts/check_layers.py).\n")
+        handle.write("// Every include of the code stays within its layers (scripts/build/check_layers.py).\n")
 
 
 if __name__ == "__main__":
