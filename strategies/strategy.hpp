@@ -45,90 +45,150 @@ struct StrategyContext {
   RankLayers local;                      // this rank's layers
 };
 
-// Which part of a layer's backward an event is: all of it, or (a zero-bubble schedule's B and
-// W, run as separate actions) the input gradient alone, then the parameter gradients alone.
-// B's hooks see the input gradient but must leave the parameter gradients alone; W's see those
-// and no input gradient (grad_input is null).
+// Which part of a layer's backward a call is: all of it, or (a zero-bubble schedule's B and W,
+// run as separate actions) the input gradient alone, then the parameter gradients alone.
 enum class BackwardPart { whole, input, weight };
 
-// One layer of one micro-batch, as every hook sees it. The runner holds the layer's input
-// ([rows, in], this rank's local tensors); the layer computes on `layer_input` ([layer_rows,
-// in]), the same unless a before-hook substitutes another input and row count (rows gathered
-// from a group, say): the runner then sizes the layer's outputs for them, the next layer
-// receives that many, and backward and recomputation use the same counts. A before-hook may
-// also give the layer's outputs other rows than it computes on (`output_rows`: a sum over a
-// group split into row blocks, say; 0: layer_rows).
-// `unit_values` and `unit_grads` are where this use reads the layer's parameters and writes their
-// gradients: the layer's unit (its tensors in the store's layout, from the unit's first element),
-// the store's own unless a before-hook points either elsewhere (a gathered copy of sharded
-// parameters, a transient gradient buffer laid out alike); a before-hook may also make the
-// gradients overwrite instead of accumulate. The runner places the layer's tensors from them
-// after the before-hooks; `parameters` (the layer's shape, and for a Linear layer its tensors as
-// placed) is read-only to hooks. Activations and their gradients are of `activation_type` (the
-// run's param type). Pointers not yet computed at the hook's point are null.
-struct LayerEvent {
-  int layer = 0;
-  int micro_batch = 0;
-  int micro_batches = 1;
-  bool training = true;  // false while evaluating
-  DataType activation_type = DataType::float32;
-  std::int64_t rows = 0;
-  const void* input = nullptr;
-  std::int64_t layer_rows = 0;
-  const void* layer_input = nullptr;
-  std::int64_t output_rows = 0;
-  void* unit_values = nullptr;
-  void* unit_grads = nullptr;
-  bool accumulate_grads = false;  // add into the gradients (later micro-batches) or overwrite
-  const LinearLayer* parameters = nullptr;
+// The hooks of a layer receive views of what is valid at their point and nothing else. Every
+// view says which layer of which micro-batch it is (LayerCall); activations and their gradients
+// are this rank's local tensors, of `activation_type` (the run's param type). A layer computes on
+// its `layer_rows` rows of `layer_input`: the rows it received unless a before-hook substitutes
+// others (rows gathered from a group, say); its outputs may have other rows still
+// (`output_rows`: a sum over a group split into row blocks). The runner sizes every buffer from
+// those counts, in forward, backward and recomputation alike.
+struct LayerCall {
+  int layer;
+  int micro_batch;
+  int micro_batches;
+  bool training;  // false while evaluating
+  DataType activation_type;
+  const LayerSpec& spec;
 
   bool last_micro_batch() const { return micro_batch == micro_batches - 1; }
-  std::int64_t output_row_count() const { return output_rows > 0 ? output_rows : layer_rows; }
 };
 
-// A layer's forward. With output rows other than the layer's rows, the product x W^T goes to
-// `product` ([layer_rows, out], transient) and the substituting strategy fills `pre`
-// ([output_rows, out]) from it in after_layer_matmul; the activation applies to the output rows.
-// Without such a substitution product is pre.
-struct ForwardEvent : LayerEvent {
+// Where this use of a layer reads its parameters and writes their gradients: its unit (the
+// layer's tensors in the store's layout, from the unit's first element), the store's own unless
+// a before-hook points either elsewhere (a gathered copy of sharded parameters, a transient
+// gradient buffer laid out alike), and whether the gradients add to what is there.
+struct UnitMemory {
+  void* values;
+  void* grads;
+  bool accumulate_grads;  // later micro-batches add; the first overwrites
+};
+
+// before_layer_forward: the layer's input and rows, which a hook may substitute or split, and
+// its unit. The bias goes into the product unless a hook sums partial products first
+// (add_bias_after_sum: that hook then adds it, in fp32 before the sum is rounded, §2.7).
+class ForwardStart : public LayerCall {
+ public:
+  ForwardStart(const LayerCall& call, bool recomputing, std::int64_t rows, const void* input, UnitMemory unit)
+      : LayerCall(call), recomputing(recomputing), rows(rows), input(input), unit(unit), layer_rows_(rows),
+        layer_input_(input) {}
+
   // A forward run again in backward (--recompute) for activations the first forward dropped:
   // the same computation, so the same hooks, but the layer's backward follows right after.
-  bool recomputing = false;
-  // Set by a before-hook whose after_layer_matmul sums partial products: the GEMM leaves the
-  // bias out and that hook adds it to the sum, in fp32 before the sum is rounded (§2.7).
-  BiasPlace bias = BiasPlace::in_product;
-  void* product = nullptr;  // x W^T ([layer_rows, out]), + b unless the bias comes after a sum
-  void* pre = nullptr;      // x W^T + b ([output_rows, out])
-  void* output = nullptr;   // the layer's output (GELU(pre) or pre)
+  const bool recomputing;
+  const std::int64_t rows;   // received
+  const void* const input;   // [rows, in]
+  UnitMemory unit;
 
-  // A before-hook's substitution of what the layer computes on.
-  void substitute_input(const void* input_rows, std::int64_t row_count) {
-    layer_input = input_rows;
-    layer_rows = row_count;
+  void substitute_input(const void* rows_data, std::int64_t count) {
+    layer_input_ = rows_data;
+    layer_rows_ = count;
   }
+  // The outputs keep `count` of the rows the layer computes on (a block of a split sum).
+  void split_output_rows(std::int64_t count) { output_rows_ = count; }
+  void add_bias_after_sum() { bias_after_sum_ = true; }
+
+  std::int64_t layer_rows() const { return layer_rows_; }
+  const void* layer_input() const { return layer_input_; }
+  std::int64_t output_rows() const { return output_rows_.value_or(layer_rows_); }
+  bool bias_after_sum() const { return bias_after_sum_; }
+
+ private:
+  std::int64_t layer_rows_;
+  const void* layer_input_;
+  std::optional<std::int64_t> output_rows_;
+  bool bias_after_sum_ = false;
 };
 
-// A layer's backward (or its B or W). The runner holds where d loss / d input goes
-// (`grad_input`, null for the model's first layer and in W); a before-hook that substituted the
-// input gives the layer `layer_grad_input` for d loss / d layer_input and maps it back into
-// grad_input in its after-hook. With output rows other than the layer's, the substituting
-// strategy fills `grad_product` ([layer_rows, out]) from `grad_pre` ([output_rows, out]) in
-// before_layer_matmul_backward; without, grad_product is null (grad_pre serves).
-struct BackwardEvent : LayerEvent {
-  BackwardPart part = BackwardPart::whole;
-  void* grad_input = nullptr;
-  void* layer_grad_input = nullptr;
-  const void* grad_output = nullptr;  // d loss / d output ([output_rows, out])
-  const void* grad_pre = nullptr;     // d loss / d pre ([output_rows, out])
-  void* grad_product = nullptr;       // d loss / d product ([layer_rows, out]) if split
+// after_layer_matmul: the matrix product is done. `product` holds x W^T ([layer_rows, out], + b
+// unless a before-hook moved the bias after its sum), and `pre` must hold what the activation
+// applies to ([output_rows, out], bias included) when the hooks return: the same memory unless
+// the rows differ (the hook that split them fills pre from product). An MoE layer's product is its
+// experts' combined output.
+struct ForwardProduct : LayerCall {
+  std::int64_t layer_rows;
+  std::int64_t output_rows;
+  void* product;
+  void* pre;
+  std::optional<const void*> bias_after_sum;  // the bias to add after the sum, where a hook moved it
+};
 
-  // A before-hook's substitution of what the layer computes on, and where its input gradient
-  // goes instead (ignored where there is no input gradient).
-  void substitute_input(const void* input_rows, std::int64_t row_count, void* grad_rows) {
-    layer_input = input_rows;
-    layer_rows = row_count;
-    layer_grad_input = grad_input != nullptr ? grad_rows : nullptr;
+// after_layer_forward: the layer's output is complete (what it computed on can be let go).
+struct ForwardDone : LayerCall {};
+
+// before_layer_backward: the rows the forward computed on, the layer's unit, and what this part
+// of the backward reads and writes: the input its weight gradients need (whole and W; B reads
+// none) and where d loss / d input goes (whole and B; the model's first layer computes none). A
+// hook that substituted the forward's input substitutes it again, with where the input gradient
+// of the substituted rows goes, and maps that back into grad_input after the layer.
+class BackwardStart : public LayerCall {
+ public:
+  BackwardStart(const LayerCall& call, BackwardPart part, std::int64_t rows, std::int64_t layer_rows,
+                std::int64_t output_rows, UnitMemory unit, std::optional<const void*> input,
+                std::optional<void*> grad_input)
+      : LayerCall(call), part(part), rows(rows), layer_rows(layer_rows), output_rows(output_rows), unit(unit),
+        input(input), grad_input(grad_input), layer_input_(input), layer_grad_input_(grad_input) {}
+
+  const BackwardPart part;
+  const std::int64_t rows;         // received in forward
+  const std::int64_t layer_rows;   // computed on in forward
+  const std::int64_t output_rows;  // of pre and the output
+  UnitMemory unit;
+  const std::optional<const void*> input;  // [rows, in]
+  const std::optional<void*> grad_input;   // [rows, in]
+
+  // What the layer computes on instead (ignored where this part reads no input) and where the
+  // input gradient of those rows goes (ignored where it computes none).
+  void substitute_input(const void* rows_data, void* grad_rows) {
+    if (layer_input_) layer_input_ = rows_data;
+    if (layer_grad_input_) layer_grad_input_ = grad_rows;
   }
+  std::optional<const void*> layer_input() const { return layer_input_; }
+  std::optional<void*> layer_grad_input() const { return layer_grad_input_; }
+
+ private:
+  std::optional<const void*> layer_input_;
+  std::optional<void*> layer_grad_input_;
+};
+
+// before_layer_matmul_backward: the activation's backward is done. `grad_pre` holds d loss /
+// d pre ([output_rows, out]), and `grad_product` must hold d loss / d product ([layer_rows, out])
+// when the hooks return: the same memory unless the rows differ (the hook that split them fills
+// it).
+struct BackwardProduct : LayerCall {
+  BackwardPart part;
+  std::int64_t layer_rows;
+  std::int64_t output_rows;
+  const void* grad_pre;
+  void* grad_product;
+};
+
+// after_layer_backward: this part's gradients are complete. Where it computed an input
+// gradient, `computed` holds it for the rows the layer computed on ([layer_rows, in]) and
+// `destination` is where the rows the layer received want it ([rows, in]): the same memory unless
+// a before-hook substituted the input, which then maps one into the other here.
+struct InputGradient {
+  void* computed;
+  void* destination;
+};
+struct BackwardDone : LayerCall {
+  BackwardPart part;
+  std::int64_t rows;
+  std::int64_t layer_rows;
+  std::optional<InputGradient> input_gradient;
 };
 
 // A pipeline boundary: one micro-batch's tensor ([rows, features], this rank's local slice)
@@ -158,22 +218,13 @@ class LayerHooks {
  public:
   virtual ~LayerHooks() = default;
   virtual void before_step(const StepEvent&) {}
-  virtual void before_layer_forward(ForwardEvent&) {}
-  // Between the matrix product and the activation: product holds x W^T (+ b; an MoE layer's: its
-  // experts' combined output), and pre must hold what the activation applies to, bias included,
-  // when the hooks return (they are the same memory unless a before-hook changed the output rows).
-  virtual void after_layer_matmul(ForwardEvent&) {}
-  // The layer's output is complete (what it computed on can be let go).
-  virtual void after_layer_forward(const ForwardEvent&) {}
-  // Backward hooks run for each part of a split backward (BackwardEvent::part says which).
-  virtual void before_layer_backward(BackwardEvent&) {}
-  // Between the activation's backward and the products': grad_pre holds d loss / d pre, and
-  // grad_product must hold d loss / d product when the hooks return (the same memory unless the
-  // output rows differ from the rows the layer computes on).
-  virtual void before_layer_matmul_backward(BackwardEvent&) {}
-  // The layer's parameter gradients for this micro-batch are complete (B: its input gradient);
-  // the event's pointers still name the memory a hook maps back from (layer_grad_input).
-  virtual void after_layer_backward(const BackwardEvent&) {}
+  virtual void before_layer_forward(ForwardStart&) {}
+  virtual void after_layer_matmul(const ForwardProduct&) {}
+  virtual void after_layer_forward(const ForwardDone&) {}
+  // Backward hooks run for each part of a split backward (the view's part says which).
+  virtual void before_layer_backward(BackwardStart&) {}
+  virtual void before_layer_matmul_backward(const BackwardProduct&) {}
+  virtual void after_layer_backward(const BackwardDone&) {}
   // After the last backward: every gradient must be final when this returns.
   virtual void synchronize_gradients(const StepEvent&) {}
   virtual void after_optimizer_step(const StepEvent&) {}

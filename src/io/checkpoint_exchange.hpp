@@ -17,6 +17,12 @@ namespace mlptrain {
 
 // The slices a rank writes once regrouped: its own slices of the tensors left as they are
 // (`kept`), and its domains of the regrouped ones (no run behind them: their elements arrive).
+// Host memory a save's regrouping packs into and receives into, kept from save to save: fresh
+// pages cost more than the copies.
+struct RegroupBuffers {
+  std::vector<float> send, receive;
+};
+
 struct RegroupPlan {
   std::vector<WrittenSlice> kept;
   std::vector<WrittenSlice> domains;

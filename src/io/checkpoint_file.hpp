@@ -8,7 +8,7 @@
 #include <filesystem>
 #include <vector>
 
-#include "io/checkpoint.hpp"
+#include "io/checkpoint_state.hpp"
 
 namespace mlptrain {
 

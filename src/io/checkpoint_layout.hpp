@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "core/hdf5_handle.hpp"
-#include "io/checkpoint.hpp"
+#include "io/checkpoint_state.hpp"
 #include "io/tensor_io.hpp"
 
 namespace mlptrain {

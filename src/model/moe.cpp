@@ -1,5 +1,10 @@
-// The MoE layer's dispatch, experts and combine (see moe.hpp; the routing is in moe_routing.cpp).
+// The MoE layer's passes (see moe.hpp): forward as routing, dispatch, experts and combine;
+// backward as those in reverse: through the combine, the experts' backward, the input gradient
+// back to the tokens, through the router. Row moves are in moe_rows.hpp, the routing in
+// moe_routing.hpp.
 #include "model/moe.hpp"
+
+#include "model/moe_rows.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -35,72 +40,12 @@ MoeParameters MoeLayer::bind(void* unit_values, void* unit_grads) const {
           .bias_grad = advance(unit_grads, bias_at_, grad)};
 }
 
-namespace {
-
-std::vector<std::size_t> times(const std::vector<std::size_t>& rows, std::int64_t width) {
-  std::vector<std::size_t> result;
-  for (std::size_t count : rows) result.push_back(count * static_cast<std::size_t>(width));
-  return result;
-}
-
-template <typename T>
-Buffer upload(Allocator& allocator, const std::vector<T>& values, MemoryState state = MemoryState::activations) {
-  Buffer buffer = allocator.allocate(state, values.size() * sizeof(T));
-  allocator.copy_to_device(buffer.as<void>(), values.data(), buffer.bytes());
-  return buffer;
-}
-
-// Rows of `type` in packed order (grouped by source rank on the expert side) sent to the other
-// side of the exchange; `rows_out` and `rows_in` per rank. With one expert rank, the rows stay.
-Buffer exchange(const MoeLayer::Pass& pass, Buffer rows, const std::vector<std::size_t>& rows_out,
-                const std::vector<std::size_t>& rows_in, std::int64_t width, DataType type, MemoryState state) {
-  if (pass.exchange.expert_ranks() == 1) return rows;
-  const auto total = static_cast<std::size_t>(std::accumulate(rows_in.begin(), rows_in.end(), std::size_t{0}));
-  Buffer received = pass.allocator.allocate_elements(state, total * static_cast<std::size_t>(width), type);
-  pass.exchange.exchange_rows(rows.as<void>(), times(rows_out, width), received.as<void>(), times(rows_in, width),
-                              type);
-  return received;
-}
-
-// Reorders rows by `order` (int32, destination row i = source row order[i]); none needed when
-// empty.
-Buffer reorder(const MoeLayer::Pass& pass, Buffer rows, const Buffer& order, std::int64_t width, DataType type,
-               MemoryState state) {
-  if (order.empty()) return rows;
-  const auto count = static_cast<std::int64_t>(order.bytes() / sizeof(std::int32_t));
-  Buffer result = pass.allocator.allocate_elements(state, static_cast<std::size_t>(count * width), type);
-  pass.kernels.gather_rows(rows.as<void>(), order.as<std::int32_t>(), nullptr, result.as<void>(), count, width, type);
-  return result;
-}
-
-// Where the fp32 sums of rows bound for `output` (of `type`) are formed: the output itself when
-// it is fp32, else a workspace buffer (`sums`) that round_sums rounds once into the output.
-float* fp32_sums(const MoeLayer::Pass& pass, DataType type, void* output, std::size_t count, Buffer& sums) {
-  if (type == DataType::float32) return static_cast<float*>(output);
-  sums = pass.allocator.allocate_floats(MemoryState::workspace, count);
-  return sums.floats();
-}
-void round_sums(const MoeLayer::Pass& pass, const Buffer& sums, void* output, DataType type, std::size_t count) {
-  if (!sums.empty()) pass.kernels.convert(sums.floats(), DataType::float32, output, type, count);
-}
-
-// output [tokens, width] (of `output_type`) = the sum over each token's kept assignments of scale
-// x source row, in fp32, rounded once, the rows taken from the routing's per-token lists.
-void combine(const MoeLayer::Pass& pass, const Buffer& source, DataType type, const MoeRouting& routing,
-             const float* scales, void* output, DataType output_type, std::int64_t tokens, std::int64_t width) {
-  const Buffer begin_table = upload(pass.allocator, routing.token_row_begin, MemoryState::workspace);
-  const Buffer rows_table = upload(pass.allocator, routing.token_rows, MemoryState::workspace);
-  pass.kernels.sum_token_rows(source.as<void>(), type, begin_table.as<std::int32_t>(), rows_table.as<std::int32_t>(),
-                              scales, output, output_type, tokens, width);
-}
-
-}  // namespace
-
 void MoeLayer::forward(const Pass& pass, const void* input, std::int64_t rows, void* output,
                        MoeActivations& saved, MoeStatistics* statistics) const {
   Kernels& kernels = pass.kernels;
   Allocator& allocator = pass.allocator;
   const MoeParameters& parameters = pass.parameters != nullptr ? *pass.parameters : store_;
+  const MoeRowMoves moves{kernels, allocator, pass.exchange};
   const std::int64_t hidden = spec_.out_features, experts = spec_.experts;
   const DataType type = precision_.param;
   const auto rows_of = [&](MemoryState state, std::int64_t count) {
@@ -119,22 +64,23 @@ void MoeLayer::forward(const Pass& pass, const void* input, std::int64_t rows, v
   kernels.softmax_rows(probabilities, rows, experts);
   std::vector<float> host_probabilities(static_cast<std::size_t>(rows * experts));
   allocator.copy_to_host(host_probabilities.data(), probabilities, saved.probabilities.bytes());
-  saved.routing = route(pass, host_probabilities.data(), rows, statistics);
+  saved.routing = route_tokens(spec_, settings_, {.first = first_expert_, .count = local_experts_}, pass.exchange,
+                               precision_.param_bytes(), host_probabilities.data(), rows, statistics);
   const MoeRouting& routing = saved.routing;
   MoeRoutingTables& tables = saved.tables;
-  tables = {.token = upload(allocator, routing.token),
-            .weight = upload(allocator, routing.weight),
-            .grouping = upload(allocator, routing.grouping),
-            .ungrouping = upload(allocator, routing.ungrouping)};
+  tables = {.token = moves.upload(routing.token),
+            .weight = moves.upload(routing.weight),
+            .grouping = moves.upload(routing.grouping),
+            .ungrouping = moves.upload(routing.ungrouping)};
   const auto* token = tables.token.as<std::int32_t>();
 
   // Dispatch: this rank's kept assignments, packed, to the ranks of their experts.
   const bool alone = pass.exchange.expert_ranks() == 1;
   Buffer packed = rows_of(alone ? kept : passing, routing.kept());
   kernels.gather_rows(input, token, nullptr, packed.as<void>(), routing.kept(), hidden, type);
-  saved.expert_input = reorder(
-      pass, exchange(pass, std::move(packed), routing.send_rows, routing.receive_rows, hidden, type, passing),
-      tables.grouping, hidden, type, kept);
+  saved.expert_input =
+      moves.reordered(moves.exchanged(std::move(packed), routing.send_rows, routing.receive_rows, hidden, type, passing),
+                      tables.grouping, hidden, type, kept);
 
   // The experts, each over its rows.
   const std::int64_t received = routing.received();
@@ -159,117 +105,135 @@ void MoeLayer::forward(const Pass& pass, const void* input, std::int64_t rows, v
 
   // Combine: the outputs come back in packed order and are summed into their tokens' rows, in
   // fp32, rounded once.
-  saved.returned = exchange(pass, reorder(pass, std::move(expert_output), tables.ungrouping, hidden, type, passing),
-                            routing.receive_rows, routing.send_rows, hidden, type, kept);
-  combine(pass, saved.returned, type, routing, tables.weight.floats(), output, type, rows, hidden);
+  saved.returned =
+      moves.exchanged(moves.reordered(std::move(expert_output), tables.ungrouping, hidden, type, passing),
+                      routing.receive_rows, routing.send_rows, hidden, type, kept);
+  moves.combine(saved.returned, type, routing, tables.weight.floats(), output, type, rows, hidden);
 }
 
 void MoeLayer::backward(const Pass& pass, const void* input, const void* grad_output, std::int64_t rows,
                         void* grad_input, MoeActivations& saved, bool accumulate, int micro_batches,
                         float loss_scale) const {
-  Kernels& kernels = pass.kernels;
-  Allocator& allocator = pass.allocator;
   const MoeParameters& parameters = pass.parameters != nullptr ? *pass.parameters : store_;
+  const MoeRowMoves moves{pass.kernels, pass.allocator, pass.exchange};
   const std::int64_t hidden = spec_.out_features, experts = spec_.experts;
-  const DataType type = precision_.param, grad_type = precision_.reduce;
-  constexpr MemoryState passing = MemoryState::workspace;
-  const auto rows_of = [&](std::int64_t count) {
-    return allocator.allocate_elements(passing, static_cast<std::size_t>(count * hidden), type);
-  };
-  const auto at = [&](void* data, std::int64_t element) { return advance(data, static_cast<std::size_t>(element), type); };
+  const DataType type = precision_.param;
   const MoeRouting& routing = saved.routing;
-  const MoeRoutingTables& tables = saved.tables;
-  const auto* token = tables.token.as<std::int32_t>();
-  const std::int64_t kept = routing.kept();
 
-  // Through the combine: d loss / d p of each kept assignment is <dy, expert output>, and the
-  // expert output's gradient is p dy.
-  Buffer probability_grads = allocator.allocate_floats(passing, static_cast<std::size_t>(kept));
-  kernels.row_dots(grad_output, token, saved.returned.as<void>(), probability_grads.floats(), kept, hidden, type);
-  saved.returned.reset();
-  Buffer packed = rows_of(kept);
-  kernels.gather_rows(grad_output, token, tables.weight.floats(), packed.as<void>(), kept, hidden, type);
-  Buffer output_grads = reorder(
-      pass, exchange(pass, std::move(packed), routing.send_rows, routing.receive_rows, hidden, type, passing),
-      tables.grouping, hidden, type, passing);
-
-  // The experts' backward.
-  const std::int64_t received = routing.received();
-  Buffer pre_grads = rows_of(received);
-  Buffer input_grads = rows_of(received);
-  std::int64_t offset = 0;
-  for (int local = 0; local < local_experts_; ++local) {
-    const std::int64_t count = routing.rows_per_local_expert[local];
-    void* pre_grad = at(pre_grads.as<void>(), offset * hidden);
-    // An expert that got no rows still writes its (zero) gradients when not accumulating.
-    kernels.gelu_backward(at(output_grads.as<void>(), offset * hidden), at(saved.expert_pre.as<void>(), offset * hidden),
-                          pre_grad, type, advance(parameters.bias_grad, static_cast<std::size_t>(local * hidden), grad_type),
-                          grad_type, accumulate, count, hidden);
-    kernels.gemm({.m = count, .n = hidden, .k = hidden, .a = pre_grad, .lda = hidden,
-                  .b = at(parameters.weight, local * hidden * hidden), .ldb = hidden,
-                  .c = at(input_grads.as<void>(), offset * hidden), .ldc = hidden, .input = type, .output = type,
-                  .varying = Varying::m});
-    kernels.gemm({.transpose_a = Transpose::yes, .m = hidden, .n = hidden, .k = count, .a = pre_grad, .lda = hidden,
-                  .b = at(saved.expert_input.as<void>(), offset * hidden), .ldb = hidden,
-                  .beta = accumulate ? 1.0f : 0.0f,
-                  .c = advance(parameters.weight_grad, static_cast<std::size_t>(local * hidden * hidden), grad_type),
-                  .ldc = hidden, .input = type, .output = grad_type, .varying = Varying::k});
-    offset += count;
-  }
-  output_grads.reset();
-  pre_grads.reset();
-  saved.expert_pre.reset();
-  saved.expert_input.reset();
-  // The input gradient: the experts' rows (rounded: they travel back to their tokens' ranks)
-  // and below the router's part, summed in fp32 and rounded once.
-  Buffer token_grads = exchange(pass, reorder(pass, std::move(input_grads), tables.ungrouping, hidden, type, passing),
-                                routing.receive_rows, routing.send_rows, hidden, type, passing);
+  CombineGradients combined = through_combine(moves, grad_output, saved);
+  Buffer input_grads = experts_backward(moves, parameters, std::move(combined.output_grads), saved, accumulate);
+  // The input gradient: the experts' rows (rounded: they travel back to their tokens' ranks) and
+  // below the router's part, summed in fp32 and rounded once.
+  Buffer token_grads = moves.exchanged(
+      moves.reordered(std::move(input_grads), saved.tables.ungrouping, hidden, type, MemoryState::workspace),
+      routing.receive_rows, routing.send_rows, hidden, type, MemoryState::workspace);
   const auto grad_count = static_cast<std::size_t>(rows * hidden);
   Buffer grad_sums;
-  float* grad_input_sums = fp32_sums(pass, type, grad_input, grad_count, grad_sums);
-  combine(pass, token_grads, type, routing, nullptr, grad_input_sums, DataType::float32, rows, hidden);
+  float* grad_input_sums = moves.fp32_sums(type, grad_input, grad_count, grad_sums);
+  moves.combine(token_grads, type, routing, nullptr, grad_input_sums, DataType::float32, rows, hidden);
   token_grads.reset();
 
-  // Through the router: d loss / d p_te is the dot product of the kept assignment (scattered on
-  // the host, where the routing is; a tensor rank holds only its own experts' assignments, so
-  // the tensor group sums them), plus for the auxiliary loss a E sum_e f_e mean_t(p_te), averaged
-  // over the step's micro-batches, a E f_e / (T M) on every token (scaled as the loss is).
+  Buffer logits_grad = through_router(moves, combined.probability_grads, saved, rows, micro_batches, loss_scale);
+  // The router's part of the input gradient, once over the tensor group (which sums it).
+  if (pass.exchange.tensor_rank() == 0)
+    pass.kernels.gemm({.m = rows, .n = hidden, .k = experts, .a = logits_grad.as<void>(), .lda = experts,
+                       .b = parameters.router, .ldb = hidden, .beta = 1.0f, .c = grad_input_sums, .ldc = hidden,
+                       .input = type, .output = DataType::float32});
+  moves.round_sums(grad_sums, grad_input, type, grad_count);
+  pass.kernels.gemm({.transpose_a = Transpose::yes, .m = experts, .n = hidden, .k = rows, .a = logits_grad.as<void>(),
+                     .lda = experts, .b = input, .ldb = hidden, .beta = accumulate ? 1.0f : 0.0f,
+                     .c = parameters.router_grad, .ldc = hidden, .input = type, .output = precision_.reduce});
+}
+
+// d loss / d p of each kept assignment is <dy, expert output> (fp32), and the expert output's
+// gradient is p dy, sent back to the experts' ranks in the experts' order.
+MoeLayer::CombineGradients MoeLayer::through_combine(const MoeRowMoves& moves, const void* grad_output,
+                                                     MoeActivations& saved) const {
+  const std::int64_t hidden = spec_.out_features, kept = saved.routing.kept();
+  const DataType type = precision_.param;
+  const auto* token = saved.tables.token.as<std::int32_t>();
+  CombineGradients gradients;
+  gradients.probability_grads = moves.allocator.allocate_floats(MemoryState::workspace, static_cast<std::size_t>(kept));
+  moves.kernels.row_dots(grad_output, token, saved.returned.as<void>(), gradients.probability_grads.floats(), kept,
+                         hidden, type);
+  saved.returned.reset();
+  Buffer packed = moves.allocator.allocate_elements(MemoryState::workspace, static_cast<std::size_t>(kept * hidden), type);
+  moves.kernels.gather_rows(grad_output, token, saved.tables.weight.floats(), packed.as<void>(), kept, hidden, type);
+  gradients.output_grads = moves.reordered(
+      moves.exchanged(std::move(packed), saved.routing.send_rows, saved.routing.receive_rows, hidden, type,
+                      MemoryState::workspace),
+      saved.tables.grouping, hidden, type, MemoryState::workspace);
+  return gradients;
+}
+
+// Each local expert over its rows: d(pre) through its GELU (its bias gradient from the column
+// sums), the input gradient of its rows, its weight gradient. Frees what forward kept for them.
+Buffer MoeLayer::experts_backward(const MoeRowMoves& moves, const MoeParameters& parameters, Buffer output_grads,
+                                  MoeActivations& saved, bool accumulate) const {
+  const std::int64_t hidden = spec_.out_features;
+  const DataType type = precision_.param, grad_type = precision_.reduce;
+  const auto at = [&](void* data, std::int64_t element) { return advance(data, static_cast<std::size_t>(element), type); };
+  const std::int64_t received = saved.routing.received();
+  const auto rows = static_cast<std::size_t>(received * hidden);
+  Buffer pre_grads = moves.allocator.allocate_elements(MemoryState::workspace, rows, type);
+  Buffer input_grads = moves.allocator.allocate_elements(MemoryState::workspace, rows, type);
+  std::int64_t offset = 0;
+  for (int local = 0; local < local_experts_; ++local) {
+    const std::int64_t count = saved.routing.rows_per_local_expert[local];
+    void* pre_grad = at(pre_grads.as<void>(), offset * hidden);
+    // An expert that got no rows still writes its (zero) gradients when not accumulating.
+    moves.kernels.gelu_backward(at(output_grads.as<void>(), offset * hidden), at(saved.expert_pre.as<void>(), offset * hidden),
+                                pre_grad, type, advance(parameters.bias_grad, static_cast<std::size_t>(local * hidden), grad_type),
+                                grad_type, accumulate, count, hidden);
+    moves.kernels.gemm({.m = count, .n = hidden, .k = hidden, .a = pre_grad, .lda = hidden,
+                        .b = at(parameters.weight, local * hidden * hidden), .ldb = hidden,
+                        .c = at(input_grads.as<void>(), offset * hidden), .ldc = hidden, .input = type, .output = type,
+                        .varying = Varying::m});
+    moves.kernels.gemm({.transpose_a = Transpose::yes, .m = hidden, .n = hidden, .k = count, .a = pre_grad, .lda = hidden,
+                        .b = at(saved.expert_input.as<void>(), offset * hidden), .ldb = hidden,
+                        .beta = accumulate ? 1.0f : 0.0f,
+                        .c = advance(parameters.weight_grad, static_cast<std::size_t>(local * hidden * hidden), grad_type),
+                        .ldc = hidden, .input = type, .output = grad_type, .varying = Varying::k});
+    offset += count;
+  }
+  saved.expert_pre.reset();
+  saved.expert_input.reset();
+  return input_grads;
+}
+
+// d loss / d logits, rounded to the param type as every d(pre) is, for the router's GEMMs:
+// d loss / d p_te is the dot product of the kept assignment (scattered on the host, where the
+// routing is; a tensor rank holds only its own experts' assignments, so the tensor group sums
+// them), plus for the auxiliary loss a E sum_e f_e mean_t(p_te), averaged over the step's
+// micro-batches, a E f_e / (T M) on every token (scaled as the loss is); then the softmax's
+// backward, in fp32.
+Buffer MoeLayer::through_router(const MoeRowMoves& moves, const Buffer& probability_grads, const MoeActivations& saved,
+                                std::int64_t rows, int micro_batches, float loss_scale) const {
+  Allocator& allocator = moves.allocator;
+  const MoeRouting& routing = saved.routing;
+  const std::int64_t experts = spec_.experts, kept = routing.kept();
+  const DataType type = precision_.param;
   std::vector<float> dots(static_cast<std::size_t>(kept));
   allocator.copy_to_host(dots.data(), probability_grads.floats(), probability_grads.bytes());
   std::vector<float> grad_p(static_cast<std::size_t>(rows * experts), 0.0f);
   for (std::int64_t index = 0; index < kept; ++index)
     grad_p[routing.token[index] * experts + routing.expert[index]] = dots[index];
-  Buffer router_grads = allocator.allocate_floats(passing, static_cast<std::size_t>(rows * experts));
-  allocator.copy_to_device(router_grads.floats(), grad_p.data(), router_grads.bytes());
+  Buffer router_grads = moves.upload(grad_p, MemoryState::workspace);
   float* grad_logits = router_grads.floats();
-  if (pass.exchange.tensor_ranks() > 1) pass.exchange.sum_over_tensor_group(grad_logits, grad_p.size());
+  if (moves.exchange.tensor_ranks() > 1) moves.exchange.sum_over_tensor_group(grad_logits, grad_p.size());
   const double aux_scale = routing.tokens > 0 ? settings_.aux_loss_coef * static_cast<double>(experts) /
                                                     (routing.tokens * micro_batches) * loss_scale
                                               : 0.0;
   std::vector<float> aux(static_cast<std::size_t>(experts));
   for (std::int64_t expert = 0; expert < experts; ++expert)
     aux[expert] = static_cast<float>(aux_scale * routing.fraction[expert]);
-  Buffer aux_grads = allocator.allocate_floats(passing, aux.size());
-  allocator.copy_to_device(aux_grads.floats(), aux.data(), aux_grads.bytes());
-  kernels.bias_add(grad_logits, aux_grads.floats(), rows, experts);
-  kernels.softmax_backward_rows(saved.probabilities.floats(), grad_logits, grad_logits, rows, experts);
-  // The logits' gradient rounded to the param type, as every d(pre) is, for the router's GEMMs.
-  Buffer rounded;
-  const void* logits_grad = grad_logits;
-  if (type != DataType::float32) {
-    rounded = allocator.allocate_elements(passing, static_cast<std::size_t>(rows * experts), type);
-    kernels.convert(grad_logits, DataType::float32, rounded.as<void>(), type, static_cast<std::size_t>(rows * experts));
-    logits_grad = rounded.as<void>();
-  }
-  // The router's part of the input gradient, once over the tensor group (which sums it).
-  if (pass.exchange.tensor_rank() == 0)
-    kernels.gemm({.m = rows, .n = hidden, .k = experts, .a = logits_grad, .lda = experts, .b = parameters.router,
-                  .ldb = hidden, .beta = 1.0f, .c = grad_input_sums, .ldc = hidden, .input = type,
-                  .output = DataType::float32});
-  round_sums(pass, grad_sums, grad_input, type, grad_count);
-  kernels.gemm({.transpose_a = Transpose::yes, .m = experts, .n = hidden, .k = rows, .a = logits_grad, .lda = experts,
-                .b = input, .ldb = hidden, .beta = accumulate ? 1.0f : 0.0f, .c = parameters.router_grad, .ldc = hidden,
-                .input = type, .output = grad_type});
+  const Buffer aux_grads = moves.upload(aux, MemoryState::workspace);
+  moves.kernels.bias_add(grad_logits, aux_grads.floats(), rows, experts);
+  moves.kernels.softmax_backward_rows(saved.probabilities.floats(), grad_logits, grad_logits, rows, experts);
+  if (type == DataType::float32) return router_grads;
+  Buffer rounded = allocator.allocate_elements(MemoryState::workspace, static_cast<std::size_t>(rows * experts), type);
+  moves.kernels.convert(grad_logits, DataType::float32, rounded.as<void>(), type, static_cast<std::size_t>(rows * experts));
+  return rounded;
 }
 
 std::int64_t moe_activation_bytes(const LayerSpec& spec, int local_experts, int expert_ranks, std::int64_t rows,

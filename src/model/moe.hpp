@@ -17,17 +17,12 @@
 
 #include "core/buffer.hpp"
 #include "kernels/kernels.hpp"
-#include "model/expert_exchange.hpp"
-#include "model/model_spec.hpp"
 #include "model/moe_routing.hpp"
 #include "model/parameter_store.hpp"
 
 namespace mlptrain {
 
-struct MoeSettings {
-  double capacity_factor = 0;  // 0: dropless
-  double aux_loss_coef = 0;
-};
+struct MoeRowMoves;  // moe_rows.hpp
 
 // What one micro-batch's forward keeps for backward (charged as activations). Rows are of the
 // param type; the router's probabilities fp32.
@@ -91,8 +86,16 @@ class MoeLayer {
                 MoeActivations& saved, bool accumulate, int micro_batches, float loss_scale = 1.0f) const;
 
  private:
-  MoeRouting route(const Pass& pass, const float* probabilities, std::int64_t rows,
-                   MoeStatistics* statistics) const;
+  // A backward's steps (moe.cpp): through the combine, the experts, through the router.
+  struct CombineGradients {
+    Buffer output_grads;       // [received, hidden], at the experts
+    Buffer probability_grads;  // [kept], fp32
+  };
+  CombineGradients through_combine(const MoeRowMoves& moves, const void* grad_output, MoeActivations& saved) const;
+  Buffer experts_backward(const MoeRowMoves& moves, const MoeParameters& parameters, Buffer output_grads,
+                          MoeActivations& saved, bool accumulate) const;
+  Buffer through_router(const MoeRowMoves& moves, const Buffer& probability_grads, const MoeActivations& saved,
+                        std::int64_t rows, int micro_batches, float loss_scale) const;
 
   LayerSpec spec_;
   MoeSettings settings_;

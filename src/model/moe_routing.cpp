@@ -1,12 +1,10 @@
-// The MoE layer's routing (see moe.hpp): each rank's top-k choices, the per-expert counts and
-// probability sums of the global micro-batch gathered over the data-parallel group, capacity and
-// dropping in global sample order, the auxiliary loss, and who sends how many rows to whom.
+// An MoE layer's routing (see moe_routing.hpp).
+#include "model/moe_routing.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <numeric>
-
-#include "model/moe.hpp"
 
 namespace mlptrain {
 
@@ -29,16 +27,16 @@ struct Gathered {
 
 }  // namespace
 
-MoeRouting MoeLayer::route(const Pass& pass, const float* probabilities, std::int64_t rows,
-                           MoeStatistics* statistics) const {
-  const auto experts = static_cast<std::size_t>(spec_.experts);
-  const int top_k = spec_.top_k;
+MoeRouting route_tokens(const LayerSpec& spec, const MoeSettings& settings, ExpertSlice held, ExpertExchange& exchange,
+                        std::size_t row_bytes, const float* probabilities, std::int64_t rows, MoeStatistics* statistics) {
+  const auto experts = static_cast<std::size_t>(spec.experts);
+  const int top_k = spec.top_k;
   // This rank's top-k choices, the tokens of each expert in token order.
   std::vector<std::vector<std::int32_t>> tokens_of(experts);
   std::vector<double> local(2 * experts + 1, 0.0);
   std::vector<char> taken(experts);
   for (std::int64_t token = 0; token < rows; ++token) {
-    const float* p = probabilities + token * spec_.experts;
+    const float* p = probabilities + token * spec.experts;
     std::fill(taken.begin(), taken.end(), 0);
     for (int choice = 0; choice < top_k; ++choice) {
       std::size_t best = experts;
@@ -52,15 +50,14 @@ MoeRouting MoeLayer::route(const Pass& pass, const float* probabilities, std::in
   }
   local[2 * experts] = static_cast<double>(rows);
 
-  ExpertExchange& exchange = pass.exchange;
   const int data_ranks = exchange.data_ranks();
   Gathered all{std::vector<double>(local.size() * static_cast<std::size_t>(data_ranks)), experts};
   exchange.gather_statistics(local.data(), all.values.data(), local.size());
 
   MoeRouting routing;
   for (int rank = 0; rank < data_ranks; ++rank) routing.tokens += all.tokens(rank);
-  const double capacity = settings_.capacity_factor > 0
-                              ? std::ceil(settings_.capacity_factor * top_k * routing.tokens /
+  const double capacity = settings.capacity_factor > 0
+                              ? std::ceil(settings.capacity_factor * top_k * routing.tokens /
                                           static_cast<double>(experts))
                               : std::numeric_limits<double>::infinity();
   // kept[rank][expert]: the first `capacity` assignments of each expert in global sample order,
@@ -83,7 +80,7 @@ MoeRouting MoeLayer::route(const Pass& pass, const float* probabilities, std::in
     aux_loss += routing.fraction[expert] * mean_probability;
     dropped += std::max(0.0, total[expert] - capacity);
   }
-  aux_loss *= settings_.aux_loss_coef * static_cast<double>(experts);
+  aux_loss *= settings.aux_loss_coef * static_cast<double>(experts);
 
   const int me = exchange.data_rank();
   // Expert rank j holds experts [j E/X, (j+1) E/X); within that block this rank's tensor slice
@@ -92,8 +89,8 @@ MoeRouting MoeLayer::route(const Pass& pass, const float* probabilities, std::in
   const int expert_ranks = exchange.expert_ranks();
   const std::size_t per_rank = experts / static_cast<std::size_t>(expert_ranks);
   const std::size_t within =
-      static_cast<std::size_t>(first_expert_) - static_cast<std::size_t>(exchange.expert_rank()) * per_rank;
-  const auto slice = static_cast<std::size_t>(local_experts_);
+      static_cast<std::size_t>(held.first) - static_cast<std::size_t>(exchange.expert_rank()) * per_rank;
+  const auto slice = static_cast<std::size_t>(held.count);
   for (std::size_t expert = 0; expert < experts; ++expert) {
     if (expert % per_rank < within || expert % per_rank >= within + slice) continue;
     const auto keep = static_cast<std::size_t>(kept[me][expert]);
@@ -101,7 +98,7 @@ MoeRouting MoeLayer::route(const Pass& pass, const float* probabilities, std::in
       const std::int32_t token = tokens_of[expert][index];
       routing.token.push_back(token);
       routing.expert.push_back(static_cast<std::int32_t>(expert));
-      routing.weight.push_back(probabilities[token * spec_.experts + static_cast<std::int64_t>(expert)]);
+      routing.weight.push_back(probabilities[token * spec.experts + static_cast<std::int64_t>(expert)]);
     }
   }
   routing.token_row_begin.assign(static_cast<std::size_t>(rows + 1), 0);
@@ -117,11 +114,11 @@ MoeRouting MoeLayer::route(const Pass& pass, const float* probabilities, std::in
   const int first_peer = me - exchange.expert_rank();  // data rank of expert rank 0
   routing.send_rows.assign(static_cast<std::size_t>(expert_ranks), 0);
   routing.receive_rows.assign(static_cast<std::size_t>(expert_ranks), 0);
-  routing.rows_per_local_expert.assign(static_cast<std::size_t>(local_experts_), 0);
+  routing.rows_per_local_expert.assign(slice, 0);
   for (int peer = 0; peer < expert_ranks; ++peer) {
     for (std::size_t index = 0; index < slice; ++index) {
       const std::size_t theirs = static_cast<std::size_t>(peer) * per_rank + within + index;
-      const std::size_t mine = static_cast<std::size_t>(first_expert_) + index;
+      const std::size_t mine = static_cast<std::size_t>(held.first) + index;
       routing.send_rows[peer] += static_cast<std::size_t>(kept[me][theirs]);
       const auto arriving = static_cast<std::size_t>(kept[first_peer + peer][mine]);
       routing.receive_rows[peer] += arriving;
@@ -137,8 +134,8 @@ MoeRouting MoeLayer::route(const Pass& pass, const float* probabilities, std::in
       for (int peer = 0; peer < expert_ranks; ++peer) {
         std::int32_t earlier_rows = 0;  // rows of the source's earlier local experts
         for (std::size_t earlier = 0; earlier < index; ++earlier)
-          earlier_rows += static_cast<std::int32_t>(kept[first_peer + peer][first_expert_ + earlier]);
-        const auto count = static_cast<std::int32_t>(kept[first_peer + peer][first_expert_ + index]);
+          earlier_rows += static_cast<std::int32_t>(kept[first_peer + peer][held.first + earlier]);
+        const auto count = static_cast<std::int32_t>(kept[first_peer + peer][held.first + index]);
         for (std::int32_t row = 0; row < count; ++row)
           routing.grouping.push_back(source_start[peer] + earlier_rows + row);
       }
@@ -149,7 +146,7 @@ MoeRouting MoeLayer::route(const Pass& pass, const float* probabilities, std::in
   }
 
   if (statistics != nullptr) {
-    std::vector<double>& load = statistics->expert_load[spec_.index];
+    std::vector<double>& load = statistics->expert_load[spec.index];
     load.resize(experts, 0.0);
     for (std::size_t expert = 0; expert < experts; ++expert) load[expert] += total[expert];
     statistics->aux_loss += aux_loss;
@@ -157,8 +154,7 @@ MoeRouting MoeLayer::route(const Pass& pass, const float* probabilities, std::in
     // Four exchanges: rows out and back in forward, their gradients out and back in backward.
     if (expert_ranks > 1)
       statistics->all_to_all_bytes += 2.0 * static_cast<double>(routing.kept() + routing.received()) *
-                                      static_cast<double>(spec_.out_features) *
-                                      static_cast<double>(precision_.param_bytes());
+                                      static_cast<double>(spec.out_features) * static_cast<double>(row_bytes);
   }
   return routing;
 }

@@ -1,6 +1,8 @@
-// What an MoE layer's routing decides for one micro-batch (which token goes to which expert with
-// what weight, who sends how many rows to whom), the same in the kernels' memory, and the routing
-// figures a step reports. The routing itself is in moe_routing.cpp.
+// An MoE layer's routing of one micro-batch: each rank's top-k choices, the per-expert counts and
+// probability sums of the global micro-batch gathered over the data-parallel group, capacity and
+// dropping in global sample order, the auxiliary loss, and who sends how many rows to whom; what
+// it decides (which token goes to which expert with what weight), the same in the kernels'
+// memory, and the routing figures a step reports.
 #pragma once
 
 #include <cstdint>
@@ -8,8 +10,15 @@
 #include <vector>
 
 #include "core/buffer.hpp"
+#include "model/expert_exchange.hpp"
+#include "model/model_spec.hpp"
 
 namespace mlptrain {
+
+struct MoeSettings {
+  double capacity_factor = 0;  // 0: dropless
+  double aux_loss_coef = 0;
+};
 
 // The routing of one micro-batch, as backward needs it. "Packed" order is this rank's kept
 // assignments sorted by expert, then token: the order rows leave for the experts.
@@ -63,5 +72,18 @@ struct MoeStatistics {
     all_to_all_bytes += other.all_to_all_bytes;
   }
 };
+
+// The experts of an MoE layer this rank holds: [first, first + count).
+struct ExpertSlice {
+  int first = 0;
+  int count = 0;
+};
+
+// Routes the `rows` tokens of this rank's part of the micro-batch from their router
+// probabilities (a [rows, E] matrix in host memory) for the layer `spec`, this rank holding
+// `held` of its experts; rows of `row_bytes` bytes each. Collective over the exchange's
+// data-parallel group. `statistics` (training) gathers the routing's figures.
+MoeRouting route_tokens(const LayerSpec& spec, const MoeSettings& settings, ExpertSlice held, ExpertExchange& exchange,
+                        std::size_t row_bytes, const float* probabilities, std::int64_t rows, MoeStatistics* statistics);
 
 }  // namespace mlptrain

@@ -6,7 +6,6 @@
 
 #include <stdexcept>
 
-#include "schedule/schedule_table.hpp"
 
 namespace mlptrain {
 
@@ -37,53 +36,6 @@ std::vector<Action> forward_only_schedule(int micro_batches) {
   std::vector<Action> actions;
   for (int micro_batch = 0; micro_batch < micro_batches; ++micro_batch)
     actions.push_back({ActionKind::forward, micro_batch});
-  return actions;
-}
-
-std::vector<Action> stage_schedule(const ScheduleEntry& schedule, const PipelineShape& shape, int stage, bool training) {
-  // Evaluating, the forwards alone, each micro-batch through the stage's chunks in turn (which
-  // needs no rule on the number of micro-batches: an evaluation's last one may be short).
-  std::vector<Action> order;
-  if (training) {
-    if (const std::string problem = schedule_shape_problem(schedule, shape); !problem.empty())
-      throw std::logic_error("pipeline schedule " + std::string(schedule.name) + ": " + problem);
-    order = schedule.order(shape, stage);
-  } else {
-    for (int micro_batch = 0; micro_batch < shape.micro_batches; ++micro_batch)
-      for (int chunk = 0; chunk < shape.chunks; ++chunk) order.push_back({ActionKind::forward, micro_batch, chunk});
-  }
-  // Where a chunk sits in the whole model: its input comes from the chunk before (unless it is
-  // the model's first), its output goes to the chunk after (unless it is the last).
-  const int last_chunk = shape.stages * shape.chunks - 1;
-  const auto global = [&](const Action& action) { return global_chunk(shape, stage, action.chunk); };
-  const auto sends_on = [](const Action& action) {
-    return action.kind == ActionKind::backward || action.kind == ActionKind::backward_input;
-  };
-  // A computation waits for data from a neighbour: a forward from the previous chunk, a
-  // backward (or its B) from the next.
-  const auto post_receive = [&](std::vector<Action>& actions, const Action& computation) {
-    if (computation.kind == ActionKind::forward && global(computation) > 0)
-      actions.push_back({ActionKind::receive_activations, computation.micro_batch, computation.chunk});
-    if (sends_on(computation) && global(computation) < last_chunk)
-      actions.push_back({ActionKind::receive_gradients, computation.micro_batch, computation.chunk});
-  };
-  // Each receive is posted one computation ahead, so its transfer overlaps that computation;
-  // but a W frees the output gradients kept for it, so the receive after a W is posted once the
-  // W is done: its buffer never sits beside them (a V's stage 0 would otherwise peak one chunk
-  // input above 1F1B plus the deferred W's gradients), and the W sends nothing a neighbour waits on.
-  std::vector<Action> actions;
-  for (std::size_t index = 0; index < order.size(); ++index) {
-    const Action& computation = order[index];
-    const bool frees_after = computation.kind == ActionKind::backward_weight;
-    if (index == 0) post_receive(actions, order[0]);
-    if (index + 1 < order.size() && !frees_after) post_receive(actions, order[index + 1]);
-    actions.push_back(computation);
-    if (index + 1 < order.size() && frees_after) post_receive(actions, order[index + 1]);
-    if (computation.kind == ActionKind::forward && global(computation) < last_chunk)
-      actions.push_back({ActionKind::send_activations, computation.micro_batch, computation.chunk});
-    if (sends_on(computation) && global(computation) > 0)
-      actions.push_back({ActionKind::send_gradients, computation.micro_batch, computation.chunk});
-  }
   return actions;
 }
 

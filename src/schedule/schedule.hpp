@@ -37,8 +37,6 @@ struct Action {
   bool operator==(const Action&) const = default;
 };
 
-struct ScheduleEntry;  // a pipeline schedule (schedule_table.hpp)
-
 enum class ChunkPlacement { looped, v_shape };
 
 struct PipelineShape {
@@ -52,24 +50,11 @@ struct PipelineShape {
 int global_chunk(const PipelineShape& shape, int stage, int local_chunk);
 int stage_of_chunk(const PipelineShape& shape, int global);
 
-// Stage `stage`'s list under `schedule` (the shape must suit it when training): the computations in
-// the schedule's order, each receive posted one computation ahead of the one that needs it (so
-// the transfer overlaps the computation before; after a W rather than ahead of it, since a W
-// frees the gradients kept for it), each send right after the computation that produced its
-// data. Each chunk's backwards run in micro-batch order under every schedule, so
-// gradients accumulate in the same order as without a pipeline. Without training, the forward
-// passes alone, each micro-batch through the chunks in turn.
-std::vector<Action> stage_schedule(const ScheduleEntry& schedule, const PipelineShape& shape, int stage,
-                                   bool training = true);
-
 std::string_view action_name(ActionKind kind);
 
 std::vector<Action> sequential_schedule(int micro_batches);
 // Forward passes only (evaluation), in micro-batch order.
 std::vector<Action> forward_only_schedule(int micro_batches);
-
-// Forwards 1F1B runs at `stage` before its first backward, beyond the one it pairs with it.
-int one_f_one_b_warmup(int stages, int stage, int micro_batches);
 
 // The most (chunk, micro-batch) pairs whose activations a list keeps alive at once (forward
 // done, its whole backward or its W not yet).

@@ -3,7 +3,8 @@
 // model chunks on a stage, what it needs of a pipeline's shape, the order of a stage's
 // computations, and its theory (the most micro-batches a stage keeps in flight and the idle
 // fraction). Options, validation, the pipeline strategy, the cost model and the planner's
-// choices all read this table; a new schedule is an entry and its order function.
+// choices all read this table; a new schedule is an entry and its order function. A stage's list
+// under an entry (its order, with the transfers placed) is made here too.
 #pragma once
 
 #include <functional>
@@ -70,5 +71,18 @@ std::string schedule_shape_problem(const ScheduleEntry& schedule, const Pipeline
 
 // The shape `schedule` runs: V chunks a stage where it is chunked, two in a V, else one.
 PipelineShape schedule_shape(const ScheduleEntry& schedule, int stages, int virtual_stages, int micro_batches);
+
+// Forwards 1F1B runs at `stage` before its first backward, beyond the one it pairs with it.
+int one_f_one_b_warmup(int stages, int stage, int micro_batches);
+
+// Stage `stage`'s list under `schedule` (the shape must suit it when training): the computations in
+// the schedule's order, each receive posted one computation ahead of the one that needs it (so
+// the transfer overlaps the computation before; after a W rather than ahead of it, since a W
+// frees the gradients kept for it), each send right after the computation that produced its
+// data. Each chunk's backwards run in micro-batch order under every schedule, so
+// gradients accumulate in the same order as without a pipeline. Without training, the forward
+// passes alone, each micro-batch through the chunks in turn.
+std::vector<Action> stage_schedule(const ScheduleEntry& schedule, const PipelineShape& shape, int stage,
+                                   bool training = true);
 
 }  // namespace mlptrain

@@ -23,22 +23,22 @@ class StrategyStack {
   // The object of the strategy named `name` (tests look into their own strategies through it).
   Strategy& object(std::string_view name) const;
   void before_step(const StepEvent& event) { each([&](LayerHooks& s) { s.before_step(event); }); }
-  void before_layer_forward(ForwardEvent& event) {
+  void before_layer_forward(ForwardStart& event) {
     each([&](LayerHooks& s) { s.before_layer_forward(event); });
   }
-  void after_layer_matmul(ForwardEvent& event) {
+  void after_layer_matmul(const ForwardProduct& event) {
     each([&](LayerHooks& s) { s.after_layer_matmul(event); });
   }
-  void after_layer_forward(const ForwardEvent& event) {
+  void after_layer_forward(const ForwardDone& event) {
     each([&](LayerHooks& s) { s.after_layer_forward(event); });
   }
-  void before_layer_backward(BackwardEvent& event) {
+  void before_layer_backward(BackwardStart& event) {
     each([&](LayerHooks& s) { s.before_layer_backward(event); });
   }
-  void before_layer_matmul_backward(BackwardEvent& event) {
+  void before_layer_matmul_backward(const BackwardProduct& event) {
     each([&](LayerHooks& s) { s.before_layer_matmul_backward(event); });
   }
-  void after_layer_backward(const BackwardEvent& event) {
+  void after_layer_backward(const BackwardDone& event) {
     each([&](LayerHooks& s) { s.after_layer_backward(event); });
   }
   void synchronize_gradients(const StepEvent& event) {

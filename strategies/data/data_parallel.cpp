@@ -87,9 +87,9 @@ class DataParallel final : public Strategy, public LayerHooks {
       buckets_.push_back({.layout = range, .group = &context.groups.group(range.group)});
   }
 
-  void before_layer_backward(BackwardEvent&) override { progress(); }
+  void before_layer_backward(BackwardStart&) override { progress(); }
 
-  void after_layer_backward(const BackwardEvent& event) override {
+  void after_layer_backward(const BackwardDone& event) override {
     if (event.last_micro_batch() && event.part != BackwardPart::input) {
       for (Bucket& bucket : buckets_) {
         if (bucket.layout.first_layer != event.layer) continue;

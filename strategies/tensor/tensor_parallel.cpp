@@ -85,18 +85,18 @@ class TensorParallel final : public Strategy, public LayerHooks {
   // A split output has a block of the rows; a gathered input (in forward, for the layer's
   // products) has every block.
   // A row-parallel layer's bias joins the sum of the partial products, here.
-  void before_layer_forward(ForwardEvent& event) override {
-    if (gathers(event)) event.substitute_input(gather_input(event), event.rows * group_.size());
-    if (splits(event)) event.output_rows = event.layer_rows / group_.size();
-    if (part_of(event.layer, model_) == PairPart::row) event.bias = BiasPlace::after_sum;
+  void before_layer_forward(ForwardStart& event) override {
+    if (gathers(event)) event.substitute_input(gather_input(event, event.input, event.rows), event.rows * group_.size());
+    if (splits(event)) event.split_output_rows(event.layer_rows() / group_.size());
+    if (part_of(event.layer, model_) == PairPart::row) event.add_bias_after_sum();
   }
 
   // g: the partial products of a row-parallel (or MoE) layer are summed before the bias, into
   // this rank's block of rows when split.
-  void after_layer_matmul(ForwardEvent& event) override {
+  void after_layer_matmul(const ForwardProduct& event) override {
     const PairPart part = part_of(event.layer, model_);
     if (!sums_output(part)) return;
-    const std::int64_t out = event.parameters->spec.out_features, rows = event.output_row_count();
+    const std::int64_t out = event.spec.out_features, rows = event.output_rows;
     if (gathers_partials(part, event.activation_type)) {
       sum_partials_with_bias(event);
       return;
@@ -106,46 +106,44 @@ class TensorParallel final : public Strategy, public LayerHooks {
     } else {
       group_.all_reduce(event.pre, elements(rows, out), event.activation_type);
     }
-    if (event.bias == BiasPlace::after_sum)
-      kernels_.bias_add(event.pre, event.parameters->bias, rows, out, event.activation_type);
+    if (event.bias_after_sum) kernels_.bias_add(event.pre, *event.bias_after_sum, rows, out, event.activation_type);
   }
 
-  void after_layer_forward(const ForwardEvent&) override { gathered_input_ = Buffer{}; }
+  void after_layer_forward(const ForwardDone&) override { gathered_input_ = Buffer{}; }
 
   // The layer's backward computes on every block of rows: its weight gradient reads the gathered
   // input, and its input gradient is written for every block. A split backward's B computes the
   // input gradient alone, which does not read the input: no gather there.
-  void before_layer_backward(BackwardEvent& event) override {
+  void before_layer_backward(BackwardStart& event) override {
     if (!gathers(event)) return;
-    if (event.grad_input != nullptr)
-      gathered_grad_ = allocate(event.rows * group_.size(), event.parameters->spec.in_features, event);
-    void* grad_rows = gathered_grad_.empty() ? nullptr : gathered_grad_.as<void>();
-    const void* input = event.part == BackwardPart::input ? nullptr : gather_input(event);
-    event.substitute_input(input, event.rows * group_.size(), grad_rows);
+    if (event.grad_input) gathered_grad_ = allocate(event.rows * group_.size(), event.spec.in_features, event);
+    const void* input = event.input ? gather_input(event, *event.input, event.rows) : nullptr;
+    event.substitute_input(input, gathered_grad_.empty() ? nullptr : gathered_grad_.as<void>());
   }
 
   // g's backward when split: the blocks of d loss / d pre, gathered for the products' backward.
-  void before_layer_matmul_backward(BackwardEvent& event) override {
+  void before_layer_matmul_backward(const BackwardProduct& event) override {
     if (!splits(event)) return;
-    group_.all_gather(event.grad_pre, event.grad_product,
-                      elements(event.output_row_count(), event.parameters->spec.out_features), event.activation_type);
+    group_.all_gather(event.grad_pre, event.grad_product, elements(event.output_rows, event.spec.out_features),
+                      event.activation_type);
   }
 
   // f's backward: the column-parallel layer's input gradient is summed over the output slices
   // (an MoE layer's over its experts' slices), into this rank's block of rows when the input was
   // gathered.
-  void after_layer_backward(const BackwardEvent& event) override {
-    const std::int64_t in = event.parameters->spec.in_features;
+  void after_layer_backward(const BackwardDone& event) override {
+    const std::int64_t in = event.spec.in_features;
     if (gathers(event)) {
-      if (event.grad_input != nullptr)
-        group_.reduce_scatter(event.layer_grad_input, event.grad_input, elements(event.rows, in), event.activation_type);
+      if (event.input_gradient)
+        group_.reduce_scatter(event.input_gradient->computed, event.input_gradient->destination,
+                              elements(event.rows, in), event.activation_type);
       gathered_input_ = Buffer{};
       gathered_grad_ = Buffer{};
       return;
     }
     const PairPart part = part_of(event.layer, model_);
-    if (!starts_whole(part) || event.layer_grad_input == nullptr) return;
-    group_.all_reduce(event.layer_grad_input, elements(event.layer_rows, in), event.activation_type);
+    if (!starts_whole(part) || !event.input_gradient) return;
+    group_.all_reduce(event.input_gradient->computed, elements(event.layer_rows, in), event.activation_type);
   }
 
  private:
@@ -153,21 +151,21 @@ class TensorParallel final : public Strategy, public LayerHooks {
     return static_cast<std::size_t>(rows * columns);
   }
   // Evaluation stays whole: its micro-batches need not split evenly and keep nothing.
-  bool splits(const LayerEvent& event) const {
+  bool splits(const LayerCall& event) const {
     return event.training && splits_output(event.layer, model_, local_, sequence_parallel_);
   }
-  bool gathers(const LayerEvent& event) const {
+  bool gathers(const LayerCall& event) const {
     return event.training && gathers_input(event.layer, model_, local_, sequence_parallel_);
   }
-  Buffer allocate(std::int64_t rows, std::int64_t columns, const LayerEvent& event) {
+  Buffer allocate(std::int64_t rows, std::int64_t columns, const LayerCall& event) {
     return allocator_.allocate_elements(MemoryState::workspace, elements(rows, columns), event.activation_type);
   }
   // The half-precision g: every rank's rounded partial products of this rank's output rows (all
   // of them, or its block when split), summed in fp32 in rank order, plus the bias, rounded once
   // into pre. Same as one process up to the order of fp32 sums.
-  void sum_partials_with_bias(ForwardEvent& event) {
+  void sum_partials_with_bias(const ForwardProduct& event) {
     const DataType type = event.activation_type;
-    const std::int64_t out = event.parameters->spec.out_features, rows = event.output_row_count();
+    const std::int64_t out = event.spec.out_features, rows = event.output_rows;
     const std::size_t count = elements(rows, out);
     const auto ranks = static_cast<std::size_t>(group_.size());
     Buffer partials = allocator_.allocate_elements(MemoryState::workspace, count * ranks, type);
@@ -185,16 +183,17 @@ class TensorParallel final : public Strategy, public LayerHooks {
                        count);
       kernels_.add(sums.floats(), widened.floats(), count);
     }
-    kernels_.convert(event.parameters->bias, type, widened.floats(), DataType::float32, static_cast<std::size_t>(out));
+    kernels_.convert(*event.bias_after_sum, type, widened.floats(), DataType::float32, static_cast<std::size_t>(out));
     kernels_.bias_add(sums.floats(), widened.floats(), rows, out);
     kernels_.convert(sums.floats(), DataType::float32, event.pre, type, count);
   }
 
-  // Every rank's block of the layer's input rows, for the layer to compute on.
-  const void* gather_input(const LayerEvent& event) {
-    const std::int64_t in = event.parameters->spec.in_features;
-    gathered_input_ = allocate(event.rows * group_.size(), in, event);
-    group_.all_gather(event.input, gathered_input_.as<void>(), elements(event.rows, in), event.activation_type);
+  // Every rank's block of the layer's input rows (this rank's `rows` of `input`), for the layer
+  // to compute on.
+  const void* gather_input(const LayerCall& event, const void* input, std::int64_t rows) {
+    const std::int64_t in = event.spec.in_features;
+    gathered_input_ = allocate(rows * group_.size(), in, event);
+    group_.all_gather(input, gathered_input_.as<void>(), elements(rows, in), event.activation_type);
     return gathered_input_.as<void>();
   }
 

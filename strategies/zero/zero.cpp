@@ -42,14 +42,14 @@ class Zero final : public Strategy, public LayerHooks, public StateSharding {
         gradients_(make_gradient_path(shards_, context.config.strategies.get<ZeroOptions>().stage)),
         parameters_(make_parameter_path(shards_, context.config.strategies.get<ZeroOptions>().stage, *gradients_)) {}
 
-  void before_layer_forward(ForwardEvent& event) override {
+  void before_layer_forward(ForwardStart& event) override {
     if (void* values = parameters_->begin_forward(shards_.unit_of(event.layer), event.recomputing))
-      event.unit_values = values;
+      event.unit.values = values;
     progress();
   }
-  void after_layer_forward(const ForwardEvent& event) override { parameters_->end_forward(shards_.unit_of(event.layer)); }
-  void before_layer_backward(BackwardEvent& event) override;
-  void after_layer_backward(const BackwardEvent& event) override;
+  void after_layer_forward(const ForwardDone& event) override { parameters_->end_forward(shards_.unit_of(event.layer)); }
+  void before_layer_backward(BackwardStart& event) override;
+  void after_layer_backward(const BackwardDone& event) override;
   void synchronize_gradients(const StepEvent&) override { gradients_->finish_step(); }
   void after_optimizer_step(const StepEvent&) override { parameters_->after_update(); }
 
@@ -72,7 +72,7 @@ class Zero final : public Strategy, public LayerHooks, public StateSharding {
 
 // A split backward's B reads the parameters and writes no gradient; its W writes the gradients
 // and reads no parameter (ZeRO-3 lends it a free slot's gradient area, gathering nothing).
-void Zero::before_layer_backward(BackwardEvent& event) {
+void Zero::before_layer_backward(BackwardStart& event) {
   const std::size_t unit = shards_.unit_of(event.layer);
   ZeroParameterPath::BackwardBuffers buffers;
   if (event.part == BackwardPart::weight) {
@@ -80,20 +80,20 @@ void Zero::before_layer_backward(BackwardEvent& event) {
   } else {
     buffers = parameters_->begin_backward(unit);
   }
-  if (buffers.values != nullptr) event.unit_values = buffers.values;
+  if (buffers.values != nullptr) event.unit.values = buffers.values;
   if (event.part == BackwardPart::input) {
     progress();
     return;
   }
   if (void* grads = gradients_->begin_backward(unit, event.micro_batch, buffers.lent_grads)) {
     // This micro-batch's gradients of the unit go to a unit buffer, written, not accumulated.
-    event.unit_grads = grads;
-    event.accumulate_grads = false;
+    event.unit.grads = grads;
+    event.unit.accumulate_grads = false;
   }
   progress();
 }
 
-void Zero::after_layer_backward(const BackwardEvent& event) {
+void Zero::after_layer_backward(const BackwardDone& event) {
   const std::size_t unit = shards_.unit_of(event.layer);
   if (event.part != BackwardPart::input) gradients_->end_backward(unit, event.last_micro_batch());
   if (event.part != BackwardPart::weight) parameters_->end_backward(unit);

@@ -20,15 +20,15 @@ class HookRecorder final : public Strategy, public LayerHooks {
   std::vector<std::string> calls;
 
   void before_step(const StepEvent&) override { calls.push_back("step"); }
-  void before_layer_forward(ForwardEvent& event) override { add(event.recomputing ? "forward*" : "forward", event); }
-  void after_layer_matmul(ForwardEvent& event) override { add("matmul", event); }
-  void after_layer_forward(const ForwardEvent& event) override { add("forwarded", event); }
-  void before_layer_backward(BackwardEvent& event) override { add("backward", event); }
-  void after_layer_backward(const BackwardEvent& event) override { add("backwarded", event); }
+  void before_layer_forward(ForwardStart& event) override { add(event.recomputing ? "forward*" : "forward", event); }
+  void after_layer_matmul(const ForwardProduct& event) override { add("matmul", event); }
+  void after_layer_forward(const ForwardDone& event) override { add("forwarded", event); }
+  void before_layer_backward(BackwardStart& event) override { add("backward", event); }
+  void after_layer_backward(const BackwardDone& event) override { add("backwarded", event); }
   void synchronize_gradients(const StepEvent&) override { calls.push_back("synchronize"); }
 
  private:
-  void add(const std::string& name, const LayerEvent& event) {
+  void add(const std::string& name, const LayerCall& event) {
     calls.push_back(name + " " + std::to_string(event.layer) + " " + std::to_string(event.micro_batch));
   }
 };
@@ -45,22 +45,23 @@ class RowDoubling final : public Strategy, public LayerHooks {
  public:
   explicit RowDoubling(const StrategyContext& context) : allocator_(context.allocator) {}
 
-  void before_layer_forward(ForwardEvent& event) override {
-    if (const float* input = substitute(event, false)) event.substitute_input(input, layer_rows(event));
+  void before_layer_forward(ForwardStart& event) override {
+    if (const float* input = substitute(event, event.input, event.rows, false))
+      event.substitute_input(input, layer_rows(event.layer, event.rows));
   }
-  void after_layer_forward(const ForwardEvent& event) override { buffers_.erase(key(event)); }
-  void before_layer_backward(BackwardEvent& event) override {
-    if (const float* input = substitute(event, true))
-      event.substitute_input(input, layer_rows(event), buffers_.at(key(event)).grad.floats());
+  void after_layer_forward(const ForwardDone& event) override { buffers_.erase(key(event)); }
+  void before_layer_backward(BackwardStart& event) override {
+    if (const float* input = substitute(event, *event.input, event.rows, true))
+      event.substitute_input(input, buffers_.at(key(event)).grad.floats());
   }
-  void after_layer_backward(const BackwardEvent& event) override {
+  void after_layer_backward(const BackwardDone& event) override {
     if (event.layer != 1 && event.layer != 2) return;
     Buffers& buffers = buffers_.at(key(event));
     const float* scratch = buffers.grad.floats();
-    const std::int64_t in = event.parameters->spec.in_features, rows = event.rows;
+    const std::int64_t in = event.spec.in_features, rows = event.rows;
     for (std::int64_t row = 0; row < rows; ++row)
       for (std::int64_t column = 0; column < in; ++column) {
-        float& out = static_cast<float*>(event.grad_input)[row * in + column];
+        float& out = static_cast<float*>(event.input_gradient->destination)[row * in + column];
         if (event.layer == 1) {  // the input was copied twice: its gradient sums both copies
           out = scratch[row * in + column] + scratch[(row + rows) * in + column];
         } else {  // layer 2 averaged two copies: each receives half the gradient
@@ -74,19 +75,20 @@ class RowDoubling final : public Strategy, public LayerHooks {
   struct Buffers {
     Buffer input, grad;
   };
-  static int key(const LayerEvent& event) { return event.layer * 1000 + event.micro_batch; }
+  static int key(const LayerCall& event) { return event.layer * 1000 + event.micro_batch; }
 
-  static std::int64_t layer_rows(const LayerEvent& event) { return event.layer == 1 ? 2 * event.rows : event.rows / 2; }
+  static std::int64_t layer_rows(int layer, std::int64_t rows) { return layer == 1 ? 2 * rows : rows / 2; }
 
-  // The doubled (layer 1) or averaged (layer 2) input; null for the other layers.
-  const float* substitute(const LayerEvent& event, bool backward) {
+  // The doubled (layer 1) or averaged (layer 2) input of the `rows` received in `received`;
+  // null for the other layers.
+  const float* substitute(const LayerCall& event, const void* received_rows, std::int64_t rows, bool backward) {
     if (event.layer != 1 && event.layer != 2) return nullptr;
-    const std::int64_t in = event.parameters->spec.in_features, rows = event.rows;
-    const std::int64_t layer_rows = RowDoubling::layer_rows(event);
+    const std::int64_t in = event.spec.in_features;
+    const std::int64_t layer_rows = RowDoubling::layer_rows(event.layer, rows);
     Buffers& buffers = buffers_[key(event)];
     buffers.input = allocator_.allocate_floats(MemoryState::workspace, static_cast<std::size_t>(layer_rows * in));
     float* input = buffers.input.floats();
-    const auto* received = static_cast<const float*>(event.input);  // the test runs in fp32
+    const auto* received = static_cast<const float*>(received_rows);  // the test runs in fp32
     for (std::int64_t row = 0; row < layer_rows; ++row)
       for (std::int64_t column = 0; column < in; ++column)
         input[row * in + column] = event.layer == 1 ? received[(row % rows) * in + column]
