@@ -17,12 +17,14 @@
 #include <cstdint>
 #include <initializer_list>
 #include <memory>
+#include <optional>
 #include <span>
 #include <stdexcept>
 #include <string>
 
 #include "core/error.hpp"
 #include "kernels/cuda/biased_matmul.hpp"
+#include "kernels/cuda/column_sums.hpp"
 #include "kernels/cuda/cuda_backend.hpp"
 #include "kernels/cuda/cuda_check.hpp"
 #include "kernels/cuda/device_kernels.cuh"
@@ -57,13 +59,17 @@ class CudaKernels final : public Kernels {
     check(cublasSetMathMode(blas_, math), "cublasSetMathMode");
     check(cudaMalloc(&totals_device_, 2 * sizeof(double)), "cudaMalloc");
     check(cudaMallocHost(&totals_host_, 2 * sizeof(double)), "cudaMallocHost");
-    check(cudaDeviceGetAttribute(&multiprocessors_, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
+    int multiprocessors = 1;
+    check(cudaDeviceGetAttribute(&multiprocessors, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
+    scratch_.emplace(stream_);
+    column_sums_.emplace(ColumnSums{.stream = stream_, .scratch = *scratch_, .multiprocessors = multiprocessors});
     biased_ = std::make_unique<BiasedMatmul>(stream_, tf32);
   }
   ~CudaKernels() override {
     cudaStreamSynchronize(stream_);  // before the GEMMs' workspace goes
     biased_.reset();
-    if (scratch_ != nullptr) cudaFreeAsync(scratch_, stream_);
+    column_sums_.reset();
+    scratch_.reset();
     cudaStreamSynchronize(stream_);
     cudaFreeHost(totals_host_);
     cudaFree(totals_device_);
@@ -95,7 +101,7 @@ class CudaKernels final : public Kernels {
     float* sums = static_cast<float*>(gemm.c);
     std::int64_t sums_leading = gemm.ldc;
     if (gemm.output != DataType::float32) {
-      sums = static_cast<float*>(reserve_scratch(static_cast<std::size_t>(gemm.m * gemm.n) * sizeof(float)));
+      sums = static_cast<float*>(scratch_->reserve(static_cast<std::size_t>(gemm.m * gemm.n) * sizeof(float)));
       sums_leading = gemm.n;
     }
     gemm_into(gemm, sums, DataType::float32, sums_leading);
@@ -149,11 +155,13 @@ class CudaKernels final : public Kernels {
   }
   void gelu_backward(const void* grad_activated, const void* pre, void* grad_pre, DataType type, void* bias_grad,
                      DataType bias_grad_type, bool accumulate, std::int64_t rows, std::int64_t cols) override {
-    column_sums_of(grad_activated, pre, grad_pre, type, bias_grad, bias_grad_type, accumulate, rows, cols);
+    column_sums_->run({.data = grad_activated, .pre = pre, .grad_pre = grad_pre, .type = type, .sums = bias_grad,
+                       .sums_type = bias_grad_type, .accumulate = accumulate, .rows = rows, .cols = cols});
   }
   void column_sums(const void* data, DataType type, void* sums, DataType sums_type, bool accumulate,
                    std::int64_t rows, std::int64_t cols) override {
-    column_sums_of(data, nullptr, nullptr, type, sums, sums_type, accumulate, rows, cols);
+    column_sums_->run({.data = data, .type = type, .sums = sums, .sums_type = sums_type, .accumulate = accumulate,
+                       .rows = rows, .cols = cols});
   }
 
   double mse(const float* prediction, const float* target, float* grad, std::int64_t rows,
@@ -264,7 +272,7 @@ class CudaKernels final : public Kernels {
     const std::size_t input_bytes =
         teacher && inputs == nullptr && targets != nullptr ? static_cast<std::size_t>(count * samples.input_dim) * sizeof(float) : 0;
     const std::size_t label_bytes = !teacher && labels == nullptr ? static_cast<std::size_t>(count) * sizeof(std::int32_t) : 0;
-    std::byte* scratch = input_bytes + label_bytes > 0 ? static_cast<std::byte*>(reserve_scratch(input_bytes + label_bytes)) : nullptr;
+    std::byte* scratch = input_bytes + label_bytes > 0 ? static_cast<std::byte*>(scratch_->reserve(input_bytes + label_bytes)) : nullptr;
     const SampleScratch spare{.inputs = input_bytes > 0 ? reinterpret_cast<float*>(scratch) : nullptr,
                               .labels = label_bytes > 0 ? reinterpret_cast<std::int32_t*>(scratch + input_bytes) : nullptr};
     launch_synthetic_samples(samples, stream_indices, count, inputs, targets, labels, spare, stream_);
@@ -317,69 +325,8 @@ class CudaKernels final : public Kernels {
                        library_type(output), static_cast<int>(ldc), compute, CUBLAS_GEMM_DEFAULT),
           "cublasGemmEx");
   }
-  // Device scratch of at least `bytes`, kept and grown as needed (the stream orders its uses:
-  // a biased GEMM's fp32 sums where no epilogue adds the bias, column sums' partials, the
-  // generator's spare inputs).
-  void* reserve_scratch(std::size_t bytes) {
-    if (bytes > scratch_bytes_) {
-      if (scratch_ != nullptr) check(cudaFreeAsync(scratch_, stream_), "cudaFreeAsync");
-      scratch_ = nullptr;  // nothing held should the allocation fail
-      scratch_bytes_ = 0;
-      check(cudaMallocAsync(&scratch_, bytes, stream_), "cudaMallocAsync");
-      scratch_bytes_ = bytes;
-    }
-    return scratch_;
-  }
 
-  // Whether `count` elements at each pointer move in packs of `width` (16-byte aligned, whole packs).
-  static bool packs_fit(std::initializer_list<const void*> pointers, std::int64_t count, int width) {
-    if (count % width != 0) return false;
-    for (const void* pointer : pointers)
-      if (reinterpret_cast<std::uintptr_t>(pointer) % 16 != 0) return false;
-    return true;
-  }
 
-  // sums (of sums_type) = (or +=) the column sums of `data`, or with `pre` of grad_pre =
-  // round(data * GELU'(pre)), stored as it goes: two stages (layer_kernels.cuh), blocks of rows
-  // enough to fill the GPU several times over.
-  void column_sums_of(const void* data, const void* pre, void* grad_pre, DataType type, void* sums,
-                      DataType sums_type, bool accumulate, std::int64_t rows, std::int64_t cols) {
-    if (cols <= 0) return;
-    with_device_element(type, [&](auto element) {
-      using E = decltype(element);
-      constexpr int V = pack_width<E>;
-      const bool gelu = pre != nullptr;
-      const bool packed = cols % V == 0 && packs_fit({data, pre, grad_pre}, cols, V);
-      const std::int64_t width = packed ? V : 1;
-      const std::int64_t tiles = (cols / width + column_tile_packs - 1) / column_tile_packs;
-      const std::int64_t wanted_blocks = 4 * static_cast<std::int64_t>(multiprocessors_);
-      const std::int64_t most_row_blocks = std::max<std::int64_t>(1, (rows + row_lanes - 1) / row_lanes);
-      std::int64_t row_blocks = std::clamp<std::int64_t>((wanted_blocks + tiles - 1) / tiles, 1, std::min<std::int64_t>(most_row_blocks, 65535));
-      // Whole row lanes a block, and no block without rows.
-      const std::int64_t rows_per_block = std::max<std::int64_t>(row_lanes, ((rows + row_blocks - 1) / row_blocks + row_lanes - 1) / row_lanes * row_lanes);
-      row_blocks = std::max<std::int64_t>(1, (rows + rows_per_block - 1) / rows_per_block);
-      auto* partials = static_cast<float*>(reserve_scratch(static_cast<std::size_t>(row_blocks * cols) * sizeof(float)));
-      const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(row_blocks));
-      const dim3 block(column_tile_packs, row_lanes);
-      const auto* in = static_cast<const Stored<E>*>(data);
-      const auto* saved = static_cast<const Stored<E>*>(pre);
-      auto* out = static_cast<Stored<E>*>(grad_pre);
-      if (packed && gelu)
-        column_partials_kernel<E, V, true><<<grid, block, 0, stream_>>>(in, saved, out, partials, rows, cols, rows_per_block);
-      else if (packed)
-        column_partials_kernel<E, V, false><<<grid, block, 0, stream_>>>(in, saved, out, partials, rows, cols, rows_per_block);
-      else if (gelu)
-        column_partials_kernel<E, 1, true><<<grid, block, 0, stream_>>>(in, saved, out, partials, rows, cols, rows_per_block);
-      else
-        column_partials_kernel<E, 1, false><<<grid, block, 0, stream_>>>(in, saved, out, partials, rows, cols, rows_per_block);
-      check(cudaGetLastError(), "column_partials_kernel launch");
-      with_device_element(sums_type, [&](auto sums_element) {
-        using S = decltype(sums_element);
-        launch(column_totals_kernel<S>, cols, static_cast<const float*>(partials), row_blocks,
-               static_cast<Stored<S>*>(sums), accumulate, cols);
-      });
-    });
-  }
 
   // Launches `kernel` over `count` work items (elements, rows or columns) on the compute stream.
   template <typename... Parameters, typename... Arguments>
@@ -409,10 +356,10 @@ class CudaKernels final : public Kernels {
   cublasHandle_t blas_ = nullptr;
   double* totals_device_ = nullptr;  // the reductions' sums
   double* totals_host_ = nullptr;    // pinned, for reading them back
-  int multiprocessors_ = 1;
+  // The scratch first: the column sums use it (and go before it).
+  std::optional<DeviceScratch> scratch_;
+  std::optional<ColumnSums> column_sums_;
   std::unique_ptr<BiasedMatmul> biased_;  // biased GEMMs through cuBLASLt's epilogue
-  void* scratch_ = nullptr;               // see reserve_scratch
-  std::size_t scratch_bytes_ = 0;
 };
 
 }  // namespace

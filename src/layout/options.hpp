@@ -3,10 +3,12 @@
 // cannot drift apart.
 #pragma once
 
+#include <span>
 #include <string>
 #include <vector>
 
 #include "core/config.hpp"
+#include "core/option.hpp"
 #include "core/process_grid.hpp"
 
 namespace mlptrain {
@@ -20,8 +22,12 @@ struct ParsedOptions {
 // Parses argv and, with --config FILE, the INI file (command-line values win). Throws UsageError.
 ParsedOptions parse_options(const std::vector<std::string>& arguments);
 
+// The run's own options (run_options.cpp); each strategy declares its own in its registration.
+std::span<const Option> run_options();
+
 // Checks every value and combination for a world of `world_size` ranks and fills derived values
-// (dp). Throws UsageError naming the offending option. Pure: every rank decides alike.
+// (dp; fp16's loss-scaling defaults) (validation.cpp). Throws UsageError naming the offending
+// option. Pure: every rank decides alike.
 void validate_options(Config& config, int world_size);
 
 // The process grid of a validated configuration on `world_size` ranks.
