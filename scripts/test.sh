@@ -42,7 +42,7 @@ if [ "${MLPTRAIN_SANITIZERS:-1}" != 0 ]; then
       -Db_lundef=false -Dcuda=disabled >/dev/null
   fi
   # Only what the suites below run: the test programs and mlptrain (not the other programs).
-  sanitized_targets=$(meson introspect build-sanitize --targets | python3 -c '
+  sanitized_targets=$(meson introspect build-sanitize --targets | /usr/bin/python3 -c '
 import json, sys
 print(" ".join(target["filename"][0].split("/build-sanitize/", 1)[1] for target in json.load(sys.stdin)
                if target["type"] == "executable" and (target["name"].startswith("test_") or target["name"] == "mlptrain")))')

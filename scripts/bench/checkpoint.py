@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """Checkpoints at the disk's speed, and training going on while they are written, measured as
 ratios in one run (these machines are shared and noisy: the disk's own rate is measured beside).
 

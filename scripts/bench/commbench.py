@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """commbench's results on this machine's MPI host path at 2 and 4 ranks: every collective in fp32
 and bf16, in place and out of place, beside MPI_Allreduce called directly on the same sizes in the
 same run (the baseline), written to results/commbench/: the JSON rows per world size, a plot of

@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """The CPU path's speed, everything measured side by side in one run (these machines are shared
 and noisy, and the CPU behind them changes: only ratios measured together mean anything):
 

@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """Real data at the speed of built-in data, measured side by side in one run (ratios only: these
 machines are shared and noisy, and the CPU behind them changes).
 

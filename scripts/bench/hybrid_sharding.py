@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """Hybrid sharding against ZeRO-3 and plain data parallelism, on ranks split into simulated nodes:
 
   mpiexec -launcher fork -hosts nodeA:2,nodeB:2 puts ranks 0-1 and 2-3 on two "nodes" of this
@@ -94,7 +94,7 @@ def main():
     step_ms, summaries = interleaved_rounds(
         args.rounds, LAYOUTS,
         lambda name, flags: train(RANKS, MODEL + flags + ["--steps", args.steps], "hybrid", launch=LAUNCH,
-                                  environment=ACROSS_NODES_BY_TCP, teardown_limit_s=60))
+                                  environment=ACROSS_NODES_BY_TCP))
     layouts = {}
     for name, flags in LAYOUTS.items():
         summary, plan = summaries[name], planned(flags)

@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """The composed layouts beside plain data parallelism at the same rank count and global batch:
 MoE layers with ZeRO stages 2 and 3 (experts sharded over the ranks holding them) and with tensor
 parallelism (experts split over the tensor ranks) at 2 ranks; at 4 ranks (more ranks than this

@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """Expert parallelism against plain data parallelism on the same MoE model, in one run: at 2 ranks
 (each bound to a core), E = 8 experts, top-2, hidden 1024, global batch 512, two MoE layers of
 four. The two layouts alternate over --rounds rounds; the result is the ratio of their median step

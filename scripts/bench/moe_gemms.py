@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """An MoE step against the same GEMMs at balanced row counts, at 1 rank and one GEMM thread:
 E = 8 experts, top-2, hidden 1024, input 256, 10 classes, two MoE layers of four, global batch
 512 (128 rows an expert when balanced; --batch sets it: an expert's update costs the same at any

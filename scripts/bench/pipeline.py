@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """The pipeline schedules' speed benchmark at P stages (2 by default) and M = 8 micro-batches on P
 ranks, everything measured side by side in one run (these machines are shared and noisy, so only
 ratios measured together mean anything):

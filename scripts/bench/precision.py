@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """Mixed precision's speed and convergence on the CPU, measured side by side in one run (ratios
 only: these machines are shared and noisy, and the CPU behind them changes):
 

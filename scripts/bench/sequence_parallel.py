@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """Sequence parallelism against plain tensor parallelism at T = 2 and 4, measured side by side in
 one run. On an MLP of 8 layers of 2048 (global batch 512, fp32, one micro-batch), for --tp T with
 and without --sequence-parallel, interleaved over --rounds rounds:

@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """Soak run: trains for --steps steps (default 2000) at --ranks ranks (default 2) with a checkpoint
 every --save-every steps (default 100), sampling every rank's resident memory (VmRSS) five times
 a second, and reports whether resident memory and the memory ledger's totals stay flat after the

@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """Tensor parallelism's speed and memory benchmark, measured side by side in one run: on a wide
 model (10 layers, width 2048, input 2048, 10 classes) with a global batch of 256 at 2 ranks, the
 step time of --tp 2 against plain data parallelism (--dp 2) at the same global batch, interleaved

@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """The PyTorch peer of mlptrain's speed benchmark: the same MLP (Linear layers with exact GELU
 between them), softmax cross-entropy, torch.optim.AdamW, one BLAS thread per process, and
 DistributedDataParallel over gloo when started under `mpiexec.mpich -n N` (rank from PMI_RANK),

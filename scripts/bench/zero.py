@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """ZeRO's speed and memory benchmark, measured side by side in one run:
 
   * at 2 ranks on the foundation's model (10 layers, width 1024, batch 256 per rank): the step

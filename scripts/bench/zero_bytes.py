@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """The ZeRO paper's bytes per parameter by stage (Rajbhandari et al. 2020, figure 1: 2 + 2 + K
 with K = 12 for mixed-precision AdamW), reproduced by the program: for each stage 0-3, a run of
 one step at --ranks ranks with bf16 parameters and bf16 (or fp32) gradient reductions, whose

@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """Checks that every #include "ROOM/..." of the code stays within the layers: a file of one room
 may include its own room and the rooms it depends on (directly or through them), nothing above.
 The build runs it before compiling (meson.build, `rooms`); a violation fails the build with one

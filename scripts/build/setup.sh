@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Installs what mlptrain needs on Debian 12 (only the missing packages, with apt-get) and builds it
-# into build/ (Meson, release). Safe to run again: it only does what is not done yet.
+# Installs what mlptrain needs on Debian 12 (only the missing packages, with apt-get), and the data
+# the pages' examples read, and builds it into build/ (Meson, release). Safe to run again: it only
+# does what is not done yet.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -10,6 +11,7 @@ packages=(
   libboost-program-options-dev libdnnl-dev libgtest-dev
   nlohmann-json3-dev libfmt-dev zlib1g-dev libisal-dev librandom123-dev
   python3 python3-numpy python3-h5py python3-matplotlib
+  dataset-fashion-mnist python3-sklearn  # docs/data.md's examples (held to run by the docs test)
 )
 missing=()
 for package in "${packages[@]}"; do

@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """Convert a CSV file (one sample per row: feature columns, then an integer class label) into the
 HDF5 layout `mlptrain --dataset hdf5` reads: /x float32 [N, D], /y int64 [N], and with
 --test-fraction a held-out /x_test, /y_test. Rows are shuffled with --seed before the split.

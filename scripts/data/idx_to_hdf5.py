@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """Converts images and labels in the IDX format (the MNIST family's: MNIST, Fashion-MNIST,
 KMNIST; gzipped or not) into the `hdf5` dataset layout mlptrain reads:
 

@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """Scaling experiments, one command each. Every experiment runs mlptrain over a list of layouts
 (printing "run n of m" with the time spent and an estimate of the time left), writes one JSON
 object per run to DIR/NAME.jsonl and a plot to DIR/NAME.png.

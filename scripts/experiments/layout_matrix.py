@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """Every layout against one process: the generated matrix of dp, tp, pp (each schedule), ep,
 ZeRO 0-3, recomputation and MoE layers on or off, at world sizes 1, 2, 4 and 8, on a tiny model.
 Each layout trains a few steps and is checked against the one-process run with the same global

@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """mlpplan at scale: every layout of a world ranked for a large model on a multi-node preset, drawn
 as memory per rank against predicted step time with the Pareto front (the layouts no other beats
 in both); the 4,096-rank enumeration timed; and mlpplan's own time and peak memory for one layout

@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """mlpplan against measured runs on this machine: for every layout of the placement test's list
 (data, tensor, pipeline and expert parallelism, ZeRO 1-3, recompute, MoE, at 1, 2 and 4 ranks)
 and the interleaved and zero-bubble (H1, V) pipeline schedules,

@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """The GPU path's speed figures, each measured side by side in one run (only ratios measured
 together mean anything):
 
@@ -63,7 +63,7 @@ def torch_step_ms(args, precision, compiled=False):
     try:
         return run_json(command)[0]["step_ms"]
     except (subprocess.CalledProcessError, IndexError) as error:
-        print(f"bench_gpu: the PyTorch peer did not run ({error})", flush=True)
+        print(f"bench: the PyTorch peer did not run ({error})", flush=True)
         return None
 
 
@@ -104,7 +104,7 @@ def kernel_figures(args):
         tables[precision] = {"kernels": row["kernel_table"], "device": row["kernels"]}
         for kernel in row["kernel_table"]:
             if "of_copy_rate" in kernel:
-                print(f"bench_gpu: {precision} {kernel['kernel']:>30}: {kernel['ms']:.3f} ms, "
+                print(f"bench: {precision} {kernel['kernel']:>30}: {kernel['ms']:.3f} ms, "
                       f"{kernel['gbytes_per_s']:.0f} GB/s, {kernel['of_copy_rate']:.2f} of a copy's rate", flush=True)
     return tables
 
@@ -129,7 +129,7 @@ def commbench_rows(args, ranks, path, collectives, sizes, extra):
     rows = run_json(command)
     wrong = [row for row in rows if not row.get("correct", True)]  # the identity lines carry no verdict
     if wrong:
-        sys.exit(f"bench_gpu: commbench gave wrong results: {wrong}")
+        sys.exit(f"bench: commbench gave wrong results: {wrong}")
     return rows
 
 
@@ -221,7 +221,7 @@ def main():
     rows = []
     for ranks in world_sizes if "staging" in parts else []:
         rows.append(staging_figures(args, ranks))
-        print(f"bench_gpu: staging at {ranks} rank(s): best chunk {rows[-1]['best_chunk_bytes']}, "
+        print(f"bench: staging at {ranks} rank(s): best chunk {rows[-1]['best_chunk_bytes']}, "
               f"{rows[-1]['chunked_over_bound']:.2f} of the bound, "
               f"{rows[-1]['chunked_over_unchunked']:.2f}x unchunked", flush=True)
     if "staging" in parts:
@@ -240,7 +240,7 @@ def main():
             versus += (f", compiled {figures['pytorch_compiled_step_ms']:.2f} ms "
                        f"({figures['step_over_pytorch_compiled']:.2f}x)" if figures.get("step_over_pytorch_compiled") else "")
             mfu = f", MFU {100 * figures['mfu']:.1f} %" if figures.get("mfu") else ""
-            print(f"bench_gpu: {precision} step {figures['step_ms']:.2f} ms, GEMMs {figures['gemm_ms_per_step']:.2f} ms "
+            print(f"bench: {precision} step {figures['step_ms']:.2f} ms, GEMMs {figures['gemm_ms_per_step']:.2f} ms "
                   f"({100 * figures['gemm_share_of_step']:.0f} % of the step), data wait "
                   f"{100 * figures['data_wait_share_of_step']:.1f} %, other kernels "
                   f"{100 * figures['other_kernels_share_of_step']:.1f} %{mfu}{versus}")

@@ -56,4 +56,4 @@ for library in "$libraries"/lib*.so.* "$libraries"/hdf5/mpich/lib*.so.*; do
 done
 tar -C "$bundle" -cJf "$bundle/root.tar.xz" root
 rm -rf "$bundle/debs"
-echo "gpu_bundle: $(du -h "$bundle/root.tar.xz" | cut -f1) in $bundle/root.tar.xz ($(du -sh "$root" | cut -f1) unpacked in $root)"
+echo "bundle: $(du -h "$bundle/root.tar.xz" | cut -f1) in $bundle/root.tar.xz ($(du -sh "$root" | cut -f1) unpacked in $root)"

@@ -6,7 +6,7 @@
 # backend, then runs each check with its own log and writes everything to one folder:
 #   machine.txt     the GPU, driver, CUDA, compiler, Python and the bundle's own launcher
 #   <check>.log     each check's output; summary.txt one line per check: ok or FAILED (exit code)
-#   results/        bench_gpu.py's step.json, kernels.json, staging.json and commbench.json, and
+#   results/        bench.py's step.json, kernels.json, staging.json and commbench.json, and
 #                   the profile's kernels_ncu.json (scripts/gpu/ncu_kernels.py)
 # Checks: build, cuda_kernels (test_cuda_kernels), device (tests/integration/test_device.py:
 # every layout on CUDA against the CPU, host-staged MPI at 2 and 4 ranks sharing the GPU, NCCL at
@@ -25,7 +25,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --output) output=${2:?--output needs a folder}; shift 2 ;;
     build|tests|bench|profile) phases+=("$1"); shift ;;
-    *) echo "gpu_check: unknown argument '$1' (usage: scripts/gpu/check.sh [--output DIR] [build] [tests] [bench] [profile])" >&2; exit 2 ;;
+    *) echo "check: unknown argument '$1' (usage: scripts/gpu/check.sh [--output DIR] [build] [tests] [bench] [profile])" >&2; exit 2 ;;
   esac
 done
 [ ${#phases[@]} -gt 0 ] || phases=(build tests bench profile)
@@ -37,7 +37,7 @@ summary="$output/summary.txt"
 # The bundle's libraries, programs and build files ahead of the system's.
 root="$top/gpu-bundle/root"
 if [ ! -d "$root" ]; then
-  [ -f gpu-bundle/root.tar.xz ] || { echo "gpu_check: gpu-bundle/root.tar.xz is missing: run scripts/gpu/bundle.sh on a Debian 12 machine first" >&2; exit 2; }
+  [ -f gpu-bundle/root.tar.xz ] || { echo "check: gpu-bundle/root.tar.xz is missing: run scripts/gpu/bundle.sh on a Debian 12 machine first" >&2; exit 2; }
   tar -C gpu-bundle -xJf gpu-bundle/root.tar.xz
 fi
 libraries="$root/usr/lib/x86_64-linux-gnu"
@@ -157,5 +157,5 @@ print(next(r['gbytes_per_s'] / r['of_copy_rate'] for r in rows if r['kernel'] ==
       ;;
   esac
 done
-echo "gpu_check: logs and results in $output"
+echo "check: logs and results in $output"
 ! grep -q FAILED "$summary"

@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """A kernel table of a training step from Nsight Compute: each kernel's calls, time
 (gpu__time_duration.sum), the bytes it moved to and from DRAM (dram__bytes_read.sum +
 dram__bytes_write.sum) and their rate against the device's copy rate, and each kernel's share of

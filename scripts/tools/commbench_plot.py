@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """Plots commbench's --json output: bus bandwidth against message size, one panel per collective,
 one line per path (mpi-host, mpi-staged, nccl), device, element type and world size found in the
 files (out of place; the identity rows are left out).

@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """Draws a trace written by `mlptrain --trace FILE` as a timeline (PNG, one row per pipeline
 stage, forward and backward passes numbered by micro-batch, like the figures of the pipeline
 papers; with model chunks, a pass on chunk c is labelled "m.c" and drawn darker per chunk; a split

@@ -90,9 +90,12 @@ Measurement measure_case(CollectiveCase& current, Communicator& world, const Com
   return result;
 }
 
+// The JSON rows' fields, one column each (chunk_bytes and the in-place group empty where the row
+// has none).
 const char* const csv_header =
-    "collective,path,device,dtype,ranks,bytes,time_us,time_report,time_min_us,time_max_us,algbw_gbps,busbw_gbps,"
-    "wrong,in_place_time_us,in_place_algbw_gbps,in_place_busbw_gbps,in_place_wrong\n";
+    "collective,path,device,dtype,ranks,bytes,chunk_bytes,time_us,time_report,time_min_us,time_max_us,algbw_gbps,"
+    "busbw_gbps,wrong,max_error,error_bound,correct,in_place_time_us,in_place_algbw_gbps,in_place_busbw_gbps,"
+    "in_place_wrong\n";
 
 // The textbook identity: an all-reduce costs what a reduce-scatter and an all-gather of the same
 // size cost (both move 2(n-1)/n of the buffer per rank). Printed per size where all three ran.
@@ -140,9 +143,10 @@ void measure(const CommbenchSettings& settings, Communicator& world, Allocator* 
     std::printf("# commbench: path %s%s, %d rank(s), %d iterations after %d warm-up, time: %s over ranks\n",
                 settings.path.c_str(), device != nullptr ? (" on " + settings.device).c_str() : "", world.size(),
                 settings.iterations, settings.warmup, report.c_str());
-    // Out of place, then in place (ip_), as nccl-tests' two column groups.
-    std::printf("# %-15s %5s %12s %10s %8s %10s %6s | %10s %10s %9s\n", "collective", "type", "bytes", "time_us",
-                "spread_%", "busbw_GB/s", "#wrong", "ip_time_us", "ip_busbw", "ip_#wrong");
+    // Out of place, then in place (ip_), as nccl-tests' two column groups: algorithm bandwidth
+    // (bytes / time) and bus bandwidth (that times the collective's bus factor) in GB/s.
+    std::printf("# %-15s %5s %12s %10s %8s %8s %8s %6s | %10s %8s %8s %9s\n", "collective", "type", "bytes",
+                "time_us", "spread_%", "algbw", "busbw", "#wrong", "ip_time_us", "ip_algbw", "ip_busbw", "ip_#wrong");
   }
   std::int64_t wrong_measurements = 0;
   const std::unique_ptr<AsyncCopier> copier = device != nullptr ? device->make_async_copier(1) : nullptr;
@@ -154,7 +158,7 @@ void measure(const CommbenchSettings& settings, Communicator& world, Allocator* 
         CollectiveCase apart(collective, size, dtype, false, world, MPI_COMM_WORLD, device, copier.get());
         if (apart.empty()) continue;  // smaller than one element per rank
         const Measurement out = measure_case(apart, world, settings);
-        std::optional<Measurement> in;
+        std::optional<Measurement> in;  // where the collective has an in-place form
         if (CollectiveCase::has_in_place(collective)) {
           CollectiveCase together(collective, size, dtype, true, world, MPI_COMM_WORLD, device, copier.get());
           in = measure_case(together, world, settings);
@@ -162,6 +166,8 @@ void measure(const CommbenchSettings& settings, Communicator& world, Allocator* 
         wrong_measurements += (out.wrong > 0) + (in && in->wrong > 0);
         times_us[{collective, apart.bytes()}] = out.timing.reported_us;
         if (rank != 0) continue;
+        const bool correct = out.wrong == 0 && (!in || in->wrong == 0);
+        const bool staged = settings.path == "mpi-staged";
         if (settings.json) {
           nlohmann::json row = {{"collective", collective}, {"path", settings.path}, {"device", device_name},
                                 {"dtype", type_name}, {"bytes", apart.bytes()}, {"ranks", world.size()},
@@ -170,27 +176,31 @@ void measure(const CommbenchSettings& settings, Communicator& world, Allocator* 
                                 {"algbw_gbps", out.algbw_gbps}, {"busbw_gbps", out.busbw_gbps},
                                 {"wrong", out.wrong}, {"max_error", out.max_error},
                                 {"error_bound", out.error_bound},
-                                {"correct", out.wrong == 0 && (!in || in->wrong == 0)}};
+                                {"correct", correct}};
           if (in) {
             row["in_place_time_us"] = in->timing.reported_us;
             row["in_place_algbw_gbps"] = in->algbw_gbps;
             row["in_place_busbw_gbps"] = in->busbw_gbps;
             row["in_place_wrong"] = in->wrong;
           }
-          if (settings.path == "mpi-staged") row["chunk_bytes"] = settings.chunk_bytes;
+          if (staged) row["chunk_bytes"] = settings.chunk_bytes;
           std::printf("%s\n", row.dump().c_str());
         } else {
           const std::string in_place_columns =
-              in ? fmt::format("{:10.2f} {:10.3f} {:9d}", in->timing.reported_us, in->busbw_gbps, in->wrong)
-                 : fmt::format("{:>10} {:>10} {:>9}", "-", "-", "-");
-          std::printf("  %-15s %5s %12lld %10.2f %8.1f %10.3f %6lld | %s\n", collective.c_str(), type_name.c_str(),
-                      static_cast<long long>(apart.bytes()), out.timing.reported_us, out.timing.spread_percent(),
-                      out.busbw_gbps, static_cast<long long>(out.wrong), in_place_columns.c_str());
+              in ? fmt::format("{:10.2f} {:8.3f} {:8.3f} {:9d}", in->timing.reported_us, in->algbw_gbps,
+                               in->busbw_gbps, in->wrong)
+                 : fmt::format("{:>10} {:>8} {:>8} {:>9}", "-", "-", "-", "-");
+          std::printf("  %-15s %5s %12lld %10.2f %8.1f %8.3f %8.3f %6lld | %s\n", collective.c_str(),
+                      type_name.c_str(), static_cast<long long>(apart.bytes()), out.timing.reported_us,
+                      out.timing.spread_percent(), out.algbw_gbps, out.busbw_gbps, static_cast<long long>(out.wrong),
+                      in_place_columns.c_str());
         }
         if (csv) {
-          csv << fmt::format("{},{},{},{},{},{},{},{},{},{},{},{},{}", collective, settings.path, device_name,
-                             type_name, world.size(), apart.bytes(), out.timing.reported_us, report,
-                             out.timing.fastest_us, out.timing.slowest_us, out.algbw_gbps, out.busbw_gbps, out.wrong);
+          csv << fmt::format("{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}", collective, settings.path,
+                             device_name, type_name, world.size(), apart.bytes(),
+                             staged ? std::to_string(settings.chunk_bytes) : std::string(), out.timing.reported_us,
+                             report, out.timing.fastest_us, out.timing.slowest_us, out.algbw_gbps, out.busbw_gbps,
+                             out.wrong, out.max_error, out.error_bound, correct ? "true" : "false");
           csv << (in ? fmt::format(",{},{},{},{}\n", in->timing.reported_us, in->algbw_gbps, in->busbw_gbps, in->wrong)
                      : std::string(",,,,\n"));
         }

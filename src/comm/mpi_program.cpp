@@ -1,11 +1,20 @@
 // The shared frame of MPI programs (see mpi_program.hpp).
 #include "comm/mpi_program.hpp"
 
+#include <chrono>
 #include <cstdio>
 
+#include "comm/finalize_guard.hpp"
 #include "core/error.hpp"
 
 namespace mlptrain {
+namespace {
+
+// Every rank's work is done when the guard starts (a barrier says so): what is left is the
+// transport's teardown, which takes milliseconds when it works.
+constexpr std::chrono::seconds kFinalizeGrace{10};
+
+}  // namespace
 
 int run_mpi_program(int& argc, char**& argv, const char* program,
                     const std::function<void(MpiCommunicator& world)>& body) {
@@ -26,7 +35,12 @@ int run_mpi_program(int& argc, char**& argv, const char* program,
     const auto* known = dynamic_cast<const Error*>(&error);
     MPI_Abort(MPI_COMM_WORLD, known != nullptr ? static_cast<int>(known->code()) : 1);
   }
-  MPI_Finalize();
+  std::fflush(nullptr);  // what the run printed is out before the teardown, whatever it does
+  MPI_Barrier(MPI_COMM_WORLD);
+  {
+    FinalizeGuard guard(program, rank, exit_code, kFinalizeGrace);
+    MPI_Finalize();
+  }
   return exit_code;
 }
 

@@ -60,6 +60,9 @@ struct Option {
   OptionSection section;
   OptionField (*field)(Config& config);
   std::string_view help;
+  // The default as --help shows it, where the stored one stands for something else (0 for "derived
+  // from the world", "unset" where another option decides): the value a run then uses, in words.
+  std::string_view shown_default = {};
 };
 
 // Where an option of the run lives: `member` of the Config section `section`.

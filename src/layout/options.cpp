@@ -64,6 +64,12 @@ std::string ini_value(const OptionField& field) {
       field);
 }
 
+// An option's default as --help and the option list show it: its own words where the stored
+// value stands for something else, else the value itself.
+std::string shown_default(const Option& option, const OptionField& field) {
+  return option.shown_default.empty() ? ini_value(field) : std::string(option.shown_default);
+}
+
 struct Descriptions {
   std::vector<po::options_description> sections;
   po::options_description all{"Options"};
@@ -101,7 +107,7 @@ struct Descriptions {
               description.add_options()(name, po::value<bool>(value)->default_value(*value)->implicit_value(true),
                                         option.help.data());
             } else {
-              description.add_options()(name, po::value(value)->default_value(*value, ini_value(value)),
+              description.add_options()(name, po::value(value)->default_value(*value, shown_default(option, value)),
                                         option.help.data());
             }
           },
@@ -173,7 +179,7 @@ std::vector<OptionDescription> option_descriptions() {
   for (const Option& option : all_options())
     descriptions.push_back({.name = std::string(option.name),
                             .section = section_title(option.section),
-                            .default_value = ini_value(option.field(defaults)),
+                            .default_value = shown_default(option, option.field(defaults)),
                             .help = std::string(option.help)});
   return descriptions;
 }

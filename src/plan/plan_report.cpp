@@ -86,9 +86,17 @@ nlohmann::json plan_json(const PlannedLayout& planned, int world, int ranks_per_
 
 std::string cluster_line(const Cluster& cluster, int world, int ranks_per_node) {
   const int nodes = (world + ranks_per_node - 1) / ranks_per_node;
-  return fmt::format("cluster {}: {} node(s) of {} rank(s), {} device(s) of {:.1f} GB per node ({})\n", cluster.name,
-                     nodes, ranks_per_node, cluster.devices_per_node, gigabytes(cluster.device_memory_bytes),
-                     cluster.source);
+  std::string line = fmt::format("cluster {}: {} node(s) of {} rank(s), {} device(s) of {:.1f} GB per node ({})\n",
+                                 cluster.name, nodes, ranks_per_node, cluster.devices_per_node,
+                                 gigabytes(cluster.device_memory_bytes), cluster.source);
+  // More ranks than devices on a node share them: each rank then has its share of their memory
+  // (and of their compute), which is what "a rank has" below means.
+  if (ranks_per_node > cluster.devices_per_node)
+    line += fmt::format("  {} ranks share a node's {} devices: each has {:.3f} GB of memory and {:.3f} of a device\n",
+                        ranks_per_node, cluster.devices_per_node,
+                        gigabytes(cluster.device_memory_bytes) * cluster.devices_per_node / ranks_per_node,
+                        static_cast<double>(cluster.devices_per_node) / ranks_per_node);
+  return line;
 }
 
 std::string layout_table(const PlannedLayout& planned, int world) {

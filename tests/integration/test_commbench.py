@@ -175,9 +175,26 @@ class Commbench(TrainingTestCase):
         self.assertEqual(result.returncode, 0, result.stderr)
         lines = [line for line in result.stdout.splitlines() if not line.startswith("#")]
         self.assertEqual([line.split()[0] for line in lines], ["all_reduce"] * 4 + ["send_recv"] * 4)
+        header = [line for line in result.stdout.splitlines() if line.startswith("# collective")][0].split()[1:]
+        self.assertEqual(header, ["collective", "type", "bytes", "time_us", "spread_%", "algbw", "busbw", "#wrong",
+                                  "|", "ip_time_us", "ip_algbw", "ip_busbw", "ip_#wrong"])
         # No wrong element out of place (and in place, where the operation has that form).
-        self.assertEqual([line.split()[6] for line in lines], ["0"] * 8)
+        self.assertEqual([line.split()[7] for line in lines], ["0"] * 8)
         self.assertEqual([line.split()[-1] for line in lines], ["0"] * 4 + ["-"] * 4)
+
+    def test_table_bandwidths(self):
+        """algbw is the size over the time, busbw that times the bus factor (2(n-1)/n = 1.5 for an
+        all-reduce at 4 ranks), both in GB/s, out of place and in place."""
+        result = commbench(["--collectives", "all_reduce", "--min-bytes", "1M", "--max-bytes", "1M",
+                            "--iterations", "2"], 4)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        row = [line.split() for line in result.stdout.splitlines() if not line.startswith("#")][0]
+        size, time_us, algbw, busbw = int(row[2]), float(row[3]), float(row[5]), float(row[6])
+        self.assertAlmostEqual(algbw, size / (time_us * 1e3), delta=0.002 + 0.01 * algbw)
+        self.assertAlmostEqual(busbw, 1.5 * algbw, delta=0.002)
+        in_place_time_us, in_place_algbw, in_place_busbw = float(row[9]), float(row[10]), float(row[11])
+        self.assertAlmostEqual(in_place_algbw, size / (in_place_time_us * 1e3), delta=0.002 + 0.01 * in_place_algbw)
+        self.assertAlmostEqual(in_place_busbw, 1.5 * in_place_algbw, delta=0.002)
 
     def test_identity_and_the_mpi_baseline(self):
         """Where all-reduce, reduce-scatter and all-gather ran, one identity row per size holds the
@@ -220,9 +237,15 @@ class Commbench(TrainingTestCase):
                     table = list(csv.DictReader(handle))
                 self.assertEqual(len(table), len(rows))
                 for line, row in zip(table, rows):
-                    self.assertEqual((line["collective"], line["dtype"], int(line["bytes"]), int(line["wrong"])),
-                                     (row["collective"], row["dtype"], row["bytes"], row["wrong"]))
-                    self.assertAlmostEqual(float(line["time_us"]), row["time_us"], places=6)
+                    # Every field of the JSON row is a column; what the row lacks is empty.
+                    self.assertEqual(set(line) - set(row), {"chunk_bytes"} | ({"in_place_time_us", "in_place_algbw_gbps",
+                                     "in_place_busbw_gbps", "in_place_wrong"} if "in_place_wrong" not in row else set()))
+                    self.assertEqual((line["collective"], line["dtype"], int(line["bytes"]), int(line["wrong"]),
+                                      line["correct"], line["chunk_bytes"]),
+                                     (row["collective"], row["dtype"], row["bytes"], row["wrong"],
+                                      str(row["correct"]).lower(), ""))
+                    for field in ("time_us", "max_error", "error_bound", "algbw_gbps", "busbw_gbps"):
+                        self.assertAlmostEqual(float(line[field]), row[field], places=6)
 
     def test_bad_input_is_one_line_and_exit_2(self):
         for arguments, words in [(["--path", "nccl", "--device", "loopback"], ["--path nccl", "needs --device cuda"]),

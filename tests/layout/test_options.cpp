@@ -161,6 +161,25 @@ TEST(Options, PipelineNeedsALayerPerStageAndAKnownSchedule) {
             std::string::npos);
 }
 
+// --help shows the value a run uses, not the sentinel stored for "decided later": the numbers it
+// names for fp16 are the ones an fp16 run gets, and dp shows how it is derived.
+TEST(Options, HelpShowsTheDefaultsARunUses) {
+  const std::string help = parse_options({"--help"}).help_text;
+  const Config fp16 = parsed({"--param-dtype", "fp16"});
+  const std::pair<std::string, double> scales[] = {
+      {"--loss-scale arg (=0 for fp16)", fp16.precision.loss_scale},
+      {"--initial-loss-scale arg (=65536 for fp16)", fp16.precision.initial_loss_scale},
+      {"--loss-scale-window arg (=1000 for fp16)", fp16.precision.loss_scale_window},
+      {"--min-loss-scale arg (=1 for fp16)", fp16.precision.min_loss_scale}};
+  for (const auto& [line, value] : scales) {
+    EXPECT_NE(help.find(line), std::string::npos) << line;
+    EXPECT_EQ(std::stod(line.substr(line.find("(=") + 2)), value) << line;
+  }
+  EXPECT_NE(help.find("--dp arg (=derived: world / (tp pp))"), std::string::npos);
+  EXPECT_EQ(parsed({"--tp", "2"}, 8).grid.dp, 4);
+  EXPECT_EQ(help.find("(=-1)"), std::string::npos);  // no sentinel shown as a default
+}
+
 TEST(Options, PrecisionNeedsOneHalfFormatAndScalesOnlyFp16) {
   const Config bf16 = parsed({"--param-dtype", "bf16"});
   EXPECT_EQ(bf16.precision.types().optimizer_bytes(), 12u);
