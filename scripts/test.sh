@@ -41,7 +41,9 @@ if [ "${MLPTRAIN_SANITIZERS:-1}" != 0 ]; then
     meson setup build-sanitize --buildtype=debug -Db_sanitize=address,undefined \
       -Db_lundef=false -Dcuda=disabled >/dev/null
   fi
-  # Only what the suites below run: the test programs and mlptrain (not the other programs).
+  # Only what the suites below run: the test programs and mlptrain (not the other programs). The
+  # target list is read after Meson has regenerated the build for a changed tree.
+  ninja -C build-sanitize build.ninja >/dev/null
   sanitized_targets=$(meson introspect build-sanitize --targets | /usr/bin/python3 -c '
 import json, sys
 print(" ".join(target["filename"][0].split("/build-sanitize/", 1)[1] for target in json.load(sys.stdin)

@@ -29,10 +29,12 @@ std::vector<FileWrite> coalesce_writes(std::vector<FileWrite> writes) {
   return joined;
 }
 
-void BackgroundWriter::start(const std::string& path, std::vector<FileWrite> writes, bool background) {
+void BackgroundWriter::start(const std::string& path, std::vector<FileWrite> writes, bool background,
+                             std::function<void()> first) {
   wait();
   path_ = path;
   writes_ = std::move(writes);
+  first_ = std::move(first);
   problem_.clear();
   ended_.store(false, std::memory_order_release);
   if (background) {
@@ -78,6 +80,7 @@ bool write_all(int descriptor, const std::byte* data, std::size_t bytes, std::ui
 }  // namespace
 
 void BackgroundWriter::write() {
+  if (first_) first_();
   started_ms_ = now_ms();
   const auto fail = [&](const char* what) {
     problem_ = "checkpoint: " + std::string(what) + " '" + path_ + "' failed: " + std::strerror(errno);

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <thread>
@@ -33,8 +34,11 @@ class BackgroundWriter {
   BackgroundWriter& operator=(const BackgroundWriter&) = delete;
 
   // Starts writing `writes` into the file at `path` (which must exist), on a new thread when
-  // `background`, else before returning. A previous write must have been waited for.
-  void start(const std::string& path, std::vector<FileWrite> writes, bool background);
+  // `background`, else before returning; `first` runs on that thread before the writes (work on
+  // the bytes about to be written, such as their checksums, that the caller need not wait for).
+  // A previous write must have been waited for.
+  void start(const std::string& path, std::vector<FileWrite> writes, bool background,
+             std::function<void()> first = {});
   // Whether the writes started last have ended, well or not.
   bool ended() const { return ended_.load(std::memory_order_acquire); }
   // Waits for the writes to end; returns what went wrong (naming the file), or nothing.
@@ -48,6 +52,7 @@ class BackgroundWriter {
 
   std::string path_;
   std::vector<FileWrite> writes_;
+  std::function<void()> first_;
   std::thread thread_;
   std::atomic<bool> ended_{true};
   std::string problem_;

@@ -55,45 +55,50 @@ float* CheckpointSaver::snapshot(std::size_t floats, Allocator& allocator) {
   return snapshot_.get();
 }
 
-std::vector<const float*> CheckpointSaver::host_sources(const RegroupPlan& plan, bool copied,
-                                                       const CheckpointScope& scope) {
+CheckpointSaver::SnapshotLayout CheckpointSaver::snapshot_layout(const RegroupPlan& plan, bool copied) {
   // The written slices: the kept ones, then the domains (whose elements arrive from other ranks).
-  std::vector<WrittenSlice> written = plan.kept;
-  written.insert(written.end(), plan.domains.begin(), plan.domains.end());
   // Part by part, each part's slices in order; a slice of a page or more sits where its offset
   // in a page is its offset in the file's pages (datasets start on a page), so that its whole
   // pages can be written around the page cache. Kept slices are copied only when `copied`.
-  std::vector<std::size_t> positions;
-  std::size_t floats = 0;
+  SnapshotLayout layout;
+  const std::size_t kept = plan.kept.size();
   for (int part = 0; part < part_count; ++part)
-    for (std::size_t index = 0; index < written.size(); ++index) {
-      const WrittenSlice& slice = written[index];
-      if (!copied && index < plan.kept.size()) {
-        positions.push_back(0);
+    for (std::size_t index = 0; index < kept + plan.domains.size(); ++index) {
+      const WrittenSlice& slice = index < kept ? plan.kept[index] : plan.domains[index - kept];
+      if (!copied && index < kept) {
+        layout.positions.push_back(0);
         continue;
       }
       if (slice.count >= floats_per_page) {
         const auto page = static_cast<std::size_t>(floats_per_page);
         const auto in_page = static_cast<std::size_t>(slice.offset) % page;
-        floats += (in_page + page - floats % page) % page;
+        layout.floats += (in_page + page - layout.floats % page) % page;
       }
-      positions.push_back(floats);
-      floats += static_cast<std::size_t>(slice.count);
+      layout.positions.push_back(layout.floats);
+      layout.floats += static_cast<std::size_t>(slice.count);
     }
+  return layout;
+}
+
+std::vector<const float*> CheckpointSaver::host_sources(const RegroupPlan& plan, bool copied,
+                                                       const CheckpointScope& scope) {
+  const SnapshotLayout layout = snapshot_layout(plan, copied);
+  wait_until_prepared();
   float* copy = nullptr;
-  agree_or_throw(scope.world, [&] { copy = floats > 0 ? snapshot(floats, scope.allocator) : nullptr; });
+  agree_or_throw(scope.world, [&] { copy = layout.floats > 0 ? snapshot(layout.floats, scope.allocator) : nullptr; });
   std::vector<const float*> sources;
   std::vector<float*> domain_data;
+  const std::size_t kept = plan.kept.size();
   for (int part = 0; part < part_count; ++part)
-    for (std::size_t index = 0; index < written.size(); ++index) {
-      const WrittenSlice& slice = written[index];
-      float* at = copy + positions[sources.size()];
-      if (index >= plan.kept.size()) {
+    for (std::size_t index = 0; index < kept + plan.domains.size(); ++index) {
+      float* at = copy + layout.positions[sources.size()];
+      if (index >= kept) {
         domain_data.push_back(at);
       } else if (!copied) {
-        sources.push_back(slice_data(slice, part));
+        sources.push_back(slice_data(plan.kept[index], part));
         continue;
       } else {
+        const WrittenSlice& slice = plan.kept[index];
         scope.allocator.copy_any_to_host(at, slice_data(slice, part), static_cast<std::size_t>(slice.count) * sizeof(float));
       }
       sources.push_back(at);
@@ -101,6 +106,30 @@ std::vector<const float*> CheckpointSaver::host_sources(const RegroupPlan& plan,
   agree_or_throw(scope.world, [&] { regroup(plan, scope.global_tensors, domain_data, regroup_buffers_, scope.allocator, scope.world); });
   return sources;
 }
+
+void CheckpointSaver::prepare(const StatePlacement& placement, const CheckpointScope& scope) {
+  const RegroupPlan plan =
+      plan_regroup(written_slices(placement, scope.global_tensors), scope.global_tensors, scope.world);
+  const SnapshotLayout layout = snapshot_layout(plan, true);
+  wait_until_prepared();
+  float* copy = nullptr;
+  agree_or_throw(scope.world, [&] { copy = layout.floats > 0 ? snapshot(layout.floats, scope.allocator) : nullptr; });
+  std::size_t sent = 0, received = 0;
+  for (const WrittenSlice& slice : plan.sent) sent += static_cast<std::size_t>(slice.count) * part_count;
+  for (const WrittenSlice& slice : plan.domains) received += static_cast<std::size_t>(slice.count) * part_count;
+  // Nothing reads this memory until the first save, which waits for the thread first.
+  preparing_ = std::thread([this, copy, floats = layout.floats, sent, received] {
+    for (std::size_t at = 0; at < floats; at += floats_per_page) copy[at] = 0;
+    regroup_buffers_.send.resize(std::max(regroup_buffers_.send.size(), sent));
+    regroup_buffers_.receive.resize(std::max(regroup_buffers_.receive.size(), received));
+  });
+}
+
+void CheckpointSaver::wait_until_prepared() {
+  if (preparing_.joinable()) preparing_.join();
+}
+
+CheckpointSaver::~CheckpointSaver() { wait_until_prepared(); }
 
 void CheckpointSaver::start(const std::string& directory, const TrainingState& state,
                             const CheckpointDescription& description, const CheckpointScope& scope,
@@ -115,15 +144,13 @@ void CheckpointSaver::start(const std::string& directory, const TrainingState& s
       host_sources(plan, background || scope.allocator.device() != Device::cpu, scope);
   std::vector<WrittenSlice> slices = plan.kept;
   slices.insert(slices.end(), plan.domains.begin(), plan.domains.end());
-  const std::vector<std::uint32_t> checksums =
-      dataset_checksums(slices, slice_checksums(slices, sources, scope.allocator), scope.global_tensors, scope.world);
+  check_slices_cover(slices, scope.global_tensors, scope.world);
 
   const fs::path final_path = fs::path(directory) / checkpoint_file_name(state.step);
   const fs::path temporary = fs::path(directory) / ("." + checkpoint_file_name(state.step) + ".partial");
   std::vector<std::uint64_t> offsets(scope.global_tensors.size() * part_count);
   agree_or_throw(scope.world, [&] {
-    if (scope.world.rank() == 0)
-      offsets = create_checkpoint_file(temporary, state, description, scope.global_tensors, checksums);
+    if (scope.world.rank() == 0) offsets = create_checkpoint_file(temporary, state, description, scope.global_tensors);
   });
   scope.world.broadcast(offsets.data(), offsets.size(), 0);
   std::vector<FileWrite> writes;
@@ -132,17 +159,27 @@ void CheckpointSaver::start(const std::string& directory, const TrainingState& s
       writes.push_back({.file_offset = offsets[slice.tensor * part_count + part] + static_cast<std::uint64_t>(slice.offset) * sizeof(float),
                         .data = sources[writes.size()],
                         .bytes = static_cast<std::size_t>(slice.count) * sizeof(float)});
-  writer_.start(temporary.string(), coalesce_writes(std::move(writes)), background);
+  // The checksums and the check that every number is finite read what the writes read (host
+  // memory that stays unchanged until they end), so they are the writer's work too: the pause is
+  // the copy.
+  writer_.start(temporary.string(), coalesce_writes(std::move(writes)), background,
+                [this, slices, sources, &allocator = scope.allocator] {
+                  slice_checksums_ = slice_checksums(slices, sources, allocator);
+                  non_finite_ = non_finite_elements(slices, sources);
+                });
 
   std::uint64_t bytes = 0, rank_bytes = 0;
   for (const ParameterTensor& tensor : scope.global_tensors) bytes += tensor.count * sizeof(float) * part_count;
   for (const WrittenSlice& slice : slices) rank_bytes += static_cast<std::uint64_t>(slice.count) * sizeof(float) * part_count;
-  in_flight_ = InFlight{.temporary = temporary,
-                        .final_path = final_path,
-                        .saved = {.file = final_path.string(), .step = state.step, .bytes = bytes, .rank_bytes = rank_bytes},
-                        .started_ms = started_ms,
-                        .background = background};
-  in_flight_->saved.paused_ms = now_ms() - started_ms;
+  InFlight& save = in_flight_.emplace();
+  save.temporary = temporary;
+  save.final_path = final_path;
+  save.saved = {.file = final_path.string(), .step = state.step, .bytes = bytes, .rank_bytes = rank_bytes};
+  save.slices = std::move(slices);
+  save.global_tensors = scope.global_tensors;
+  save.started_ms = started_ms;
+  save.background = background;
+  save.saved.paused_ms = now_ms() - started_ms;
 }
 
 SavedCheckpoint CheckpointSaver::finish(Communicator& world) {
@@ -152,8 +189,21 @@ SavedCheckpoint CheckpointSaver::finish(Communicator& world) {
   agree_or_throw(world, [&] {
     if (problem) throw RuntimeFailure(*problem);
   });
+  std::int64_t non_finite = non_finite_;
+  world.all_reduce(&non_finite, 1, ReduceOp::sum);
+  if (non_finite > 0) {
+    std::error_code ignored;
+    if (world.rank() == 0) fs::remove(save.temporary, ignored);
+    throw AgreedError(ExitCode::runtime_failure,
+                      "step " + std::to_string(save.saved.step) + ": " + std::to_string(non_finite) +
+                          " numbers of the parameters and optimizer state are not finite; no checkpoint written");
+  }
+  const std::vector<std::uint32_t> checksums =
+      dataset_checksums(save.slices, slice_checksums_, save.global_tensors, world);
   agree_or_throw(world, [&] {
-    if (world.rank() == 0) publish_checkpoint(save.temporary, save.final_path);
+    if (world.rank() != 0) return;
+    write_checkpoint_checksums(save.temporary, save.global_tensors, checksums);
+    publish_checkpoint(save.temporary, save.final_path);
   });
   // Until the last rank's writes were durable (the rename waits for a step boundary when async).
   double written_s = (writer_.ended_ms() - save.started_ms) / 1000.0;

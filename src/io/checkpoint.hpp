@@ -15,6 +15,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "comm/communicator.hpp"
@@ -43,38 +44,62 @@ struct SavedCheckpoint {
 // DIR/latest at it; a save that does not end leaves the previous `latest` as it was.
 class CheckpointSaver {
  public:
+  CheckpointSaver() = default;
+  CheckpointSaver(const CheckpointSaver&) = delete;
+  CheckpointSaver& operator=(const CheckpointSaver&) = delete;
+  ~CheckpointSaver();
+
+  // Makes ready, behind whatever the caller does next, the host memory a background save copies
+  // into: allocated now (charged to the ledger on the CPU) and touched page by page on a thread of
+  // its own, as are the regrouping's buffers; fresh pages cost the first save more than its copy.
+  // For a run that will save in the background. Collective over scope.world.
+  void prepare(const StatePlacement& placement, const CheckpointScope& scope);
   // Starts a save (none may be in flight): copies this rank's slices of the state to host memory
-  // (unless written before returning from host memory), joins the checksums, has rank 0 create
-  // the file's frame and starts the writes: on a thread of their own when `background`, else
-  // before returning. Collective over scope.world.
+  // (unless written before returning from host memory), has rank 0 create the file's frame and
+  // starts the writes, each slice's checksum first on the writer's thread: on a thread of their
+  // own when `background`, else before returning. Collective over scope.world.
   void start(const std::string& directory, const TrainingState& state, const CheckpointDescription& description,
              const CheckpointScope& scope, bool background);
   bool in_flight() const { return in_flight_.has_value(); }
   // Whether this rank's writes of the save in flight are still going on.
   bool writing() const { return in_flight() && !writer_.ended(); }
   // Ends the save in flight: waits for this rank's writes, agrees on them (a failed write on any
-  // rank is an AgreedError naming the file on every rank) and puts the file in place. Collective.
+  // rank is an AgreedError naming the file on every rank, as is a state that is not finite, whose
+  // file is removed), joins the checksums into the file and puts it in place. Collective.
   SavedCheckpoint finish(Communicator& world);
 
  private:
   struct InFlight {
     std::filesystem::path temporary, final_path;
     SavedCheckpoint saved;
+    std::vector<WrittenSlice> slices;            // this rank's, whose checksums the writer takes
+    std::vector<ParameterTensor> global_tensors;  // the file's datasets
     double started_ms = 0;
     bool background = false;
   };
+  // Where the snapshot holds each written slice of each part (index part x slices + slice; the
+  // kept slices only when `copied`), and the floats it takes.
+  struct SnapshotLayout {
+    std::vector<std::size_t> positions;
+    std::size_t floats = 0;
+  };
+  static SnapshotLayout snapshot_layout(const RegroupPlan& plan, bool copied);
   // Host memory for the copies, kept from save to save: on the CPU charged to the ledger.
   float* snapshot(std::size_t floats, Allocator& allocator);
   // Where the writer reads each written slice of each part (the kept slices, then the domains;
   // index part x slices + slice): the state's own host memory, or the snapshot, where the kept
   // slices are copied when `copied` and the domains' elements arrive. Collective.
   std::vector<const float*> host_sources(const RegroupPlan& plan, bool copied, const CheckpointScope& scope);
+  void wait_until_prepared();
 
   std::optional<InFlight> in_flight_;
   Buffer charged_snapshot_;
   std::unique_ptr<float[], void (*)(void*)> snapshot_{nullptr, std::free};
   std::size_t snapshot_floats_ = 0;
   RegroupBuffers regroup_buffers_;
+  std::thread preparing_;                      // touches what prepare() allocated
+  std::vector<std::uint32_t> slice_checksums_;  // of the save in flight, from the writer's thread...
+  std::int64_t non_finite_ = 0;                 // ...and the numbers of it that are not finite
   BackgroundWriter writer_;  // after the memory it reads, so that it ends first
 };
 

@@ -80,6 +80,21 @@ std::vector<std::uint32_t> slice_checksums(const std::vector<WrittenSlice>& slic
   return checksums;
 }
 
+std::int64_t non_finite_elements(const std::vector<WrittenSlice>& slices, const std::vector<const float*>& sources) {
+  // A float is not finite when its exponent bits are all set: integer work, which vectorizes.
+  std::int64_t count = 0;
+  std::size_t source = 0;
+  for (int part = 0; part < part_count; ++part)
+    for (const WrittenSlice& slice : slices) {
+      const auto* bits = reinterpret_cast<const std::uint32_t*>(sources[source++]);
+      std::int64_t in_slice = 0;
+      for (std::int64_t index = 0; index < slice.count; ++index)
+        in_slice += (bits[index] & 0x7f800000u) == 0x7f800000u;
+      count += in_slice;
+    }
+  return count;
+}
+
 Hdf5Handle mpio_access(MPI_Comm comm) {
   Hdf5Handle access = property_handle(H5Pcreate(H5P_FILE_ACCESS));
   H5Pset_fapl_mpio(access.get(), comm, MPI_INFO_NULL);
@@ -138,6 +153,11 @@ std::vector<std::uint32_t> dataset_checksums(const std::vector<WrittenSlice>& sl
       throw RuntimeFailure("checkpoint: a tensor is not written whole by the ranks");
   }
   return checksums;
+}
+
+void check_slices_cover(const std::vector<WrittenSlice>& slices, const std::vector<ParameterTensor>& global_tensors,
+                        Communicator& world) {
+  dataset_checksums(slices, std::vector<std::uint32_t>(slices.size() * part_count, 0), global_tensors, world);
 }
 
 }  // namespace mlptrain

@@ -58,12 +58,20 @@ const float* slice_data(const WrittenSlice& slice, int part);
 // memory, the same index) when given, else from the state's memory through `allocator`.
 std::vector<std::uint32_t> slice_checksums(const std::vector<WrittenSlice>& slices,
                                            const std::vector<const float*>& sources, Allocator& allocator);
+// How many elements of the slices' parts (read as slice_checksums reads them, from host memory)
+// are not finite: a checkpoint is only ever published of finite numbers.
+std::int64_t non_finite_elements(const std::vector<WrittenSlice>& slices, const std::vector<const float*>& sources);
 // CRC-32 of every dataset (index tensor x part_count + part), joined from every rank's slices.
 // Throws RuntimeFailure when the slices overlap or leave a gap. Collective over `world`.
 std::vector<std::uint32_t> dataset_checksums(const std::vector<WrittenSlice>& slices,
                                              const std::vector<std::uint32_t>& slice_crcs,
                                              const std::vector<ParameterTensor>& global_tensors,
                                              Communicator& world);
+
+// Checks, before a save writes anything, that every rank's slices together cover every dataset
+// exactly once (the check dataset_checksums makes); throws RuntimeFailure. Collective.
+void check_slices_cover(const std::vector<WrittenSlice>& slices, const std::vector<ParameterTensor>& global_tensors,
+                        Communicator& world);
 
 // File access through MPI-IO over `comm` (for loading).
 Hdf5Handle mpio_access(MPI_Comm comm);

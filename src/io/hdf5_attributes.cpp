@@ -8,9 +8,11 @@ namespace mlptrain {
 namespace {
 bool write_scalar(hid_t object, const char* name, hid_t file_type, hid_t memory_type,
                   const void* value) {
+  // An attribute already there (of the same type) is written over in place.
   Hdf5Handle space = dataspace_handle(H5Screate(H5S_SCALAR));
   Hdf5Handle attribute = attribute_handle(
-      H5Acreate2(object, name, file_type, space.get(), H5P_DEFAULT, H5P_DEFAULT));
+      H5Aexists(object, name) > 0 ? H5Aopen(object, name, H5P_DEFAULT)
+                                  : H5Acreate2(object, name, file_type, space.get(), H5P_DEFAULT, H5P_DEFAULT));
   return attribute.valid() && H5Awrite(attribute.get(), memory_type, value) >= 0;
 }
 }  // namespace

@@ -10,6 +10,7 @@
 
 namespace mlptrain {
 
+// Each creates the attribute, or writes over one already there.
 bool write_string_attribute(hid_t object, const char* name, const std::string& value);
 bool write_int64_attribute(hid_t object, const char* name, std::int64_t value);
 bool write_uint32_attribute(hid_t object, const char* name, std::uint32_t value);

@@ -3,9 +3,7 @@
 
 #include <fmt/format.h>
 
-#include <cmath>
 
-#include "core/error.hpp"
 #include "core/timer.hpp"
 #include "core/trace.hpp"
 #include "layout/options.hpp"
@@ -45,18 +43,12 @@ Checkpointer::Resumed Checkpointer::resume(const Progress& start) {
           file};
 }
 
-std::vector<SavedCheckpoint> Checkpointer::save(const Progress& progress) {
+void Checkpointer::prepare() { saver_.prepare(run_.model->placement, scope()); }
+
+std::vector<SavedCheckpoint> Checkpointer::save(const Progress& progress, bool steps_follow) {
   const double start_ms = now_ms();
-  const std::int64_t step = progress.step;
-  AdamW& optimizer = *run_.model->optimizer;
-  optimizer.finish_update();
-  // A checkpoint is only ever written of finite parameters.
-  double square_sum =
-      AdamW::owned_square_sum(*run_.device.kernels, run_.model->placement, AdamW::Field::values);
-  if (run_.world().size() > 1) run_.world().all_reduce(&square_sum, 1);
-  if (!std::isfinite(square_sum))
-    throw AgreedError(ExitCode::runtime_failure,
-                      fmt::format("step {}: the parameters are not finite; no checkpoint written", step));
+  run_.data->finish_reads();
+  run_.model->optimizer->finish_update();
   const GridShape& shape = run_.groups->shape();
   const CheckpointDescription description{
       .config_ini = to_ini(run_.config),
@@ -65,7 +57,7 @@ std::vector<SavedCheckpoint> Checkpointer::save(const Progress& progress) {
       .seed = run_.config.training.seed};
   std::vector<SavedCheckpoint> ended;
   if (saver_.in_flight()) ended.push_back(finish());
-  const bool background = run_.config.output.save_mode == SaveMode::async;
+  const bool background = run_.config.output.save_mode == SaveMode::async && steps_follow;
   saver_.start(run_.config.output.checkpoint_dir, state(progress), description, scope(), background);
   if (!background) ended.push_back(finish());
   record_span(run_.ledgers.trace.get(), "checkpoint", start_ms, now_ms());
@@ -73,6 +65,7 @@ std::vector<SavedCheckpoint> Checkpointer::save(const Progress& progress) {
 }
 
 SavedCheckpoint Checkpointer::finish() {
+  run_.data->finish_reads();
   const SavedCheckpoint saved = saver_.finish(run_.world());
   if (TraceRecorder* trace = run_.ledgers.trace.get())
     trace->record({.name = "checkpoint_write",

@@ -1,9 +1,10 @@
 // The run's state saved as consolidated checkpoints (io/checkpoint.hpp) and loaded back: the
-// scope every rank takes part in (the world, the whole model's tensors, the configuration), the
-// description stored with each file (the configuration as INI text, the layout, the seed), and
-// the refusal to save parameters that are not finite. Saving waits for an offloaded update; its
-// writes go on behind training (--save-mode async) until the loop finds every rank's ended. The
-// trace shows the pause and each rank's writes.
+// scope every rank takes part in (the world, the whole model's tensors, the configuration) and
+// the description stored with each file (the configuration as INI text, the layout, the seed);
+// the saver refuses to publish parameters or optimizer state that are not finite. Saving waits
+// for an offloaded update and for the samples read ahead from a file (the frame and the
+// checksums use the HDF5 library too); its writes go on behind training (--save-mode async)
+// until the loop finds every rank's ended. The trace shows the pause and each rank's writes.
 #pragma once
 
 #include <cstdint>
@@ -34,9 +35,14 @@ class Checkpointer {
     std::string file;
   };
   Resumed resume(const Progress& start);
-  // Starts saving the state; returns the saves this ended: the one in flight before, and with
-  // --save-mode sync this one. Collective.
-  std::vector<SavedCheckpoint> save(const Progress& progress);
+  // Makes ready what the run's first background save needs (the host memory it copies into),
+  // behind the steps before it. Collective.
+  void prepare();
+  // Starts saving the state; returns the saves this ended: the one in flight before, and this
+  // one unless it goes on behind the steps that follow: with --save-mode async and
+  // `steps_follow`. A save no step follows has nothing to overlap, and is written straight from
+  // the state. Collective.
+  std::vector<SavedCheckpoint> save(const Progress& progress, bool steps_follow);
   bool saving() const { return saver_.in_flight(); }
   // Whether this rank's writes of the save in flight are still going on.
   bool writing() const { return saver_.writing(); }

@@ -264,10 +264,17 @@ void Trainer::train() {
     reporter.line(saved_line(checkpoint));
     summary.checkpoints.push_back(checkpoint);
   };
+  const OutputConfig& output = config_.output;
   const auto save = [&](std::int64_t step) {
-    run_.data->finish_reads();  // the file's reads and the checkpoint's frame share the HDF5 library
-    for (const SavedCheckpoint& checkpoint : checkpoints_.save(progress(step))) saved(checkpoint);
+    for (const SavedCheckpoint& checkpoint : checkpoints_.save(progress(step), step < config_.training.steps))
+      saved(checkpoint);
   };
+  // A save that steps will follow copies the state into host memory first: made ready now.
+  const std::int64_t first_periodic_save =
+      output.save_every > 0 ? (start / output.save_every + 1) * output.save_every : config_.training.steps;
+  if (!output.checkpoint_dir.empty() && output.save_mode == SaveMode::async &&
+      first_periodic_save < config_.training.steps)
+    checkpoints_.prepare();
   std::int64_t last_saved = -1;
   Watchdog watchdog(config_.output.timeout_s, run_.world().rank(), run_.ledgers.comm);
   try {
@@ -278,7 +285,7 @@ void Trainer::train() {
       reporter.step(record);
       if (record.checkpoint) saved(*record.checkpoint);
       summary.add(record);
-      if (!config_.output.checkpoint_dir.empty() && config_.output.save_every > 0 && record.step % config_.output.save_every == 0) {
+      if (!output.checkpoint_dir.empty() && output.save_every > 0 && record.step % output.save_every == 0) {
         watchdog.arm(record.step);  // the save gets a timeout of its own
         save(record.step);
         last_saved = record.step;
@@ -296,7 +303,7 @@ void Trainer::train() {
   run_.model->optimizer->finish_update();
   watchdog.disarm();
   const std::int64_t final_step = std::max<std::int64_t>(start, config_.training.steps);
-  if (!config_.output.checkpoint_dir.empty() && last_saved != final_step && !(start >= config_.training.steps && !config_.output.resume.empty()))
+  if (!output.checkpoint_dir.empty() && last_saved != final_step && !(start >= config_.training.steps && !output.resume.empty()))
     save(final_step);
   if (checkpoints_.saving()) saved(checkpoints_.finish());
 

@@ -2,8 +2,9 @@
 replicas, tensor-parallel copies of a bias, hybrid-sharding replicas) each write a slice, every
 dataset's crc32 attribute is zlib's CRC-32 of its stored bytes, and an asynchronous save gives the
 same file as a synchronous one. The save's bytes, time and rate reach the log, the metrics and the
-trace, where the writes overlap the following steps (async) or lie inside the pause (sync). A rank
-killed with SIGKILL during an asynchronous save leaves `latest` naming the previous checkpoint,
+trace, where the writes overlap the following steps (async) or lie inside the pause (sync, and the
+run's last save, which no step follows). A rank killed with SIGKILL during a run's first save, an
+asynchronous one between, or its last leaves `latest` naming the previous checkpoint (or none),
 which resumes exactly; a write that fails (a full disk, simulated by a preloaded library) stops
 every rank with one line naming the file."""
 import glob
@@ -24,6 +25,10 @@ SMALL = ["--layers", "4", "--hidden", "512", "--global-batch", "16", "--log-ever
          "--save-every", "3"]
 # Weights of 4 MiB: a replica's slice of one is 1 MiB or more (what the failing library refuses).
 LARGE = ["--layers", "3", "--hidden", "1024", "--global-batch", "16", "--log-every", "0", "--shuffle"]
+# A 50 MB checkpoint: its save is in flight for at least a step and the copy, write and fsync of
+# that much, far longer than noticing its partial file takes.
+KILLED = ["--layers", "3", "--hidden", "2048", "--global-batch", "16", "--log-every", "0", "--shuffle",
+          "--save-every", "4"]
 FAIL_LARGE_WRITES = os.environ.get("MLPTRAIN_FAIL_LARGE_WRITES", "build/tests/libfail_large_writes.so")
 
 
@@ -111,7 +116,11 @@ class AsyncCheckpoints(TrainingTestCase):
                 writes, compute = write_spans(trace)
                 pauses = [(start, end) for name, start, end in compute[0] if name == "checkpoint"]
                 self.assertEqual(len(pauses), 2)
-                first_write = writes[0][0]
+                first_write, last_write = writes[0][0], writes[0][1]
+                # The last save has no step after it to overlap: written before the run goes on,
+                # whatever the mode, as a sync save is (its pause covers all of it).
+                self.assertTrue(pauses[1][0] <= last_write[0] and last_write[1] <= pauses[1][1])
+                self.assertGreaterEqual(saves[1]["paused_ms"], saves[1]["seconds"] * 1000)
                 if mode == "sync":
                     # Written before training went on: inside the pause.
                     self.assertTrue(pauses[0][0] <= first_write[0] and first_write[1] <= pauses[0][1])
@@ -122,18 +131,15 @@ class AsyncCheckpoints(TrainingTestCase):
                     later = [span for span in compute[0] if span[0] in ("forward", "backward") and span[1] > pauses[0][1]]
                     self.assertTrue(any(start < first_write[1] for _, start, _ in later), "no step overlapped the write")
 
-    def test_a_rank_killed_during_an_async_save_leaves_the_previous_checkpoint(self):
-        directory = self.path("killed")
-        # A 50 MB checkpoint: its save is in flight for at least a step and the copy, write and
-        # fsync of that much, far longer than noticing its partial file takes.
-        arguments = ["--layers", "3", "--hidden", "2048", "--global-batch", "16", "--log-every", "0", "--shuffle",
-                     "--save-every", "4"]
-        launcher = subprocess.Popen([MPIEXEC, "-n", "2", MLPTRAIN] + arguments +
-                                    ["--steps", "100000", "--checkpoint-dir", directory],
+    def kill_during_save(self, name, steps, save_step):
+        """Trains at 2 ranks, saving every 4 steps, and kills a rank with SIGKILL while the save of
+        `save_step` is being written (its partial file exists); returns the checkpoint directory."""
+        directory = self.path(name)
+        launcher = subprocess.Popen([MPIEXEC, "-n", "2", MLPTRAIN] + KILLED +
+                                    ["--steps", str(steps), "--checkpoint-dir", directory],
                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                     env=dict(os.environ, OMP_NUM_THREADS="1"))
-        latest = os.path.join(directory, "latest")
-        partial = os.path.join(directory, ".step_00000008.h5.partial")
+        partial = os.path.join(directory, f".step_{save_step:08d}.h5.partial")
         try:
             deadline = time.monotonic() + 120
             ranks = []
@@ -151,16 +157,30 @@ class AsyncCheckpoints(TrainingTestCase):
                 launcher.kill()
                 launcher.wait()
             launcher.stderr.close()
-        with open(latest) as handle:
-            self.assertEqual(handle.read().strip(), "step_00000004.h5")
-        self.assertEqual(glob.glob(os.path.join(directory, "step_*.h5")), [os.path.join(directory, "step_00000004.h5")])
-        # Resuming from it continues exactly where an uninterrupted run would be.
-        run(arguments + ["--steps", 6, "--resume", directory, "--checkpoint-dir", self.path("resumed")], 2)
-        run(arguments + ["--steps", 6, "--checkpoint-dir", self.path("whole")], 2)
-        resumed = read_checkpoint(os.path.join(self.path("resumed"), "step_00000006.h5"))
-        whole = read_checkpoint(os.path.join(self.path("whole"), "step_00000006.h5"))
-        for dataset_name, tensor in whole.items():
-            np.testing.assert_array_equal(resumed[dataset_name], tensor, err_msg=dataset_name)
+        return directory
+
+    def test_a_rank_killed_during_a_save_leaves_the_previous_checkpoint(self):
+        # A run's first save (its memory made ready behind the steps before it), an asynchronous
+        # save between, and the last save (written straight from the state).
+        for name, steps, save_step, previous in (("first", 100000, 4, None), ("between", 100000, 8, 4),
+                                                 ("last", 8, 8, 4)):
+            with self.subTest(save=name):
+                directory = self.kill_during_save(name, steps, save_step)
+                kept = [] if previous is None else [os.path.join(directory, f"step_{previous:08d}.h5")]
+                self.assertEqual(glob.glob(os.path.join(directory, "step_*.h5")), kept)
+                latest = os.path.join(directory, "latest")
+                if previous is None:
+                    self.assertFalse(os.path.exists(latest))
+                    continue
+                with open(latest) as handle:
+                    self.assertEqual(handle.read().strip(), f"step_{previous:08d}.h5")
+                # Resuming from it continues exactly where an uninterrupted run would be.
+                run(KILLED + ["--steps", 6, "--resume", directory, "--checkpoint-dir", self.path(name + "-resumed")], 2)
+                run(KILLED + ["--steps", 6, "--checkpoint-dir", self.path(name + "-whole")], 2)
+                resumed = read_checkpoint(os.path.join(self.path(name + "-resumed"), "step_00000006.h5"))
+                whole = read_checkpoint(os.path.join(self.path(name + "-whole"), "step_00000006.h5"))
+                for dataset_name, tensor in whole.items():
+                    np.testing.assert_array_equal(resumed[dataset_name], tensor, err_msg=dataset_name)
 
     def test_a_failed_write_stops_every_rank_with_one_line(self):
         directory = self.path("full")

@@ -2,12 +2,14 @@
 // (as ZeRO holds it), as column blocks (as a tensor-parallel layout would) or whole on every rank
 // (as data parallelism holds it, each rank writing a slice), written, read back whole in another
 // layout; the checksums joined from the ranks' pieces equal the checksum of the whole tensor;
-// pieces that leave a gap are refused rather than written.
+// pieces that leave a gap are refused rather than written, a state that is not finite is not
+// published.
 #include <gtest/gtest.h>
 #include <mpi.h>
 #include <unistd.h>
 #include <zlib.h>
 
+#include <cmath>
 #include <filesystem>
 #include <functional>
 
@@ -175,6 +177,29 @@ TEST_F(CheckpointTest, PiecesThatLeaveAGapAreRefused) {
   const std::string dir = directory();
   EXPECT_THROW(save_checkpoint(dir, {.placement = pieces.placement, .step = 1, .data_position = 1}, {}, scope()),
                RuntimeFailure);
+}
+
+// A checkpoint is published only of finite numbers: one infinite moment on the last rank stops
+// the save on every rank, and neither the file nor its partial one is left behind.
+TEST_F(CheckpointTest, AStateThatIsNotFiniteIsNotPublished) {
+  Layout pieces = flat_shards();
+  pieces.fill();
+  if (world.rank() == world.size() - 1) pieces.placement.updated.back().exp_avg_sq[0] = INFINITY;
+  const std::string dir = directory() + "-not-finite";
+  if (world.rank() == 0) prepare_checkpoint_directory(dir);
+  world.barrier();
+  try {
+    save_checkpoint(dir, {.placement = pieces.placement, .step = 7, .data_position = 1}, {}, scope());
+    ADD_FAILURE() << "a state that is not finite was saved";
+  } catch (const AgreedError& error) {
+    EXPECT_NE(std::string(error.what()).find("step 7: 1 numbers of the parameters and optimizer state are not finite"),
+              std::string::npos)
+        << error.what();
+  }
+  world.barrier();
+  EXPECT_FALSE(std::filesystem::exists(dir + "/step_00000007.h5"));
+  EXPECT_FALSE(std::filesystem::exists(dir + "/.step_00000007.h5.partial"));
+  EXPECT_FALSE(std::filesystem::exists(dir + "/latest"));
 }
 
 TEST_F(CheckpointTest, HalfParametersLoadTheMastersAndRoundTheirValues) {
