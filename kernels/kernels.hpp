@@ -7,10 +7,12 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <stdexcept>
 #include <string>
 
 #include "core/buffer.hpp"
 #include "core/data_type.hpp"
+#include "core/precision.hpp"
 #include "core/synthetic_samples.hpp"
 
 namespace mlptrain {
@@ -73,6 +75,13 @@ struct AdamWRange {
   void* compute_copy = nullptr;
   bool counted = true;
 };
+
+// How an fp8 GEMM operand [rows, cols] (row-major) is scaled (DESIGN.md §2.7): one scale for all
+// of it, one per row, or one per column; its scale count.
+enum class Fp8Scaling { tensor, rows, columns };
+constexpr std::int64_t fp8_scale_count(Fp8Scaling scaling, std::int64_t rows, std::int64_t cols) {
+  return scaling == Fp8Scaling::tensor ? 1 : scaling == Fp8Scaling::rows ? rows : cols;
+}
 
 struct CrossEntropyResult {
   double loss_sum = 0;       // sum over rows of -log softmax(logits)[label]
@@ -175,6 +184,30 @@ class Kernels {
     return sum;
   }
 
+  // fp8 operands (§2.7; core/fp8.hpp): amax (fp32, fp8_scale_count elements) = the absolute
+  // maximum of `data` ([rows, cols] of `type`) over each scale's elements.
+  virtual void absolute_max(const void* /*data*/, DataType /*type*/, std::int64_t /*rows*/, std::int64_t /*cols*/,
+                            Fp8Scaling /*scaling*/, float* /*amax*/) {
+    unsupported("fp8 operands");
+  }
+  // quantized (of `type`, whose values then are the format's) = fp8::round_to(x s, format) with
+  // s = fp8::scale_for(amax of x's scale, format); inverse_scales = 1 / s (powers of two: exact).
+  virtual void quantize_fp8(const void* /*data*/, DataType /*type*/, std::int64_t /*rows*/, std::int64_t /*cols*/,
+                            Fp8Scaling /*scaling*/, const float* /*amax*/, Fp8Format /*format*/, void* /*quantized*/,
+                            float* /*inverse_scales*/) {
+    unsupported("fp8 operands");
+  }
+  // The fp8 GEMM's product back in its operands' units: c[i, j] (of `c_type`, [rows, cols]) =
+  // accumulator[i, j] x row_inverse[i] x column_inverse[j] (each of 1 element, or one per row and
+  // column as `row_scales` and `column_scales` say; exact, powers of two), + bias[j] (of
+  // `c_type`; may be null), + c[i, j] when accumulating, in fp32, rounded once.
+  virtual void unscale_fp8_product(const float* /*accumulator*/, std::int64_t /*rows*/, std::int64_t /*cols*/,
+                                   const float* /*row_inverse*/, Fp8Scaling /*row_scales*/,
+                                   const float* /*column_inverse*/, Fp8Scaling /*column_scales*/,
+                                   const void* /*bias*/, void* /*c*/, DataType /*c_type*/, bool /*accumulate*/) {
+    unsupported("fp8 products");
+  }
+
   virtual double sum_of_squares(const void* data, DataType type, std::size_t count) = 0;
   virtual void scale(void* data, DataType type, std::size_t count, float factor) = 0;
   virtual void fill(void* data, DataType type, std::size_t count, float value) = 0;
@@ -225,6 +258,12 @@ class Kernels {
   }
   void add(float* destination, const float* source, std::size_t count) {
     add(destination, source, DataType::float32, count);
+  }
+
+ protected:
+  // What a backend without an op says when asked for it (its options refuse such runs first).
+  [[noreturn]] void unsupported(const char* what) const {
+    throw std::logic_error(std::string(what) + ": no kernels for them on this device");
   }
 };
 

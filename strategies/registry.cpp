@@ -9,6 +9,7 @@ extern const StrategyRegistration zero_registration;
 extern const StrategyRegistration tensor_parallel_registration;
 extern const StrategyRegistration pipeline_registration;
 extern const StrategyRegistration expert_parallel_registration;
+extern const StrategyRegistration fp8_amax_agreement_registration;
 
 std::span<const StrategyRegistration> strategy_registry() {
   static const StrategyRegistration registry[] = {
@@ -17,6 +18,7 @@ std::span<const StrategyRegistration> strategy_registry() {
       tensor_parallel_registration,
       pipeline_registration,
       expert_parallel_registration,
+      fp8_amax_agreement_registration,
   };
   return registry;
 }
@@ -28,6 +30,7 @@ std::string_view role_name(Role role) {
     case Role::shards_state: return "places the training state";
     case Role::exchanges_experts: return "connects MoE layers to their experts";
     case Role::splits_tensors: return "splits tensors";
+    case Role::agrees_fp8_scales: return "agrees fp8 scales over replicas";
   }
   return "?";
 }

@@ -24,6 +24,7 @@
 #include "cost/prediction.hpp"
 #include "cost/rank_layout.hpp"
 #include "kernels/kernels.hpp"
+#include "model/fp8_linear.hpp"
 #include "model/linear.hpp"
 #include "model/model_spec.hpp"
 #include "model/moe.hpp"
@@ -191,6 +192,15 @@ struct BackwardDone : LayerCall {
   std::optional<InputGradient> input_gradient;
 };
 
+// agree_operand_amax (--fp8): an fp8 operand's absolute maxima on this rank ([count] fp32, in
+// the kernels' memory), to be made those of the operand's whole population before its scale is
+// formed (§2.7). Every rank holding part of the population calls it at the same point.
+struct OperandAmax : LayerCall {
+  Fp8Operand operand;
+  float* amax;
+  std::int64_t count;
+};
+
 // A pipeline boundary: one micro-batch's tensor ([rows, features], this rank's local slice)
 // leaving for or arriving from a neighbouring stage, as a send or receive action names it. The
 // loop owns the memory and keeps it alive until the transfer is done (a failing run aborts).
@@ -225,6 +235,8 @@ class LayerHooks {
   virtual void before_layer_backward(BackwardStart&) {}
   virtual void before_layer_matmul_backward(const BackwardProduct&) {}
   virtual void after_layer_backward(const BackwardDone&) {}
+  // Within a layer's fp8 products (forward or backward), before an operand is scaled.
+  virtual void agree_operand_amax(const OperandAmax&) {}
   // After the last backward: every gradient must be final when this returns.
   virtual void synchronize_gradients(const StepEvent&) {}
   virtual void after_optimizer_step(const StepEvent&) {}
@@ -252,6 +264,7 @@ enum class Role {
   shards_state,       // places the training state (exclusive)
   exchanges_experts,  // connects MoE layers to their experts (exclusive)
   splits_tensors,     // narrows tensors to this rank's slices (composes)
+  agrees_fp8_scales,  // makes fp8 operands' scales those of their whole population (exclusive)
 };
 std::string_view role_name(Role role);
 bool exclusive(Role role);

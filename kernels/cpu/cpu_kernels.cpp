@@ -14,6 +14,7 @@
 
 #include "core/vector_math.hpp"
 #include "core/elements.hpp"
+#include "kernels/cpu/fp8_kernels.hpp"
 #include "kernels/cpu/gelu_rows.hpp"
 #include "kernels/cpu/onednn_matmul.hpp"
 #include "kernels/cpu/row_moves.hpp"
@@ -333,6 +334,21 @@ class CpuKernels final : public Kernels {
       }
       return std::accumulate(chunk_sums.begin(), chunk_sums.end(), 0.0);
     });
+  }
+
+  void absolute_max(const void* data, DataType type, std::int64_t rows, std::int64_t cols, Fp8Scaling scaling,
+                    float* amax) override {
+    cpu_fp8::absolute_max(data, type, rows, cols, scaling, amax);
+  }
+  void quantize_fp8(const void* data, DataType type, std::int64_t rows, std::int64_t cols, Fp8Scaling scaling,
+                    const float* amax, Fp8Format format, void* quantized, float* inverse_scales) override {
+    cpu_fp8::quantize(data, type, rows, cols, scaling, amax, format, quantized, inverse_scales);
+  }
+  void unscale_fp8_product(const float* accumulator, std::int64_t rows, std::int64_t cols, const float* row_inverse,
+                           Fp8Scaling row_scales, const float* column_inverse, Fp8Scaling column_scales,
+                           const void* bias, void* c, DataType c_type, bool accumulate) override {
+    cpu_fp8::unscale_product(accumulator, rows, cols, row_inverse, row_scales, column_inverse, column_scales, bias, c,
+                             c_type, accumulate);
   }
 
   double sum_of_squares(const void* data, DataType type, std::size_t count) override {

@@ -170,6 +170,20 @@ class LoopbackKernels final : public Kernels {
     return cpu_->adamw(host(master), host(grads), grads_type, host(exp_avg), host(exp_avg_sq), count, step,
                        host(compute_copy), compute_type);
   }
+  void absolute_max(const void* data, DataType type, std::int64_t rows, std::int64_t cols, Fp8Scaling scaling,
+                    float* amax) override {
+    cpu_->absolute_max(host(data), type, rows, cols, scaling, host(amax));
+  }
+  void quantize_fp8(const void* data, DataType type, std::int64_t rows, std::int64_t cols, Fp8Scaling scaling,
+                    const float* amax, Fp8Format format, void* quantized, float* inverse_scales) override {
+    cpu_->quantize_fp8(host(data), type, rows, cols, scaling, host(amax), format, host(quantized), host(inverse_scales));
+  }
+  void unscale_fp8_product(const float* accumulator, std::int64_t rows, std::int64_t cols, const float* row_inverse,
+                           Fp8Scaling row_scales, const float* column_inverse, Fp8Scaling column_scales,
+                           const void* bias, void* c, DataType c_type, bool accumulate) override {
+    cpu_->unscale_fp8_product(host(accumulator), rows, cols, host(row_inverse), row_scales, host(column_inverse),
+                              column_scales, host(bias), host(c), c_type, accumulate);
+  }
   double sum_of_squares(const void* data, DataType type, std::size_t count) override {
     return cpu_->sum_of_squares(host(data), type, count);
   }

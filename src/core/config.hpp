@@ -54,6 +54,14 @@ template <> struct ChoiceNames<DataType> {  // the training types
   static constexpr std::array<std::pair<DataType, std::string_view>, 3> names = {
       {{DataType::float32, "fp32"}, {DataType::bfloat16, "bf16"}, {DataType::float16, "fp16"}}};
 };
+template <> struct ChoiceNames<Fp8Recipe> {
+  static constexpr std::array<std::pair<Fp8Recipe, std::string_view>, 3> names = {
+      {{Fp8Recipe::none, "none"}, {Fp8Recipe::tensorwise, "tensorwise"}, {Fp8Recipe::rowwise, "rowwise"}}};
+};
+template <> struct ChoiceNames<Fp8Format> {
+  static constexpr std::array<std::pair<Fp8Format, std::string_view>, 2> names = {
+      {{Fp8Format::e4m3, "e4m3"}, {Fp8Format::e5m2, "e5m2"}}};
+};
 template <> struct ChoiceNames<Device> {
   static constexpr std::array<std::pair<Device, std::string_view>, 3> names = {
       {{Device::cpu, "cpu"}, {Device::cuda, "cuda"}, {Device::loopback, "loopback"}}};
@@ -141,8 +149,12 @@ struct PrecisionConfig {
   double initial_loss_scale = 0;  // dynamic: the first scale (65536)
   int loss_scale_window = 0;      // dynamic: finite steps before the scale doubles (1000)
   double min_loss_scale = 0;      // dynamic: the scale never halves below this (1)
+  Fp8Recipe fp8 = Fp8Recipe::none;
+  Fp8Format fp8_grad_format = Fp8Format::e4m3;
 
-  Precision types() const { return {.param = param_dtype, .reduce = reduce_dtype}; }
+  Precision types() const {
+    return {.param = param_dtype, .reduce = reduce_dtype, .fp8 = fp8, .fp8_grad_format = fp8_grad_format};
+  }
 };
 
 // Where a rank computes and how its groups communicate.

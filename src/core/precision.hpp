@@ -11,9 +11,19 @@
 
 namespace mlptrain {
 
+// fp8 GEMMs (§2.7): a Linear layer's three GEMMs take fp8 operands, each scaled from its own
+// absolute maximum, over the whole operand (tensorwise) or one per row of the side that is not
+// summed over (rowwise).
+enum class Fp8Recipe { none, tensorwise, rowwise };
+// The 8-bit float formats (core/fp8.hpp): e4m3 for weights and activations, and for gradients
+// unless e5m2's range is asked for.
+enum class Fp8Format { e4m3, e5m2 };
+
 struct Precision {
   DataType param = DataType::float32;
   DataType reduce = DataType::float32;
+  Fp8Recipe fp8 = Fp8Recipe::none;
+  Fp8Format fp8_grad_format = Fp8Format::e4m3;
 
   bool keeps_master() const { return param != DataType::float32; }
   // fp16 gradients underflow and overflow without a loss scale; bf16's range is fp32's.
@@ -22,6 +32,7 @@ struct Precision {
   std::size_t reduce_bytes() const { return size_of(reduce); }
   // Bytes of optimizer state per parameter updated: the moments, and the master copy if kept.
   std::size_t optimizer_bytes() const { return keeps_master() ? 12 : 8; }
+  bool fp8_gemms() const { return fp8 != Fp8Recipe::none; }
 };
 
 }  // namespace mlptrain

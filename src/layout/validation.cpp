@@ -86,6 +86,26 @@ void validate_precision(PrecisionConfig& precision) {
                       precision.initial_loss_scale));
 }
 
+// fp8 products (§2.7) as far as they are built: dense Linear layers whose weights are whole where
+// they are used, on the CPU's emulation.
+void validate_fp8(const Config& config) {
+  if (!config.precision.types().fp8_gemms()) {
+    require(config.precision.fp8_grad_format == Fp8Format::e4m3, "--fp8-grad-format needs --fp8 tensorwise or rowwise");
+    return;
+  }
+  const std::string recipe = fmt::format("--fp8 {}", choice_name(config.precision.fp8));
+  require(config.precision.param_dtype == DataType::bfloat16,
+          fmt::format("{} needs --param-dtype bf16 (the activations between fp8 products are bf16)", recipe));
+  require(config.device.kind != Device::cuda,
+          fmt::format("{}: the CUDA backend has no fp8 GEMM yet: use --device cpu or loopback", recipe));
+  require(config.grid.tp == 1,
+          fmt::format("{} with --tp {}: fp8 scales of split weights are not agreed over the tensor group yet", recipe,
+                      config.grid.tp));
+  require(config.model.moe_every == 0,
+          fmt::format("{} with --moe-every {}: fp8 experts are not built yet (dense layers only)", recipe,
+                      config.model.moe_every));
+}
+
 void validate_device(const DeviceConfig& device) {
   at_least("peak-tflops", device.peak_tflops, 0.0);
   require(!device.offload || device.kind != Device::cpu,
@@ -143,6 +163,7 @@ void validate_options(Config& config, int world_size) {
     if (strategy.validate != nullptr) strategy.validate(config);
   validate_device(config.device);
   validate_precision(config.precision);
+  validate_fp8(config);
 }
 
 }  // namespace mlptrain

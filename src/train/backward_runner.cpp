@@ -68,7 +68,7 @@ void BackwardRunner::whole(MicroBatchActivations& activations, std::size_t local
     if (split)
       tools_.kernels.column_sums(product_grad, view.precision.param, view.bias_grad, view.precision.reduce, accumulate,
                                  layer_rows, out);
-    linear_backward_matmul(tools_.kernels, view, layer_input, product_grad, layer_rows, layer_grad_input, accumulate);
+    tools_.backward_products(start, view, layer_input, product_grad, layer_rows, layer_grad_input, accumulate);
   }
   tools_.strategies.after_layer_backward(done(start));
 }
@@ -93,8 +93,8 @@ void BackwardRunner::input_part(MicroBatchActivations& activations, std::size_t 
   if (!split && grad_pre != kept.as<void>()) tools_.kernels.copy(kept.as<void>(), grad_pre, tools_.activation_type, count);
   tools_.strategies.before_layer_matmul_backward(
       BackwardProduct{start, start.part, layer_rows, output_rows, grad_pre, kept.as<void>()});
-  linear_backward_matmul(tools_.kernels, view, nullptr, kept.as<void>(), layer_rows,
-                         start.layer_grad_input().value_or(nullptr), false, ProductGradients::input);
+  tools_.backward_products(start, view, nullptr, kept.as<void>(), layer_rows, start.layer_grad_input().value_or(nullptr),
+                           false, ProductGradients::input);
   tools_.strategies.after_layer_backward(done(start));
 }
 
@@ -107,8 +107,8 @@ void BackwardRunner::weight_part(MicroBatchActivations& activations, std::size_t
   const bool accumulate = weight.unit.accumulate_grads;
   tools_.kernels.column_sums(product_grad, view.precision.param, view.bias_grad, view.precision.reduce, accumulate,
                              weight.layer_rows, view.spec.out_features);
-  linear_backward_matmul(tools_.kernels, view, *weight.layer_input(), product_grad, weight.layer_rows, nullptr,
-                         accumulate, ProductGradients::weight);
+  tools_.backward_products(weight, view, *weight.layer_input(), product_grad, weight.layer_rows, nullptr, accumulate,
+                           ProductGradients::weight);
   tools_.strategies.after_layer_backward(done(weight));
   activations.product_grad[local] = Buffer{};
 }

@@ -9,6 +9,7 @@
 #include <optional>
 #include <vector>
 
+#include "model/fp8_linear.hpp"
 #include "model/linear.hpp"
 #include "model/micro_batch.hpp"
 #include "model/moe.hpp"
@@ -34,6 +35,13 @@ struct RunnerTools {
     return {.layer = layer, .micro_batch = micro_batch, .micro_batches = micro_batches, .training = training,
             .activation_type = activation_type, .spec = spec};
   }
+  // A Linear layer's products, in its param type or (--fp8) from fp8 operands whose amax the
+  // strategies agree on as `call`'s.
+  void forward_product(const LayerCall& call, const LinearLayer& layer, const void* input, std::int64_t rows,
+                       void* pre, BiasPlace bias) const;
+  void backward_products(const LayerCall& call, const LinearLayer& layer, const void* input, const void* grad_pre,
+                         std::int64_t rows, void* grad_input, bool accumulate,
+                         ProductGradients which = ProductGradients::both) const;
 };
 
 class ChunkLayers {

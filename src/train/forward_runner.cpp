@@ -36,8 +36,8 @@ void ForwardRunner::layer(MicroBatchActivations& activations, std::size_t local,
                  pass.training ? &moe_statistics_ : nullptr);
     tools_.strategies.after_layer_matmul(computed);
   } else {
-    linear_forward_matmul(tools_.kernels, placed.linear, start.layer_input(), layer_rows, product,
-                          start.bias_after_sum() ? BiasPlace::after_sum : BiasPlace::in_product);
+    tools_.forward_product(call, placed.linear, start.layer_input(), layer_rows, product,
+                           start.bias_after_sum() ? BiasPlace::after_sum : BiasPlace::in_product);
     tools_.strategies.after_layer_matmul(computed);
     linear_forward_finish(tools_.kernels, placed.linear, output_rows, pre, spec.gelu ? output : pre);
   }

@@ -41,6 +41,9 @@ class StrategyStack {
   void after_layer_backward(const BackwardDone& event) {
     each([&](LayerHooks& s) { s.after_layer_backward(event); });
   }
+  void agree_operand_amax(const OperandAmax& event) {
+    each([&](LayerHooks& s) { s.agree_operand_amax(event); });
+  }
   void synchronize_gradients(const StepEvent& event) {
     each([&](LayerHooks& s) { s.synchronize_gradients(event); });
   }

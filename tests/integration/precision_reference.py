@@ -12,12 +12,16 @@ gradients of one training step of the model of §2.1 (dense and MoE layers, MSE 
   their sums rounded.
 - `variant` names a deliberate break of the contract, for showing that a check rejects it:
   "product_first" (the product rounded before the bias is added) and "unrounded_grad_pre"
-  (d(pre) left in fp32 for the products' backward).
+  (d(pre) left in fp32 for the products' backward); fp8_reference.py names its own.
+- `fp8` ("tensorwise" or "rowwise") forms the dense layers' three products from fp8 operands as
+  fp8_reference.py does; the rest of the step is as without it.
 Nothing here reads the project's code: parameters come from a checkpoint, data from the file
 the run read."""
 import math
 
 import numpy as np
+
+from fp8_reference import Fp8Products
 
 F32 = np.float32
 
@@ -114,7 +118,7 @@ class Reference:
     checkpoint holds them under /model, as "layers/NN/weight") on inputs x and targets y."""
 
     def __init__(self, masters, param="bf16", loss_scale=1.0, tensor_ranks=1, top_k=2, aux_loss_coef=0.01,
-                 micro_batches=1, variant=None, accumulation="float64"):
+                 micro_batches=1, variant=None, accumulation="float64", fp8=None, fp8_grad_format="e4m3"):
         self.round = ROUNDERS[param]
         self.matmul = ACCUMULATIONS[accumulation]
         self.masters = masters
@@ -124,6 +128,7 @@ class Reference:
         self.aux_loss_coef = aux_loss_coef
         self.micro_batches = micro_batches
         self.variant = variant
+        self.fp8 = Fp8Products(fp8, fp8_grad_format, self.matmul, variant) if fp8 else None
         self.layer_count = len({name.split("/")[1] for name in masters if name.startswith("layers/")})
         self.moe_layers = {layer for layer in range(self.layer_count) if self.tensor(layer, "router/weight") is not None}
         self.parts = tensor_parts(self.moe_layers, self.layer_count)
@@ -139,6 +144,8 @@ class Reference:
     # Forward.
     def linear(self, layer, x):
         w, b = self.weight(layer, "weight"), self.weight(layer, "bias")
+        if self.fp8:
+            return self.round(self.fp8.forward(layer, x, w, b))
         if self.variant == "product_first":
             return self.round(fp32(self.round(self.matmul(x, w.T)) + b))
         if self.tensor_ranks > 1 and self.parts[layer] == "row":
@@ -190,10 +197,13 @@ class Reference:
                 grad_pre = self.round(grad_pre)
         else:
             grad_pre = grad_output
-        self.add(grads, f"layers/{layer:02d}/weight", self.matmul(grad_pre.T, x))
+        weight_gradient = self.fp8.weight_gradient(layer, grad_pre, x) if self.fp8 else self.matmul(grad_pre.T, x)
+        self.add(grads, f"layers/{layer:02d}/weight", weight_gradient)
         self.add(grads, f"layers/{layer:02d}/bias", fp32(np.sum(np.asarray(grad_pre, np.float64), axis=0)))
         if layer == 0:
             return None
+        if self.fp8:
+            return self.round(self.fp8.input_gradient(layer, grad_pre, w))
         if self.tensor_ranks > 1 and self.parts[layer] == "column":
             return self.sum_partials([self.round(self.matmul(grad_pre[:, part], w[part, :]))
                                       for part in halves(w.shape[0], self.tensor_ranks)])
@@ -289,5 +299,7 @@ def adamw_first_update(gradient, learning_rate=1.0, eps=1.0):
 
 
 def relative_l2(value, reference):
-    reference = np.asarray(reference, np.float64)
-    return float(np.linalg.norm(np.asarray(value, np.float64) - reference) / (np.linalg.norm(reference) or 1.0))
+    """|value - reference| / |reference|; against a zero reference, relative to the value (1 for
+    any value but zeros), so that a gradient lost altogether counts in full."""
+    value, reference = np.asarray(value, np.float64), np.asarray(reference, np.float64)
+    return float(np.linalg.norm(value - reference) / (np.linalg.norm(reference) or np.linalg.norm(value) or 1.0))

@@ -82,6 +82,12 @@ class BadInput(TrainingTestCase):
             (["--param-dtype", "fp16", "--loss-scale", "0.5"], 1, ["--loss-scale"]),
             (["--param-dtype", "fp16", "--initial-loss-scale", "4", "--min-loss-scale", "8"], 1,
              ["--min-loss-scale 8", "--initial-loss-scale 4"]),
+            (["--fp8", "tensorwise"], 1, ["--fp8 tensorwise", "--param-dtype bf16"]),
+            (["--fp8", "blockwise"], 2, ["--fp8", "blockwise", "rowwise"]),
+            (["--fp8-grad-format", "e5m2"], 1, ["--fp8-grad-format", "--fp8"]),
+            (["--param-dtype", "bf16", "--fp8", "rowwise", "--tp", "2"], 2, ["--fp8 rowwise", "--tp 2"]),
+            (["--param-dtype", "bf16", "--fp8", "tensorwise", "--moe-every", "1"], 1, ["--fp8 tensorwise", "--moe-every 1"]),
+            (["--param-dtype", "bf16", "--fp8", "tensorwise", "--device", "cuda"], 1, ["--fp8 tensorwise", "CUDA"]),
         ]
         for arguments, ranks, names in cases:
             with self.subTest(arguments=arguments):

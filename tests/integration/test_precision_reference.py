@@ -28,23 +28,17 @@ gradients) further: hence the median.
 test_tolerance_admits_another_summation_order repeats that measurement on this test's model.
 """
 import os
-import shutil
-import tempfile
 import unittest
 
-import h5py
 import numpy as np
 
-from common import gpu_refusal, read_checkpoint, read_metrics, run
-from precision_reference import Reference, adamw_first_update, relative_l2, round_bf16, round_fp16
+from common import gpu_refusal
+from precision_reference import round_bf16, round_fp16
+from reference_runs import MOE, ReferenceRuns
 
 STEP = {"bf16": 2.0 ** -8, "fp16": 2.0 ** -11}
 TOLERANCE = {"bf16": 32 * (2.0 ** -24 * STEP["bf16"]) ** 0.5, "fp16": 64 * (2.0 ** -24 * STEP["fp16"]) ** 0.5}
 
-SAMPLES, INPUTS, OUTPUTS = 64, 16, 8
-MODEL = ["--dataset", "hdf5", "--layers", "8", "--hidden", "64", "--global-batch", str(SAMPLES), "--log-every", "0",
-         "--lr", "1", "--eps", "1", "--weight-decay", "0", "--seed", "5"]
-MOE = ["--moe-every", "2", "--experts", "4", "--top-k", "2"]
 PIPELINE = ["--pp", "2", "--micro-batches", "4"]
 
 # Layout families: (name, ranks, flags, tensor ranks of the reference).
@@ -83,28 +77,12 @@ MOE_LAYOUTS = [
 ]
 
 
-class PrecisionReference(unittest.TestCase):
-    """The data file and the initial masters are made once; each test trains one step per layout."""
-    errors = {}
-
-    @classmethod
-    def setUpClass(cls):
-        cls.directory = tempfile.mkdtemp(prefix="mlptrain-precision-")
-        generator = np.random.default_rng(11)
-        cls.x = generator.normal(0, 1, (SAMPLES, INPUTS)).astype(np.float32)
-        cls.y = generator.normal(0, 1, (SAMPLES, OUTPUTS)).astype(np.float32)
-        cls.data = os.path.join(cls.directory, "data.h5")
-        with h5py.File(cls.data, "w") as file:
-            file["x"], file["y"] = cls.x, cls.y
-        cls.initial = {}
-        for name, flags in (("dense", []), ("moe", MOE)):
-            directory = os.path.join(cls.directory, "initial-" + name)
-            run(cls.model(flags) + ["--steps", "0", "--checkpoint-dir", directory])
-            cls.initial[name] = cls.masters(directory)
+class PrecisionReference(ReferenceRuns):
+    """bf16 and fp16 layouts against the reference, and the checks of the check."""
 
     @classmethod
     def tearDownClass(cls):
-        shutil.rmtree(cls.directory, ignore_errors=True)
+        super().tearDownClass()
         report = os.environ.get("MLPTRAIN_PRECISION_REPORT")
         if report:  # results/precision_reference.json: the errors, with the command, machine and date
             from benchlib import write_result
@@ -112,63 +90,8 @@ class PrecisionReference(unittest.TestCase):
                                   "error of the first-step update (largest tensor beside it)",
                                   "errors": cls.errors})
 
-    @classmethod
-    def model(cls, flags):
-        return MODEL + ["--data-path", cls.data] + list(flags)
-
-    @staticmethod
-    def masters(directory, prefix="model/"):
-        with open(os.path.join(directory, "latest")) as handle:
-            tensors = read_checkpoint(os.path.join(directory, handle.read().strip()))
-        return {name[len(prefix):]: value for name, value in tensors.items() if name.startswith(prefix)}
-
-    def first_update(self, name, flags, ranks):
-        """The run's first-step update of every tensor (from its moments, checked against its
-        masters' change), and its metrics."""
-        directory = os.path.join(self.directory, name.replace(" ", "-"))
-        metrics = directory + ".jsonl"
-        run(self.model(flags) + ["--steps", "1", "--checkpoint-dir", directory, "--metrics", metrics], ranks)
-        before = self.initial["moe" if "--moe-every" in flags else "dense"]
-        after = self.masters(directory)
-        exp_avg, exp_avg_sq = (self.masters(directory, f"optimizer/{moment}/") for moment in ("exp_avg", "exp_avg_sq"))
-        update = {}
-        for tensor, master in before.items():
-            m_hat = exp_avg[tensor].astype(np.float64) / (1 - 0.9)
-            v_hat = exp_avg_sq[tensor].astype(np.float64) / (1 - 0.999)
-            update[tensor] = -m_hat / (np.sqrt(v_hat) + 1.0)
-            applied = after[tensor].astype(np.float64) - master
-            spacing = np.spacing(np.maximum(np.abs(master), np.abs(after[tensor])))
-            np.testing.assert_array_less(np.abs(applied - update[tensor]), 4 * spacing,
-                                         f"{name}: {tensor} moved otherwise than its moments say")
-        steps, _ = read_metrics(metrics)
-        return update, steps
-
-    def reference_update(self, moe, dtype, **settings):
-        masters = self.initial["moe" if moe else "dense"]
-        gradients, _ = Reference(masters, param=dtype, **settings).gradients(self.x, self.y)
-        return {name: adamw_first_update(value) for name, value in gradients.items()}
-
-    @staticmethod
-    def errors_of(update, reference):
-        """(median, largest) over the tensors of their relative L2 errors."""
-        errors = [relative_l2(update[name], reference[name]) for name in reference]
-        return float(np.median(errors)), max(errors)
-
     def check_layouts(self, dtype, layouts, moe, extra=()):
-        for name, ranks, flags, tensor_ranks in layouts:
-            with self.subTest(layout=name, dtype=dtype):
-                flags = (MOE if moe else []) + ["--param-dtype", dtype] + list(extra) + flags
-                update, steps = self.first_update(f"{dtype} {name}", flags, ranks)
-                self.assertEqual(steps[0].get("skipped_steps", 0), 0, "the step was skipped")
-                micro_batches = int(flags[flags.index("--micro-batches") + 1]) if "--micro-batches" in flags else 1
-                loss_scale = steps[0].get("loss_scale", 1.0)
-                reference = self.reference_update(moe, dtype, tensor_ranks=tensor_ranks,
-                                                  micro_batches=micro_batches, loss_scale=loss_scale)
-                median, largest = self.errors_of(update, reference)
-                self.errors[f"{dtype} {name}"] = {"median": median, "largest": largest}
-                print(f"{dtype} {name:>18}: first-step update {median:.1e} from the reference "
-                      f"(largest tensor {largest:.1e})", flush=True)
-                self.assertLessEqual(median, TOLERANCE[dtype])
+        self.check_against_reference(dtype, layouts, moe, TOLERANCE[dtype], extra, dtype)
 
     def test_bf16_dense_layouts_follow_the_contract(self):
         self.check_layouts("bf16", DENSE_LAYOUTS, moe=False)

@@ -161,3 +161,27 @@ TEST(Layouts, TensorParallelPairsSumPartialProducts) {
     }
   }
 }
+
+// --fp8 with data parallelism: an operand's amax on each rank becomes the maximum over the
+// data-parallel group (the global micro-batch's), element by element, in one all-reduce.
+TEST(Layouts, Fp8AmaxIsTheDataGroupsMaximum) {
+  if (world_size() == 1) GTEST_SKIP() << "an agreement needs two ranks";
+  Config layout = small_model();
+  layout.precision.param_dtype = DataType::bfloat16;
+  layout.precision.fp8 = Fp8Recipe::rowwise;
+  Replica split(MPI_COMM_WORLD, layout);
+  auto& hooks = dynamic_cast<LayerHooks&>(split.model->strategies->object("fp8_amax_agreement"));
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  // Element e is 1 + 10 e on rank e mod world and half the rank's index elsewhere.
+  std::vector<float> amax(7);
+  for (std::size_t e = 0; e < amax.size(); ++e)
+    amax[e] = static_cast<int>(e) % world_size() == rank ? 1.0f + 10.0f * static_cast<float>(e) : 0.5f * rank;
+  const LayerSpec spec{.index = 2, .in_features = 12, .out_features = 7};
+  const LayerCall call{.layer = 2, .micro_batch = 0, .micro_batches = 1, .training = true,
+                       .activation_type = DataType::bfloat16, .spec = spec};
+  hooks.agree_operand_amax(OperandAmax{call, Fp8Operand::output_grad, amax.data(), 7});
+  for (std::size_t e = 0; e < amax.size(); ++e)
+    EXPECT_EQ(amax[e], std::max(1.0f + 10.0f * static_cast<float>(e), 0.5f * (world_size() - 1))) << e;
+  EXPECT_EQ(ledger_bytes(split, "dp", CommOp::all_reduce), static_cast<std::int64_t>(7 * sizeof(float)));
+}

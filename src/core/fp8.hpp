@@ -1,0 +1,77 @@
+// The two 8-bit float formats of fp8 training (OCP's 8-bit floating point specification, the
+// formats of Hopper's tensor cores), written once for the host and a CUDA device:
+//   e4m3: 4 exponent bits (bias 7), 3 mantissa bits, no infinities; largest finite 448, smallest
+//         normal 2^-6, smallest subnormal 2^-9. The format of weights and activations.
+//   e5m2: 5 exponent bits (bias 15), 2 mantissa bits, IEEE-like; largest finite 57344, smallest
+//         normal 2^-14, smallest subnormal 2^-16. The wider range gradients may take.
+// Every value of either format is exactly a bfloat16 (and a float) value, so a quantized operand
+// is held as bf16 values and multiplied as bf16: the products are exact in fp32 either way.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#include "core/precision.hpp"
+
+#if defined(__CUDACC__)
+#define MLPTRAIN_FP8_HOST_DEVICE __host__ __device__
+#else
+#define MLPTRAIN_FP8_HOST_DEVICE
+#endif
+
+namespace mlptrain::fp8 {
+
+struct FormatTraits {
+  int mantissa_bits;
+  int smallest_normal_exponent;  // e_min: 2^e_min is the smallest normal value
+  float largest;                 // the largest finite value
+};
+
+MLPTRAIN_FP8_HOST_DEVICE constexpr FormatTraits traits(Fp8Format format) {
+  return format == Fp8Format::e4m3 ? FormatTraits{3, -6, 448.0f} : FormatTraits{2, -14, 57344.0f};
+}
+
+MLPTRAIN_FP8_HOST_DEVICE inline float power_of_two(int exponent) {  // exponent in [-126, 127]
+  const std::uint32_t bits = static_cast<std::uint32_t>(exponent + 127) << 23;
+  float value;
+  std::memcpy(&value, &bits, sizeof value);
+  return value;
+}
+
+MLPTRAIN_FP8_HOST_DEVICE inline int exponent_of(float value) {  // floor(log2 |value|) for normal floats
+  std::uint32_t bits;
+  std::memcpy(&bits, &value, sizeof bits);
+  return static_cast<int>((bits >> 23) & 0xffu) - 127;
+}
+
+// x rounded to the nearest value of the format, ties to the even mantissa, then saturated to
+// the largest finite value (what a conversion with saturation to finite values gives; x must be
+// finite). The quantum at x is 2^(max(e, e_min) - mantissa bits), e = floor(log2 |x|): dividing by
+// it is exact, so rint's rounding (to nearest, ties to even) is the only one.
+MLPTRAIN_FP8_HOST_DEVICE inline float round_to(float x, Fp8Format format) {
+  const FormatTraits format_traits = traits(format);
+  if (x == 0.0f) return x;
+  int exponent = exponent_of(x);
+  if (exponent < format_traits.smallest_normal_exponent) exponent = format_traits.smallest_normal_exponent;
+  const int quantum_exponent = exponent - format_traits.mantissa_bits;
+  const float rounded = rintf(x * power_of_two(-quantum_exponent)) * power_of_two(quantum_exponent);
+  return fminf(fmaxf(rounded, -format_traits.largest), format_traits.largest);
+}
+
+// The scale an operand with this absolute maximum is multiplied by before rounding: the largest
+// power of two that keeps amax x scale within the format's largest value (1 for an operand of
+// zeros). A power of two, so that scaling and unscaling are exact and the rounding to the format
+// is the only one; it gives up at most one binade of the format's range.
+MLPTRAIN_FP8_HOST_DEVICE inline float scale_for(float amax, Fp8Format format) {
+  if (!(amax > 0.0f)) return 1.0f;
+  const float largest = traits(format).largest;
+  int exponent = exponent_of(largest) - exponent_of(amax);
+  // largest / amax may be just below that power of two: step down where it overshoots.
+  if (amax * power_of_two(exponent) > largest) --exponent;
+  if (exponent > 126) exponent = 126;
+  if (exponent < -126) exponent = -126;
+  return power_of_two(exponent);
+}
+
+}  // namespace mlptrain::fp8

@@ -1,0 +1,120 @@
+"""fp8 runs (--fp8 tensorwise and rowwise, DESIGN.md §2.7) against an independent emulation of
+the contract in NumPy (fp8_reference.py through precision_reference.Reference): one process and
+every layout family the recipe runs in, on the CPU and through the device path (loopback).
+
+The measure is test_precision_reference.py's: the first step's update with AdamW's eps = 1, each
+tensor's relative L2 error against the reference's, the median over the model's tensors.
+
+The tolerance: the contract leaves one freedom, the order of fp32 sums. An fp8 product's terms
+are exact in fp32 (4 and 4 significant bits) and their sums are exact while they span fewer
+than 24 bits, so the products agree in any order far more often than bf16's do; what remains
+free is what bf16 has (the bias added in fp32, the gradients' fp32 sums, the rounding of each
+result to bf16), so bf16's bound holds: 32 sqrt(u x 2^-8) (test_precision_reference.py). Where
+a flip does happen before an operand is quantized it moves an element by an fp8 step, which
+test_tolerance_admits_another_summation_order measures with the reference summed in NumPy's
+fp32 order. Every broken variant lands far outside (test_broken_variants_fall_outside_the_tolerance
+prints how far).
+
+Within the format's normal range a power-of-two scale leaves an element's significand as it is,
+so which rows a scale is formed from (the global micro-batch's, as the contract says, or one
+rank's) shows only in elements some 2^15 below the amax, which no gradient's norm sees: the MPI
+test Layouts.Fp8AmaxIsTheDataGroupsMaximum checks the agreement itself, and the run's ledger
+holds its all-reduces to the prediction.
+"""
+import os
+import unittest
+
+from reference_runs import ReferenceRuns
+
+UNIT = (2.0 ** -24 * 2.0 ** -8) ** 0.5
+TOLERANCE = 32 * UNIT
+
+PIPELINE = ["--pp", "2", "--micro-batches", "4"]
+# (name, ranks, flags, tensor ranks of the reference: fp8 runs without tensor parallelism).
+LAYOUTS = [
+    ("one process", 1, [], 1),
+    ("micro-batches", 1, ["--micro-batches", "4"], 1),
+    ("dp", 2, ["--dp", "2"], 1),
+    ("dp+micro-batches", 2, ["--dp", "2", "--micro-batches", "2"], 1),
+    ("zero-1", 2, ["--zero", "1"], 1),
+    ("zero-2", 2, ["--zero", "2", "--micro-batches", "2"], 1),
+    ("zero-3", 2, ["--zero", "3"], 1),
+    ("hsdp", 4, ["--zero", "3", "--zero-shard-size", "2"], 1),
+    ("pp 1f1b", 2, PIPELINE, 1),
+    ("pp gpipe", 2, PIPELINE + ["--schedule", "gpipe"], 1),
+    ("pp interleaved", 2, PIPELINE + ["--schedule", "interleaved", "--virtual-stages", "2"], 1),
+    ("pp zb-h1", 2, PIPELINE + ["--schedule", "zb-h1"], 1),
+    ("pp+dp", 4, PIPELINE + ["--dp", "2"], 1),
+    ("recompute", 1, ["--recompute"], 1),
+    ("loopback", 1, ["--device", "loopback"], 1),
+    ("loopback dp", 2, ["--device", "loopback", "--dp", "2"], 1),
+]
+
+
+class Fp8Reference(ReferenceRuns):
+    @classmethod
+    def tearDownClass(cls):
+        super().tearDownClass()
+        report = os.environ.get("MLPTRAIN_FP8_REPORT")
+        if report:  # results/fp8_reference.json: the errors, with the command, machine and date
+            from benchlib import write_result
+            write_result(report, {"tolerance": TOLERANCE, "measure": "median over tensors of the relative L2 "
+                                  "error of the first-step update (largest tensor beside it)",
+                                  "errors": cls.errors})
+
+    def check(self, recipe, layouts, grad_format="e4m3"):
+        flags = ["--fp8", recipe, "--fp8-grad-format", grad_format]
+        self.check_against_reference(f"fp8 {recipe} {grad_format}", layouts, False, TOLERANCE, flags, "bf16",
+                                     fp8=recipe, fp8_grad_format=grad_format)
+
+    def test_tensorwise_layouts_follow_the_contract(self):
+        self.check("tensorwise", LAYOUTS)
+
+    def test_rowwise_layouts_follow_the_contract(self):
+        self.check("rowwise", LAYOUTS)
+
+    def test_e5m2_gradients_follow_the_contract(self):
+        self.check("tensorwise", LAYOUTS[:3], grad_format="e5m2")
+        self.check("rowwise", LAYOUTS[:1], grad_format="e5m2")
+
+    def test_broken_variants_fall_outside_the_tolerance(self):
+        """Each break of the contract, emulated by the reference or made by the run with other
+        options, is rejected by the check above."""
+        for recipe in ("tensorwise", "rowwise"):
+            run_update, _ = self.first_update(f"variants {recipe}", ["--param-dtype", "bf16", "--fp8", recipe], 1)
+            micro_batched, _ = self.first_update(f"variants {recipe} micro-batches",
+                                                 ["--param-dtype", "bf16", "--fp8", recipe, "--micro-batches", "4"], 1)
+            e5m2_run, _ = self.first_update(f"variants {recipe} e5m2",
+                                            ["--param-dtype", "bf16", "--fp8", recipe, "--fp8-grad-format", "e5m2"], 1)
+            bf16_run, _ = self.first_update(f"variants {recipe} bf16", ["--param-dtype", "bf16"], 1)
+            contract = self.reference_update(False, "bf16", fp8=recipe)
+            variants = {
+                "no scaling": (run_update, self.reference_update(False, "bf16", fp8=recipe, variant="unscaled")),
+                "amax from the micro-batch before": (
+                    micro_batched, self.reference_update(False, "bf16", fp8=recipe, micro_batches=4,
+                                                         variant="previous_amax")),
+                "e5m2 where e4m3 is asked": (run_update, self.reference_update(False, "bf16", fp8=recipe,
+                                                                               variant="e5m2_everywhere")),
+                "e5m2 gradients where e4m3 is asked": (e5m2_run, contract),
+                "a bf16 run": (bf16_run, contract),
+            }
+            for name, (update, reference) in variants.items():
+                with self.subTest(variant=name, recipe=recipe):
+                    median, _ = self.errors_of(update, reference)
+                    self.errors[f"variant: {name} ({recipe})"] = median
+                    print(f"{name} ({recipe}): {median:.1e} from the check's reference, {median / UNIT:.0f} "
+                          f"sqrt(u step)", flush=True)
+                    self.assertGreater(median, TOLERANCE)
+
+    def test_tolerance_admits_another_summation_order(self):
+        for recipe in ("tensorwise", "rowwise"):
+            with self.subTest(recipe=recipe):
+                reordered = self.reference_update(False, "bf16", fp8=recipe, accumulation="float32")
+                median, _ = self.errors_of(reordered, self.reference_update(False, "bf16", fp8=recipe))
+                self.errors[f"reference reordered: {recipe}"] = median
+                print(f"reference reordered ({recipe}): {median:.1e}, {median / UNIT:.1f} sqrt(u step)", flush=True)
+                self.assertLessEqual(median, TOLERANCE)
+
+
+if __name__ == "__main__":
+    unittest.main()
