@@ -1,7 +1,13 @@
-// The CPU's fp8 operand kernels (see fp8_kernels.hpp).
+// The CPU's fp8 operand kernels (see fp8_kernels.hpp). Each loop runs along a row with whatever
+// varies per column held in a row of its own (the column scales, expanded from one where the
+// scale is the tensor's), so that it vectorizes; absolute values are compared as their bits,
+// which order non-negative floats as their values do, so the maxima vectorize too. Rows are
+// spread over the rank's GEMM threads (an element's result depends on nothing else, a maximum
+// on no order), which would otherwise wait for these passes.
 #include "kernels/cpu/fp8_kernels.hpp"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <vector>
 
@@ -12,30 +18,49 @@ namespace mlptrain::cpu_fp8 {
 
 namespace {
 
-// The index of the scale element (row, col) of an operand belongs to.
-std::int64_t scale_index(Fp8Scaling scaling, std::int64_t row, std::int64_t col) {
-  return scaling == Fp8Scaling::tensor ? 0 : scaling == Fp8Scaling::rows ? row : col;
+// Below this many elements a pass stays on one thread.
+constexpr std::int64_t threaded_elements = 1 << 16;
+
+// |value|'s bits: for fp32 the low 31, for the 16-bit formats the low 15.
+std::uint32_t magnitude_bits(float value) { return std::bit_cast<std::uint32_t>(value) & 0x7fffffffu; }
+std::uint32_t magnitude_bits(std::uint16_t value) { return value & 0x7fffu; }
+template <typename E>
+float from_magnitude_bits(std::uint32_t bits) {
+  if constexpr (std::is_same_v<E, Fp32>) return std::bit_cast<float>(bits);
+  else return E::load(static_cast<std::uint16_t>(bits));
+}
+
+// A row of `cols` per-column values: the given ones, or one repeated.
+std::vector<float> per_column(const float* values, Fp8Scaling scaling, std::int64_t cols) {
+  return scaling == Fp8Scaling::tensor ? std::vector<float>(static_cast<std::size_t>(cols), values[0])
+                                       : std::vector<float>(values, values + cols);
 }
 
 }  // namespace
 
 void absolute_max(const void* data, DataType type, std::int64_t rows, std::int64_t cols, Fp8Scaling scaling,
                   float* amax) {
-  std::fill(amax, amax + fp8_scale_count(scaling, rows, cols), 0.0f);
   with_element(type, [&](auto element) {
     using E = decltype(element);
     const auto* values = elements<E>(data);
-    for (std::int64_t row = 0; row < rows; ++row) {
-      const auto* in = values + row * cols;
-      if (scaling == Fp8Scaling::columns) {
-        for (std::int64_t col = 0; col < cols; ++col) amax[col] = std::max(amax[col], std::fabs(E::load(in[col])));
-        continue;
-      }
-      float largest = 0.0f;
-      for (std::int64_t col = 0; col < cols; ++col) largest = std::max(largest, std::fabs(E::load(in[col])));
-      float& into = amax[scaling == Fp8Scaling::rows ? row : 0];
-      into = std::max(into, largest);
+    std::vector<std::uint32_t> column_largest(scaling == Fp8Scaling::columns ? static_cast<std::size_t>(cols) : 0, 0);
+    if (scaling == Fp8Scaling::columns) {
+      for (std::int64_t row = 0; row < rows; ++row)
+        for (std::int64_t col = 0; col < cols; ++col)
+          column_largest[col] = std::max(column_largest[col], magnitude_bits(values[row * cols + col]));
     }
+    std::uint32_t tensor_largest = 0;
+#pragma omp parallel for schedule(static) reduction(max : tensor_largest) if (rows * cols >= threaded_elements)
+    for (std::int64_t row = 0; row < rows; ++row) {
+      if (scaling == Fp8Scaling::columns) continue;
+      const auto* in = values + row * cols;
+      std::uint32_t largest = 0;
+      for (std::int64_t col = 0; col < cols; ++col) largest = std::max(largest, magnitude_bits(in[col]));
+      if (scaling == Fp8Scaling::rows) amax[row] = from_magnitude_bits<E>(largest);
+      tensor_largest = std::max(tensor_largest, largest);
+    }
+    if (scaling == Fp8Scaling::tensor) amax[0] = from_magnitude_bits<E>(tensor_largest);
+    for (std::size_t col = 0; col < column_largest.size(); ++col) amax[col] = from_magnitude_bits<E>(column_largest[col]);
   });
 }
 
@@ -47,33 +72,47 @@ void quantize(const void* data, DataType type, std::int64_t rows, std::int64_t c
     scales[index] = fp8::scale_for(amax[index], format);
     inverse_scales[index] = 1.0f / scales[index];
   }
+  // A scale per row multiplies the row; any other is a row of column scales.
+  const std::vector<float> column_scales =
+      scaling == Fp8Scaling::rows ? std::vector<float>(static_cast<std::size_t>(cols), 1.0f)
+                                  : per_column(scales.data(), scaling, cols);
   with_element(type, [&](auto element) {
     using E = decltype(element);
     const auto* in = elements<E>(data);
     auto* out = elements<E>(quantized);
-    for (std::int64_t row = 0; row < rows; ++row)
-      for (std::int64_t col = 0; col < cols; ++col) {
-        const std::int64_t at = row * cols + col;
-        out[at] = E::store(fp8::round_to(E::load(in[at]) * scales[scale_index(scaling, row, col)], format));
-      }
+#pragma omp parallel for schedule(static) if (rows * cols >= threaded_elements)
+    for (std::int64_t row = 0; row < rows; ++row) {
+      const float row_scale = scaling == Fp8Scaling::rows ? scales[row] : 1.0f;
+      const auto* in_row = in + row * cols;
+      auto* out_row = out + row * cols;
+      for (std::int64_t col = 0; col < cols; ++col)
+        out_row[col] = E::store(fp8::round_to(E::load(in_row[col]) * row_scale * column_scales[col], format));
+    }
   });
 }
 
 void unscale_product(const float* accumulator, std::int64_t rows, std::int64_t cols, const float* row_inverse,
                      Fp8Scaling row_scales, const float* column_inverse, Fp8Scaling column_scales, const void* bias,
                      void* c, DataType c_type, bool accumulate) {
+  const std::vector<float> column_factors = per_column(column_inverse, column_scales, cols);
   with_element(c_type, [&](auto element) {
     using E = decltype(element);
     auto* out = elements<E>(c);
-    const auto* bias_values = elements<E>(bias);
+    // The bias widened once (zeros without one: adding +0 leaves every sum as it is).
+    std::vector<float> bias_values(static_cast<std::size_t>(cols), 0.0f);
+    if (bias != nullptr)
+      for (std::int64_t col = 0; col < cols; ++col) bias_values[col] = E::load(elements<E>(bias)[col]);
+#pragma omp parallel for schedule(static) if (rows * cols >= threaded_elements)
     for (std::int64_t row = 0; row < rows; ++row) {
       const float row_factor = row_inverse[row_scales == Fp8Scaling::tensor ? 0 : row];
-      for (std::int64_t col = 0; col < cols; ++col) {
-        const std::int64_t at = row * cols + col;
-        float value = accumulator[at] * row_factor * column_inverse[column_scales == Fp8Scaling::tensor ? 0 : col];
-        if (bias_values != nullptr) value += E::load(bias_values[col]);
-        if (accumulate) value += E::load(out[at]);
-        out[at] = E::store(value);
+      const float* in = accumulator + row * cols;
+      auto* out_row = out + row * cols;
+      if (accumulate) {
+        for (std::int64_t col = 0; col < cols; ++col)
+          out_row[col] = E::store(in[col] * row_factor * column_factors[col] + bias_values[col] + E::load(out_row[col]));
+      } else {
+        for (std::int64_t col = 0; col < cols; ++col)
+          out_row[col] = E::store(in[col] * row_factor * column_factors[col] + bias_values[col]);
       }
     }
   });

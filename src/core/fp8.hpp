@@ -47,16 +47,17 @@ MLPTRAIN_FP8_HOST_DEVICE inline int exponent_of(float value) {  // floor(log2 |v
 
 // x rounded to the nearest value of the format, ties to the even mantissa, then saturated to
 // the largest finite value (what a conversion with saturation to finite values gives; x must be
-// finite). The quantum at x is 2^(max(e, e_min) - mantissa bits), e = floor(log2 |x|): dividing by
-// it is exact, so rint's rounding (to nearest, ties to even) is the only one.
+// finite). The quantum at x is 2^(max(e, e_min) - mantissa bits), e = floor(log2 |x|) (a zero
+// takes e_min's): dividing by it is exact, so rint's rounding (to nearest, ties to even) is the
+// only one. Without branches, so that loops over it vectorize.
 MLPTRAIN_FP8_HOST_DEVICE inline float round_to(float x, Fp8Format format) {
   const FormatTraits format_traits = traits(format);
-  if (x == 0.0f) return x;
   int exponent = exponent_of(x);
-  if (exponent < format_traits.smallest_normal_exponent) exponent = format_traits.smallest_normal_exponent;
-  const int quantum_exponent = exponent - format_traits.mantissa_bits;
-  const float rounded = rintf(x * power_of_two(-quantum_exponent)) * power_of_two(quantum_exponent);
-  return fminf(fmaxf(rounded, -format_traits.largest), format_traits.largest);
+  exponent = exponent < format_traits.smallest_normal_exponent ? format_traits.smallest_normal_exponent : exponent;
+  const float rounded = rintf(x * power_of_two(format_traits.mantissa_bits - exponent)) *
+                        power_of_two(exponent - format_traits.mantissa_bits);
+  const float largest = format_traits.largest;
+  return rounded > largest ? largest : rounded < -largest ? -largest : rounded;
 }
 
 // The scale an operand with this absolute maximum is multiplied by before rounding: the largest
