@@ -192,13 +192,13 @@ struct BackwardDone : LayerCall {
   std::optional<InputGradient> input_gradient;
 };
 
-// agree_operand_amax (--fp8): an fp8 operand's absolute maxima on this rank ([count] fp32, in
-// the kernels' memory), to be made those of the operand's whole population before its scale is
-// formed (§2.7). Every rank holding part of the population calls it at the same point.
+// agree_operand_amax (--fp8): an fp8 operand's absolute maxima on this rank ([scales.count] fp32,
+// in the kernels' memory), to be made those of the operand's whole population before its scale
+// is formed (§2.7). Every rank holding part of the population calls it at the same point; a
+// strategy whose split cuts through a scale's elements maximizes over its group.
 struct OperandAmax : LayerCall {
-  Fp8Operand operand;
+  Fp8OperandScales scales;
   float* amax;
-  std::int64_t count;
 };
 
 // A pipeline boundary: one micro-batch's tensor ([rows, features], this rank's local slice)

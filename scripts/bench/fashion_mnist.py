@@ -52,6 +52,13 @@ def plot(result, path):
     print(f"fashion_mnist: wrote {path}")
 
 
+def fashion_model(data, epochs):
+    """The recipe's options: the model, the batch, the schedule and an evaluation each epoch."""
+    return ["--dataset", "hdf5", "--data-path", data, "--layers", 3, "--hidden", 512, "--global-batch", 128,
+            "--shuffle", "--lr", "1e-3", "--lr-schedule", "cosine", "--warmup-steps", 200,
+            "--steps", epochs * STEPS_PER_EPOCH, "--eval-every", STEPS_PER_EPOCH]
+
+
 def main():
     parser = arguments(__doc__.split("\n\n")[0], rounds=1, steps=0, result_file="fashion_mnist.json")
     parser.add_argument("--data", help="an HDF5 file of the Fashion-MNIST layout")
@@ -60,9 +67,7 @@ def main():
     args = parser.parse_args()
     data = fashion_mnist_file(args.data)
     steps = args.epochs * STEPS_PER_EPOCH
-    model = ["--dataset", "hdf5", "--data-path", data, "--layers", 3, "--hidden", 512, "--global-batch", 128,
-             "--shuffle", "--lr", "1e-3", "--lr-schedule", "cosine", "--warmup-steps", 200, "--steps", steps,
-             "--eval-every", STEPS_PER_EPOCH]
+    model = fashion_model(data, args.epochs)
     layouts = {}
     losses = {}
     for name, (ranks, flags) in LAYOUTS.items():

@@ -86,8 +86,8 @@ void validate_precision(PrecisionConfig& precision) {
                       precision.initial_loss_scale));
 }
 
-// fp8 products (§2.7) as far as they are built: dense Linear layers whose weights are whole where
-// they are used, on the CPU's emulation.
+// fp8 products (§2.7) as far as they are built: dense Linear layers (an MoE layer's experts and
+// router compute in bf16), on the CPU's emulation.
 void validate_fp8(const Config& config) {
   if (!config.precision.types().fp8_gemms()) {
     require(config.precision.fp8_grad_format == Fp8Format::e4m3, "--fp8-grad-format needs --fp8 tensorwise or rowwise");
@@ -98,12 +98,6 @@ void validate_fp8(const Config& config) {
           fmt::format("{} needs --param-dtype bf16 (the activations between fp8 products are bf16)", recipe));
   require(config.device.kind != Device::cuda,
           fmt::format("{}: the CUDA backend has no fp8 GEMM yet: use --device cpu or loopback", recipe));
-  require(config.grid.tp == 1,
-          fmt::format("{} with --tp {}: fp8 scales of split weights are not agreed over the tensor group yet", recipe,
-                      config.grid.tp));
-  require(config.model.moe_every == 0,
-          fmt::format("{} with --moe-every {}: fp8 experts are not built yet (dense layers only)", recipe,
-                      config.model.moe_every));
 }
 
 void validate_device(const DeviceConfig& device) {

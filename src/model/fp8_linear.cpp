@@ -19,21 +19,26 @@ Fp8Scaling scaling_for(Fp8Recipe recipe, bool sums_over_columns) {
   return sums_over_columns ? Fp8Scaling::rows : Fp8Scaling::columns;
 }
 
-Quantized quantize(const Fp8Products& products, const LinearLayer& layer, Fp8Operand operand, const void* data,
-                   std::int64_t rows, std::int64_t cols, bool sums_over_columns) {
+Fp8OperandScales operand_scales(Fp8Recipe recipe, Fp8Operand operand, std::int64_t rows, std::int64_t cols,
+                                bool sums_over_columns) {
+  const Fp8Scaling scaling = scaling_for(recipe, sums_over_columns);
+  return {operand, scaling, fp8_scale_count(scaling, rows, cols)};
+}
+
+// `data` [rows, cols] of the layer's operand `scales` says, quantized.
+Quantized quantize(const Fp8Products& products, const LinearLayer& layer, const Fp8OperandScales& scales,
+                   const void* data, std::int64_t rows, std::int64_t cols) {
   const Precision& precision = layer.precision;
-  const Fp8Scaling scaling = scaling_for(precision.fp8, sums_over_columns);
-  const Fp8Format format = operand == Fp8Operand::output_grad ? precision.fp8_grad_format : Fp8Format::e4m3;
-  const std::int64_t count = fp8_scale_count(scaling, rows, cols);
-  Buffer amax = products.allocator.allocate_floats(MemoryState::workspace, static_cast<std::size_t>(count));
-  products.kernels.absolute_max(data, precision.param, rows, cols, scaling, amax.floats());
-  // A scale per row is the row's own; any other spans rows some other rank may hold too.
-  if (operand != Fp8Operand::weight && scaling != Fp8Scaling::rows) products.agree(operand, amax.floats(), count);
+  const Fp8Format format = scales.operand == Fp8Operand::output_grad ? precision.fp8_grad_format : Fp8Format::e4m3;
+  const auto count = static_cast<std::size_t>(scales.count);
+  Buffer amax = products.allocator.allocate_floats(MemoryState::workspace, count);
+  products.kernels.absolute_max(data, precision.param, rows, cols, scales.scaling, amax.floats());
+  products.agree(scales, amax.floats());
   Quantized quantized{
       .values = products.allocator.allocate_elements(MemoryState::workspace, static_cast<std::size_t>(rows * cols),
                                                      precision.param),
-      .inverse_scales = products.allocator.allocate_floats(MemoryState::workspace, static_cast<std::size_t>(count))};
-  products.kernels.quantize_fp8(data, precision.param, rows, cols, scaling, amax.floats(), format,
+      .inverse_scales = products.allocator.allocate_floats(MemoryState::workspace, count)};
+  products.kernels.quantize_fp8(data, precision.param, rows, cols, scales.scaling, amax.floats(), format,
                                 quantized.values.as<void>(), quantized.inverse_scales.floats());
   return quantized;
 }
@@ -62,18 +67,34 @@ void unscaled_product(const Fp8Products& products, Gemm gemm, const ScaledOperan
 
 }  // namespace
 
+std::array<Fp8OperandScales, 2> fp8_operands(Fp8Recipe recipe, LinearProduct product, const LayerSpec& spec,
+                                             std::int64_t rows) {
+  const std::int64_t in = spec.in_features, out = spec.out_features;
+  switch (product) {
+    case LinearProduct::forward:  // pre [rows, out] = x [rows, in] W^T: both sum over their columns (in)
+      return {operand_scales(recipe, Fp8Operand::input, rows, in, true),
+              operand_scales(recipe, Fp8Operand::weight, out, in, true)};
+    case LinearProduct::input_gradient:  // dX [rows, in] = g [rows, out] W [out, in]: g over its columns, W its rows
+      return {operand_scales(recipe, Fp8Operand::output_grad, rows, out, true),
+              operand_scales(recipe, Fp8Operand::weight, out, in, false)};
+    case LinearProduct::weight_gradient:  // dW [out, in] = g^T [out, rows] x [rows, in]: both over their rows
+      return {operand_scales(recipe, Fp8Operand::output_grad, rows, out, false),
+              operand_scales(recipe, Fp8Operand::input, rows, in, false)};
+  }
+  return {};
+}
+
 void fp8_forward_matmul(const Fp8Products& products, const LinearLayer& layer, const void* input, std::int64_t rows,
                         void* pre, BiasPlace bias) {
   const std::int64_t in = layer.spec.in_features, out = layer.spec.out_features;
-  const Fp8Recipe recipe = layer.precision.fp8;
-  // pre [rows, out] = x [rows, in] W^T: both sum over their columns (in).
-  const Quantized x = quantize(products, layer, Fp8Operand::input, input, rows, in, true);
-  const Quantized w = quantize(products, layer, Fp8Operand::weight, layer.weight, out, in, true);
+  const auto [x_scales, w_scales] = fp8_operands(layer.precision.fp8, LinearProduct::forward, layer.spec, rows);
+  const Quantized x = quantize(products, layer, x_scales, input, rows, in);
+  const Quantized w = quantize(products, layer, w_scales, layer.weight, out, in);
   unscaled_product(products,
                    {.transpose_b = Transpose::yes, .m = rows, .n = out, .k = in, .lda = in, .ldb = in, .c = pre,
                     .input = layer.precision.param},
-                   {x, scaling_for(recipe, true)}, {w, scaling_for(recipe, true)},
-                   bias == BiasPlace::in_product ? layer.bias : nullptr, layer.precision.param, false);
+                   {x, x_scales.scaling}, {w, w_scales.scaling}, bias == BiasPlace::in_product ? layer.bias : nullptr,
+                   layer.precision.param, false);
 }
 
 void fp8_backward_matmul(const Fp8Products& products, const LinearLayer& layer, const void* input,
@@ -84,21 +105,20 @@ void fp8_backward_matmul(const Fp8Products& products, const LinearLayer& layer, 
   const DataType type = layer.precision.param;
   // dX before dW, as linear_backward_matmul: a caller may let dW overwrite W.
   if (grad_input != nullptr && which != ProductGradients::weight) {
-    // dX [rows, in] = g [rows, out] W [out, in]: g sums over its columns, W over its rows.
-    const Quantized g = quantize(products, layer, Fp8Operand::output_grad, grad_pre, rows, out, true);
-    const Quantized w = quantize(products, layer, Fp8Operand::weight, layer.weight, out, in, false);
+    const auto [g_scales, w_scales] = fp8_operands(recipe, LinearProduct::input_gradient, layer.spec, rows);
+    const Quantized g = quantize(products, layer, g_scales, grad_pre, rows, out);
+    const Quantized w = quantize(products, layer, w_scales, layer.weight, out, in);
     unscaled_product(products, {.m = rows, .n = in, .k = out, .lda = out, .ldb = in, .c = grad_input, .input = type},
-                     {g, scaling_for(recipe, true)}, {w, scaling_for(recipe, false)}, nullptr, type, false);
+                     {g, g_scales.scaling}, {w, w_scales.scaling}, nullptr, type, false);
   }
   if (which == ProductGradients::input) return;
-  // dW [out, in] (+)= g^T [out, rows] x [rows, in]: both sum over their rows.
-  const Quantized g = quantize(products, layer, Fp8Operand::output_grad, grad_pre, rows, out, false);
-  const Quantized x = quantize(products, layer, Fp8Operand::input, input, rows, in, false);
+  const auto [g_scales, x_scales] = fp8_operands(recipe, LinearProduct::weight_gradient, layer.spec, rows);
+  const Quantized g = quantize(products, layer, g_scales, grad_pre, rows, out);
+  const Quantized x = quantize(products, layer, x_scales, input, rows, in);
   unscaled_product(products,
                    {.transpose_a = Transpose::yes, .m = out, .n = in, .k = rows, .lda = out, .ldb = in,
                     .c = layer.weight_grad, .input = type},
-                   {g, scaling_for(recipe, false)}, {x, scaling_for(recipe, false)}, nullptr, layer.precision.reduce,
-                   accumulate);
+                   {g, g_scales.scaling}, {x, x_scales.scaling}, nullptr, layer.precision.reduce, accumulate);
 }
 
 }  // namespace mlptrain

@@ -6,6 +6,7 @@
 // reads and writes is what linear_forward_matmul and linear_backward_matmul read and write.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
 
@@ -15,12 +16,24 @@ namespace mlptrain {
 
 // Which tensor an operand is: the layer's input, its weight, or d loss / d pre.
 enum class Fp8Operand { input, weight, output_grad };
+// A Linear layer's three products.
+enum class LinearProduct { forward, input_gradient, weight_gradient };
 
-// Makes an operand's absolute maxima (fp32, `count` of them in the kernels' memory) those of its
-// whole population: the operand on every rank that holds a part of it. Called for the input and
-// the output gradient wherever one scale spans rows of the micro-batch; a weight is whole where
-// it is used.
-using AmaxAgreement = std::function<void(Fp8Operand operand, float* amax, std::int64_t count)>;
+// What a product quantizes, in its order: each operand, how it is scaled, and its scales
+// (`rows`: the rows the layer computes on). The products below and the cost model's count of
+// the agreements both read it.
+struct Fp8OperandScales {
+  Fp8Operand operand;
+  Fp8Scaling scaling;
+  std::int64_t count;
+};
+std::array<Fp8OperandScales, 2> fp8_operands(Fp8Recipe recipe, LinearProduct product, const LayerSpec& spec,
+                                             std::int64_t rows);
+
+// Makes an operand's absolute maxima (fp32, `scales.count` of them in the kernels' memory) those
+// of its whole population: the operand on every rank that holds a part of it. Called for every
+// operand before it is scaled; the strategies that split a population agree on it.
+using AmaxAgreement = std::function<void(const Fp8OperandScales& scales, float* amax)>;
 
 struct Fp8Products {
   Kernels& kernels;

@@ -57,8 +57,8 @@ namespace {
 
 // The strategies' agreement on an operand's amax, for the layer's call.
 AmaxAgreement agreement_for(StrategyStack& strategies, const LayerCall& call) {
-  return [&strategies, &call](Fp8Operand operand, float* amax, std::int64_t count) {
-    strategies.agree_operand_amax(OperandAmax{call, operand, amax, count});
+  return [&strategies, &call](const Fp8OperandScales& scales, float* amax) {
+    strategies.agree_operand_amax(OperandAmax{call, scales, amax});
   };
 }
 

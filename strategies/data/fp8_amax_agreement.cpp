@@ -8,19 +8,26 @@
 // is used (replicated, or gathered by ZeRO-3), so its amax is the same on every replica already.
 #include <fmt/format.h>
 
-#include "model/recompute_plan.hpp"
+#include "cost/fp8_products.hpp"
 #include "strategies/strategy.hpp"
 
 namespace mlptrain {
 
 namespace {
 
+// Whether a scale's elements may lie on several data-parallel ranks: any that spans rows of the
+// micro-batch (all but one row's own); a weight is whole on every replica.
+bool spans_replicas(const Fp8OperandScales& scales) {
+  return scales.operand != Fp8Operand::weight && scales.scaling != Fp8Scaling::rows;
+}
+
 class Fp8AmaxAgreement final : public Strategy, public LayerHooks {
  public:
   explicit Fp8AmaxAgreement(const StrategyContext& context) : data_(context.groups.group(GroupKind::data)) {}
 
   void agree_operand_amax(const OperandAmax& event) override {
-    data_.all_reduce(event.amax, static_cast<std::size_t>(event.count), ReduceOp::max);
+    if (spans_replicas(event.scales))
+      data_.all_reduce(event.amax, static_cast<std::size_t>(event.scales.count), ReduceOp::max);
   }
 
  private:
@@ -33,46 +40,14 @@ bool wanted(const Config& config, const GridShape& shape) {
 
 std::unique_ptr<Strategy> create(const StrategyContext& context) { return std::make_unique<Fp8AmaxAgreement>(context); }
 
-// The floats agreed for one Linear layer's part of a step action, as fp8_linear.cpp's products
-// ask for them: tensorwise one per operand whose scale spans rows (the forward's input, the
-// input gradient's d pre, the weight gradient's d pre and input), rowwise one per column of the
-// weight gradient's two operands.
-struct LayerAgreements {
-  std::int64_t forward = 0;
-  std::int64_t input_gradient = 0;
-  std::int64_t weight_gradient = 0;
-};
-LayerAgreements agreements(Fp8Recipe recipe, const LayerSpec& spec) {
-  if (recipe == Fp8Recipe::tensorwise) return {.forward = 1, .input_gradient = 1, .weight_gradient = 2};
-  return {.weight_gradient = spec.out_features + spec.in_features};
-}
-
+// An all-reduce of each agreed operand's maxima (fp32) per product run.
 void predict(const RankLayout& layout, Prediction& prediction) {
-  const Fp8Recipe recipe = layout.config.precision.fp8;
-  for (const Action& action : layout.schedule) {
-    const bool forward = action.kind == ActionKind::forward;
-    const bool input_part = action.kind == ActionKind::backward || action.kind == ActionKind::backward_input;
-    const bool weight_part = action.kind == ActionKind::backward || action.kind == ActionKind::backward_weight;
-    if (!forward && !input_part && !weight_part) continue;
-    const LayerRange chunk = layout.layers.chunks[static_cast<std::size_t>(action.chunk)];
-    std::vector<LayerSpec> specs;
-    for (int layer = chunk.first; layer < chunk.last; ++layer) specs.push_back(layout.local_spec(layer));
-    const RecomputePlan recompute(specs, layout.config.training.recompute);
-    for (int layer = chunk.first; layer < chunk.last; ++layer) {
-      const LayerSpec& spec = specs[static_cast<std::size_t>(layer - chunk.first)];
-      if (spec.moe()) continue;  // an MoE layer's experts compute in the param type
-      const LayerAgreements layer_agreements = agreements(recipe, spec);
-      std::int64_t floats = 0;
-      if (forward) floats += layer_agreements.forward;
-      // Backward's B recomputes the forward of a layer whose pre-activation forward dropped.
-      const bool recomputed = !recompute.keeps_pre(static_cast<std::size_t>(layer - chunk.first), true);
-      if (input_part && recomputed) floats += layer_agreements.forward;
-      if (input_part && layer > 0) floats += layer_agreements.input_gradient;
-      if (weight_part) floats += layer_agreements.weight_gradient;
-      if (floats > 0)
-        prediction.add_comm(GroupKind::data, CommOp::all_reduce, floats * static_cast<std::int64_t>(sizeof(float)));
-    }
-  }
+  for_each_fp8_product(layout, [&](const Fp8ProductRun& run) {
+    for (const Fp8OperandScales& scales : fp8_operands(layout.config.precision.fp8, run.product, run.spec, run.input_rows))
+      if (spans_replicas(scales))
+        prediction.add_comm(GroupKind::data, CommOp::all_reduce,
+                            scales.count * static_cast<std::int64_t>(sizeof(float)));
+  });
 }
 
 std::string describe(const RankLayout& layout) {

@@ -33,6 +33,7 @@
 // cuts, the model's end and evaluation (whose last micro-batch may not split evenly) stay whole.
 #include <fmt/format.h>
 
+#include "cost/fp8_products.hpp"
 #include "strategies/strategy.hpp"
 #include "strategies/tensor/tensor_options.hpp"
 
@@ -60,6 +61,22 @@ bool gathers_partials(PairPart part, DataType param_type) {
   return part == PairPart::row && param_type != DataType::float32;
 }
 bool starts_whole(PairPart part) { return part == PairPart::column || part == PairPart::experts; }
+
+// --fp8: whether a scale's elements lie on several tensor ranks, so that its amax is maximized
+// over the group (§2.7). A column-parallel layer splits W by rows and d pre by columns, a
+// row-parallel layer W and its input by columns; every other operand is whole on each rank.
+// A split cuts through every scale but one per line along the split (a row's scale where the
+// rows are split, a column's where the columns are).
+bool scale_spans_ranks(PairPart part, const Fp8OperandScales& scales) {
+  enum class Split { none, rows, columns };
+  Split split = Split::none;
+  if (part == PairPart::column && scales.operand == Fp8Operand::weight) split = Split::rows;
+  if (part == PairPart::column && scales.operand == Fp8Operand::output_grad) split = Split::columns;
+  if (part == PairPart::row && scales.operand != Fp8Operand::output_grad) split = Split::columns;
+  if (split == Split::none) return false;
+  return scales.scaling == Fp8Scaling::tensor ||
+         scales.scaling == (split == Split::columns ? Fp8Scaling::rows : Fp8Scaling::columns);
+}
 
 // Whether sequence parallelism splits the layer's output rows: a sum whose next layer runs here,
 // in the same model chunk, and starts from the whole input (which it then gathers).
@@ -110,6 +127,11 @@ class TensorParallel final : public Strategy, public LayerHooks {
   }
 
   void after_layer_forward(const ForwardDone&) override { gathered_input_ = Buffer{}; }
+
+  void agree_operand_amax(const OperandAmax& event) override {
+    if (scale_spans_ranks(part_of(event.layer, model_), event.scales))
+      group_.all_reduce(event.amax, static_cast<std::size_t>(event.scales.count), ReduceOp::max);
+  }
 
   // The layer's backward computes on every block of rows: its weight gradient reads the gathered
   // input, and its input gradient is written for every block. A split backward's B computes the
@@ -311,7 +333,18 @@ void predict(const RankLayout& layout, Prediction& prediction) {
   const auto bytes = [&](std::int64_t elements) {
     return config.data.micro_batches * elements * static_cast<std::int64_t>(size_of(config.precision.param_dtype));
   };
-  prediction.add_comm(GroupKind::tensor, CommOp::all_reduce, bytes(all_reduce) + config.data.micro_batches * 4 * float_elements);
+  // --fp8: an all-reduce of the maxima of each operand whose scales the split cuts through; a
+  // layer that gathers its input computes on every rank's rows.
+  std::int64_t amax_bytes = 0;
+  for_each_fp8_product(layout, [&](const Fp8ProductRun& run) {
+    const std::int64_t rows =
+        run.input_rows * (gathers_input(run.layer, layout.model, layout.layers, split_rows) ? layout.shape.tp : 1);
+    for (const Fp8OperandScales& scales : fp8_operands(config.precision.fp8, run.product, run.spec, rows))
+      if (scale_spans_ranks(part_of(run.layer, layout.model), scales))
+        amax_bytes += scales.count * static_cast<std::int64_t>(sizeof(float));
+  });
+  prediction.add_comm(GroupKind::tensor, CommOp::all_reduce,
+                      bytes(all_reduce) + config.data.micro_batches * 4 * float_elements + amax_bytes);
   if (reduce_scatter > 0) prediction.add_comm(GroupKind::tensor, CommOp::reduce_scatter, bytes(reduce_scatter));
   if (all_gather > 0) prediction.add_comm(GroupKind::tensor, CommOp::all_gather, bytes(all_gather));
   if (all_to_all > 0) prediction.add_comm(GroupKind::tensor, CommOp::all_to_all, bytes(all_to_all));

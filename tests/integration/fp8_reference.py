@@ -8,7 +8,8 @@ two, rounded to e4m3 or e5m2, multiplied with fp32 accumulation and unscaled.
 - A scale is the largest power of two s with amax x s <= the format's largest value (1 for
   zeros); amax is the operand's current absolute maximum over the scale's elements: the whole
   operand (tensorwise) or each line of the side the GEMM does not sum over (rowwise). An
-  operand's population is the global micro-batch, whichever ranks hold its rows.
+  operand's population is the global micro-batch and the whole tensor, whichever ranks hold its
+  parts: under tensor parallelism each rank's slice is the slice of the operand quantized whole.
 - `variant` names a deliberate break of the contract: "unscaled" (every scale 1),
   "previous_amax" (an activation's or gradient's scale from the same operand of the micro-batch
   before, as delayed scaling would), "e5m2_everywhere" (e5m2 where the contract says e4m3).
@@ -68,18 +69,32 @@ class Fp8Products:
         scale = np.ones_like(amax) if self.variant == "unscaled" else scale_for(amax, format_name)
         return round_fp8(values * scale, format_name), 1.0 / scale
 
-    def forward(self, layer, x, w, bias):
-        """pre = x W^T + b before its rounding: fp32."""
+    def forward_partials(self, layer, x, w, parts):
+        """x W^T before its rounding (fp32), as the sums over each slice of the input dimension in
+        `parts`: a row-parallel layer's partial products (the slices of operands quantized whole,
+        as their agreed scales make them)."""
         xq, x_inverse = self.quantize((layer, "forward", "x"), x, "input", sums_over_rows=False)
         wq, w_inverse = self.quantize((layer, "forward", "w"), w, "weight", sums_over_rows=False)
-        product = self.matmul(xq, wq.T).astype(np.float64) * x_inverse * w_inverse.T
-        return (product.astype(F32) + np.asarray(bias, F32)).astype(F32)
+        return [(self.matmul(xq[:, part], wq[:, part].T).astype(np.float64) * x_inverse * w_inverse.T).astype(F32)
+                for part in parts]
+
+    def forward(self, layer, x, w, bias):
+        """pre = x W^T + b before its rounding: fp32."""
+        (product,) = self.forward_partials(layer, x, w, [slice(None)])
+        return (product + np.asarray(bias, F32)).astype(F32)
+
+    def input_gradient_partials(self, layer, grad_pre, w, parts):
+        """grad_pre W before its rounding (fp32), as the sums over each slice of the output
+        dimension in `parts`: a column-parallel layer's partial input gradients."""
+        gq, g_inverse = self.quantize((layer, "input", "g"), grad_pre, "grad", sums_over_rows=False)
+        wq, w_inverse = self.quantize((layer, "input", "w"), w, "weight", sums_over_rows=True)
+        return [(self.matmul(gq[:, part], wq[part, :]).astype(np.float64) * g_inverse * w_inverse).astype(F32)
+                for part in parts]
 
     def input_gradient(self, layer, grad_pre, w):
         """d loss / d x = grad_pre W before its rounding: fp32."""
-        gq, g_inverse = self.quantize((layer, "input", "g"), grad_pre, "grad", sums_over_rows=False)
-        wq, w_inverse = self.quantize((layer, "input", "w"), w, "weight", sums_over_rows=True)
-        return (self.matmul(gq, wq).astype(np.float64) * g_inverse * w_inverse).astype(F32)
+        (product,) = self.input_gradient_partials(layer, grad_pre, w, [slice(None)])
+        return product
 
     def weight_gradient(self, layer, grad_pre, x):
         """d loss / d W = grad_pre^T x: fp32."""

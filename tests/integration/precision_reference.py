@@ -144,6 +144,9 @@ class Reference:
     # Forward.
     def linear(self, layer, x):
         w, b = self.weight(layer, "weight"), self.weight(layer, "bias")
+        if self.fp8 and self.tensor_ranks > 1 and self.parts[layer] == "row":
+            partials = [self.round(p) for p in self.fp8.forward_partials(layer, x, w, halves(w.shape[1], self.tensor_ranks))]
+            return self.round(fp32(np.sum(np.asarray(partials, np.float64), axis=0) + b))
         if self.fp8:
             return self.round(self.fp8.forward(layer, x, w, b))
         if self.variant == "product_first":
@@ -202,6 +205,9 @@ class Reference:
         self.add(grads, f"layers/{layer:02d}/bias", fp32(np.sum(np.asarray(grad_pre, np.float64), axis=0)))
         if layer == 0:
             return None
+        if self.fp8 and self.tensor_ranks > 1 and self.parts[layer] == "column":
+            return self.sum_partials([self.round(p) for p in self.fp8.input_gradient_partials(
+                layer, grad_pre, w, halves(w.shape[0], self.tensor_ranks))])
         if self.fp8:
             return self.round(self.fp8.input_gradient(layer, grad_pre, w))
         if self.tensor_ranks > 1 and self.parts[layer] == "column":

@@ -1,6 +1,7 @@
 """fp8 runs (--fp8 tensorwise and rowwise, DESIGN.md §2.7) against an independent emulation of
 the contract in NumPy (fp8_reference.py through precision_reference.Reference): one process and
-every layout family the recipe runs in, on the CPU and through the device path (loopback).
+every layout family the recipe runs in, dense and MoE (whose experts stay bf16), on the CPU and
+through the device path (loopback).
 
 The measure is test_precision_reference.py's: the first step's update with AdamW's eps = 1, each
 tensor's relative L2 error against the reference's, the median over the model's tensors.
@@ -30,7 +31,7 @@ UNIT = (2.0 ** -24 * 2.0 ** -8) ** 0.5
 TOLERANCE = 32 * UNIT
 
 PIPELINE = ["--pp", "2", "--micro-batches", "4"]
-# (name, ranks, flags, tensor ranks of the reference: fp8 runs without tensor parallelism).
+# (name, ranks, flags, tensor ranks of the reference).
 LAYOUTS = [
     ("one process", 1, [], 1),
     ("micro-batches", 1, ["--micro-batches", "4"], 1),
@@ -45,9 +46,22 @@ LAYOUTS = [
     ("pp interleaved", 2, PIPELINE + ["--schedule", "interleaved", "--virtual-stages", "2"], 1),
     ("pp zb-h1", 2, PIPELINE + ["--schedule", "zb-h1"], 1),
     ("pp+dp", 4, PIPELINE + ["--dp", "2"], 1),
+    ("tp", 2, ["--tp", "2"], 2),
+    ("sp", 2, ["--tp", "2", "--sequence-parallel"], 2),
+    ("tp+dp+sp", 4, ["--tp", "2", "--dp", "2", "--sequence-parallel"], 2),
     ("recompute", 1, ["--recompute"], 1),
     ("loopback", 1, ["--device", "loopback"], 1),
     ("loopback dp", 2, ["--device", "loopback", "--dp", "2"], 1),
+]
+
+# MoE models: the dense layers in fp8, the experts and the router in bf16 (§2.7).
+MOE_LAYOUTS = [
+    ("moe one process", 1, [], 1),
+    ("moe dp", 2, ["--dp", "2"], 1),
+    ("moe ep", 2, ["--ep", "2"], 1),
+    ("moe ep+zero-1", 2, ["--ep", "2", "--zero", "1"], 1),
+    ("moe pp", 2, PIPELINE, 1),
+    ("moe tp", 2, ["--tp", "2"], 2),
 ]
 
 
@@ -62,9 +76,9 @@ class Fp8Reference(ReferenceRuns):
                                   "error of the first-step update (largest tensor beside it)",
                                   "errors": cls.errors})
 
-    def check(self, recipe, layouts, grad_format="e4m3"):
+    def check(self, recipe, layouts, grad_format="e4m3", moe=False):
         flags = ["--fp8", recipe, "--fp8-grad-format", grad_format]
-        self.check_against_reference(f"fp8 {recipe} {grad_format}", layouts, False, TOLERANCE, flags, "bf16",
+        self.check_against_reference(f"fp8 {recipe} {grad_format}", layouts, moe, TOLERANCE, flags, "bf16",
                                      fp8=recipe, fp8_grad_format=grad_format)
 
     def test_tensorwise_layouts_follow_the_contract(self):
@@ -72,6 +86,10 @@ class Fp8Reference(ReferenceRuns):
 
     def test_rowwise_layouts_follow_the_contract(self):
         self.check("rowwise", LAYOUTS)
+
+    def test_moe_models_follow_the_contract(self):
+        self.check("tensorwise", MOE_LAYOUTS, moe=True)
+        self.check("rowwise", MOE_LAYOUTS[:3], moe=True)
 
     def test_e5m2_gradients_follow_the_contract(self):
         self.check("tensorwise", LAYOUTS[:3], grad_format="e5m2")

@@ -180,8 +180,48 @@ TEST(Layouts, Fp8AmaxIsTheDataGroupsMaximum) {
   const LayerSpec spec{.index = 2, .in_features = 12, .out_features = 7};
   const LayerCall call{.layer = 2, .micro_batch = 0, .micro_batches = 1, .training = true,
                        .activation_type = DataType::bfloat16, .spec = spec};
-  hooks.agree_operand_amax(OperandAmax{call, Fp8Operand::output_grad, amax.data(), 7});
+  // The weight gradient's d pre, one scale per column (a row's own scale would not be agreed).
+  hooks.agree_operand_amax(OperandAmax{call, {Fp8Operand::output_grad, Fp8Scaling::columns, 7}, amax.data()});
   for (std::size_t e = 0; e < amax.size(); ++e)
     EXPECT_EQ(amax[e], std::max(1.0f + 10.0f * static_cast<float>(e), 0.5f * (world_size() - 1))) << e;
   EXPECT_EQ(ledger_bytes(split, "dp", CommOp::all_reduce), static_cast<std::int64_t>(7 * sizeof(float)));
+  std::vector<float> own_rows(3, static_cast<float>(rank));
+  hooks.agree_operand_amax(OperandAmax{call, {Fp8Operand::output_grad, Fp8Scaling::rows, 3}, own_rows.data()});
+  EXPECT_EQ(own_rows, std::vector<float>(3, static_cast<float>(rank)));
+}
+
+// --fp8 with tensor parallelism: a scale whose elements the split cuts through is maximized over
+// the tensor group; one whose elements lie on one rank (a row of W that a column-parallel rank
+// holds whole, d pre that every rank of a row-parallel layer holds whole) is not.
+TEST(Layouts, Fp8AmaxIsAgreedWhereTheTensorSplitCutsAScale) {
+  if (world_size() == 1) GTEST_SKIP() << "an agreement needs two ranks";
+  Config layout = small_model();
+  layout.precision.param_dtype = DataType::bfloat16;
+  layout.precision.fp8 = Fp8Recipe::rowwise;
+  layout.grid.tp = world_size();
+  Replica split(MPI_COMM_WORLD, layout);
+  auto& hooks = dynamic_cast<LayerHooks&>(split.model->strategies->object("tensor_parallel"));
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  const auto agreed = [&](int layer, Fp8Operand operand, Fp8Scaling scaling) {
+    const LayerSpec spec{.index = layer, .in_features = 12, .out_features = 12};
+    const LayerCall call{.layer = layer, .micro_batch = 0, .micro_batches = 1, .training = true,
+                         .activation_type = DataType::bfloat16, .spec = spec};
+    float amax = static_cast<float>(rank + 1);
+    hooks.agree_operand_amax(OperandAmax{call, {operand, scaling, 1}, &amax});
+    int everywhere = amax == static_cast<float>(world_size()) ? 1 : 0;  // rank 0 held 1: the maximum reached it
+    MPI_Allreduce(MPI_IN_PLACE, &everywhere, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    return everywhere == 1;
+  };
+  // Layer 0 is column-parallel (W split by rows), layer 1 row-parallel (W and its input by columns).
+  EXPECT_TRUE(agreed(0, Fp8Operand::weight, Fp8Scaling::tensor));
+  EXPECT_TRUE(agreed(0, Fp8Operand::weight, Fp8Scaling::columns));
+  EXPECT_FALSE(agreed(0, Fp8Operand::weight, Fp8Scaling::rows));
+  EXPECT_TRUE(agreed(0, Fp8Operand::output_grad, Fp8Scaling::rows));
+  EXPECT_FALSE(agreed(0, Fp8Operand::output_grad, Fp8Scaling::columns));
+  EXPECT_FALSE(agreed(0, Fp8Operand::input, Fp8Scaling::tensor));
+  EXPECT_TRUE(agreed(1, Fp8Operand::weight, Fp8Scaling::rows));
+  EXPECT_TRUE(agreed(1, Fp8Operand::input, Fp8Scaling::tensor));
+  EXPECT_FALSE(agreed(1, Fp8Operand::input, Fp8Scaling::columns));
+  EXPECT_FALSE(agreed(1, Fp8Operand::output_grad, Fp8Scaling::tensor));
 }
