@@ -7,7 +7,7 @@ accuracy, in the layouts it runs in, and what the emulation costs beside bf16.
             and tensorwise with e5m2 gradients, one process; and the median step of each
   fashion   Fashion-MNIST, fashion_mnist.py's recipe (784-512-512-10, --epochs epochs), held-out
             accuracy after each epoch for bf16 and fp8 (tensorwise, rowwise) in one process, dp 2,
-            pp 2 (4 micro-batches) and ZeRO-3 (dp 2)
+            tp 2, pp 2 (4 micro-batches) and ZeRO-3 (dp 2)
 
 Goals (issue: fp8 training): the mixture loss within 2 % of bf16's; Fashion-MNIST within 0.3
 points of bf16 in every layout. Writes results/fp8.json with the CPU model and the date."""
@@ -21,8 +21,8 @@ from fashion_mnist import fashion_model
 
 RECIPES = {"bf16": [], "fp8 tensorwise": ["--fp8", "tensorwise"], "fp8 rowwise": ["--fp8", "rowwise"],
            "fp8 tensorwise, e5m2 gradients": ["--fp8", "tensorwise", "--fp8-grad-format", "e5m2"]}
-LAYOUTS = {"one process": (1, []), "dp 2": (2, ["--dp", 2]), "pp 2": (2, ["--pp", 2, "--micro-batches", 4]),
-           "ZeRO-3": (2, ["--dp", 2, "--zero", 3])}
+LAYOUTS = {"one process": (1, []), "dp 2": (2, ["--dp", 2]), "tp 2": (2, ["--tp", 2]),
+           "pp 2": (2, ["--pp", 2, "--micro-batches", 4]), "ZeRO-3": (2, ["--dp", 2, "--zero", 3])}
 
 
 def tag_of(*names):
