@@ -5,9 +5,11 @@ import datetime
 import json
 import os
 import platform
+import resource
 import statistics
 import subprocess
 import sys
+import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BUILD = os.path.join(ROOT, "build")
@@ -123,6 +125,27 @@ def interleaved_rounds(rounds, layouts, run):
             time_ms, summaries[name] = run(name, flags)
             step_ms[name].append(time_ms)
     return step_ms, summaries
+
+
+def with_cpu_share(call, cores=None):
+    """Runs call() (which waits for the processes it starts) and returns (its result, the share of
+    the machine's cores its processes got: their CPU seconds over the wall seconds times the
+    cores). On a shared host a run that got markedly less than another of the same command waited
+    for its neighbours, not for its own work."""
+    cores = cores or os.cpu_count() or 1
+    before, start = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
+    result = call()
+    after, wall = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter() - start
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return result, cpu / (wall * cores) if wall > 0 else 0.0
+
+
+def quiet_rounds(values, shares, least=0.85):
+    """The values of the rounds whose CPU share is at least `least` of the best round's, and the
+    indices of those set aside."""
+    best = max(shares)
+    kept = [value for value, share in zip(values, shares) if share >= least * best]
+    return kept, [index for index, share in enumerate(shares) if share < least * best]
 
 
 def program_list(what):

@@ -6,9 +6,13 @@ mlpplan calibrated on this machine (layerbench and commbench output made here fi
 against mlptrain's own ledger and step times: parameters, gradients, optimizer state and
 communication buffers equal, activations within 5 % (an upper bound with MoE layers, whose rows
 follow the routing), bytes per operation within 1 % (MoE exchanges follow the routing), and the
-step time against the measured median over --rounds interleaved rounds (goal: within 10 %).
-Ranks beyond the cores share them; the rows say when they do. Writes results/plan_vs_measured.json
-and .png.
+step time against the measured step (goal: within 10 %). The measured step is the median over
+--rounds interleaved rounds of each round's median step (after two warm-up steps), taken over the
+quiet rounds only: each round records the share of the machine's cores its processes got, and a
+round with less than 0.85 of the layout's best share waited for the host's other tenants (a
+round that waited ran up to 4.6x slower on a shared host), so it is set aside and said so; the
+spread of every round is written beside the figure. Ranks beyond the cores share them; the rows
+say when they do. Writes results/plan_vs_measured.json and .png.
 
 usage: scripts/experiments/plan_vs_measured.py [--steps N] [--rounds R] [--output FILE]"""
 import argparse
@@ -84,13 +88,15 @@ def calibrate(scratch, worlds):
 
 
 def measure(ranks, arguments, steps, scratch):
+    """(the median step after two warm-up steps, the summary record, the share of the cores the
+    run got)."""
     metrics = os.path.join(scratch, "metrics.jsonl")
-    run(["mpiexec.mpich", "-n", ranks, benchlib.PROGRAM] + arguments +
-        ["--steps", steps, "--log-every", 0, "--metrics", metrics])
+    _, share = benchlib.with_cpu_share(lambda: run(["mpiexec.mpich", "-n", ranks, benchlib.PROGRAM] + arguments +
+                                                   ["--steps", steps, "--log-every", 0, "--metrics", metrics]))
     with open(metrics) as handle:
         records = [json.loads(line) for line in handle]
     step_ms = [r["step_ms"] for r in records if not r.get("summary") and "step_ms" in r][2:]
-    return statistics.median(step_ms), records[-1]
+    return statistics.median(step_ms), records[-1], share
 
 
 def compare(ranks, model, layout, measured_ms, summary, files):
@@ -143,7 +149,7 @@ def plot(rows, path):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--output", default=os.path.join(ROOT, "results", "plan_vs_measured.json"))
     args = parser.parse_args()
@@ -152,18 +158,28 @@ def main():
                for ranks, model, layout in PLACEMENT_LAYOUTS + NEWER_SCHEDULES]
     files = calibrate(scratch, sorted({ranks for ranks, _, _ in layouts}))
     # Every layout once a round, the rounds one after another, so the machine's drift falls on
-    # every layout alike; a layout's step is the median of its rounds' medians.
+    # every layout alike; a layout's step is the median of its quiet rounds' medians.
+    shares = {index: [] for index in range(len(layouts))}
+
+    def measure_round(index, entry):
+        time_ms, summary, share = measure(entry[0], entry[1] + entry[2], args.steps, scratch)
+        shares[index].append(share)
+        return time_ms, summary
+
     step_ms, summaries = benchlib.interleaved_rounds(
-        args.rounds, {index: entry for index, entry in enumerate(layouts)},
-        lambda index, entry: measure(entry[0], entry[1] + entry[2], args.steps, scratch))
+        args.rounds, {index: entry for index, entry in enumerate(layouts)}, measure_round)
     rows = []
     for index, (ranks, model, layout) in enumerate(layouts):
-        row = compare(ranks, model, layout, statistics.median(step_ms[index]), summaries[index], files[ranks])
-        row["measured_step_ms_by_round"] = step_ms[index]
+        quiet, set_aside = benchlib.quiet_rounds(step_ms[index], shares[index])
+        row = compare(ranks, model, layout, statistics.median(quiet), summaries[index], files[ranks])
+        row.update(measured_step_ms_by_round=step_ms[index], cpu_share_by_round=[round(s, 3) for s in shares[index]],
+                   rounds_set_aside=set_aside, measured_spread_ms=[min(step_ms[index]), max(step_ms[index])])
         rows.append(row)
         print(f"plan_vs_measured: {index + 1}/{len(layouts)} {ranks} rank(s) {' '.join(row['layout'])}"
               f"{' (MoE)' if row['moe'] else ''}: step planned {row['planned_step_ms']['total']:.1f} ms, measured "
-              f"{row['measured_step_ms']:.1f} ms ({row['step_time_ratio']:.2f}x); "
+              f"{row['measured_step_ms']:.1f} ms (rounds {row['measured_spread_ms'][0]:.1f}-"
+              f"{row['measured_spread_ms'][1]:.1f}{f', {len(set_aside)} set aside' if set_aside else ''}) "
+              f"({row['step_time_ratio']:.2f}x); "
               f"{'memory and bytes agree' if row['memory_and_bytes_agree'] else '; '.join(row['problems'])}", flush=True)
     fitting = [r for r in rows if not r["oversubscribed"]]
     summary = {"cpu": cpu_model(), "cores": os.cpu_count(), "layouts": len(rows),
@@ -172,7 +188,9 @@ def main():
                "within_25_percent_ranks_within_cores": f"{sum(r['within_25_percent'] for r in fitting)} of {len(fitting)}",
                "within_25_percent_oversubscribed": f"{sum(r['within_25_percent'] for r in rows if r['oversubscribed'])} of "
                                                    f"{len(rows) - len(fitting)}",
-               "step_time_ratios_ranks_within_cores": sorted(round(r["step_time_ratio"], 3) for r in fitting)}
+               "step_time_ratios_ranks_within_cores": sorted(round(r["step_time_ratio"], 3) for r in fitting),
+               "mean_absolute_error_ranks_within_cores": statistics.fmean(abs(r["step_time_ratio"] - 1) for r in fitting),
+               "rounds_set_aside": sum(len(r["rounds_set_aside"]) for r in rows)}
     print(json.dumps(summary, indent=1))
     benchlib.write_result(args.output, {"summary": summary, "rows": rows})
     plot(rows, os.path.splitext(args.output)[0] + ".png")

@@ -30,6 +30,9 @@ std::string describe_precision(const Config& config) {
       "parameter)",
       data_type_name(precision.param), data_type_name(precision.reduce),
       precision.keeps_master() ? "fp32 master weights and moments" : "fp32 moments", precision.optimizer_bytes());
+  if (precision.fp8_gemms())
+    text += fmt::format("; dense layers' GEMMs from fp8 operands ({} scales, inputs and weights e4m3, gradients {})",
+                        choice_name(precision.fp8), choice_name(precision.fp8_grad_format));
   if (!precision.scales_loss()) return text;
   if (config.precision.loss_scale > 0) return text + fmt::format("; loss scale {:g}", config.precision.loss_scale);
   return text + fmt::format("; dynamic loss scale from {:g} (halved on overflow, not below {:g}; doubled after {} "

@@ -1,0 +1,37 @@
+"""scripts/bench/benchlib.py's measure of a round's share of the machine: a child that computes
+gets more of it than one that sleeps; rounds with markedly less than the best round's share
+(below 0.85 of it) are set aside, the rest kept in order."""
+import os
+import subprocess
+import sys
+import unittest
+
+sys.path.insert(0, os.path.join(os.environ.get("MLPTRAIN_SOURCE", os.path.join(os.path.dirname(__file__), "..", "..")),
+                                "scripts", "bench"))
+import benchlib  # noqa: E402
+
+
+def child(code):
+    return lambda: subprocess.run([sys.executable, "-c", code], check=True)
+
+
+class CpuShare(unittest.TestCase):
+    def test_a_busy_child_gets_more_than_a_sleeping_one(self):
+        """Both start Python (a few tens of ms of CPU); then one computes for 0.5 s and one sleeps.
+        The busy one's share depends on what else the host runs, so the test compares the two."""
+        _, busy = benchlib.with_cpu_share(child("import time\nend = time.time() + 0.5\nwhile time.time() < end: pass"),
+                                          cores=1)
+        _, idle = benchlib.with_cpu_share(child("import time; time.sleep(0.5)"), cores=1)
+        self.assertGreater(busy, 2 * idle)
+        self.assertLessEqual(busy, 1.05)
+
+    def test_rounds_with_markedly_less_share_are_set_aside(self):
+        kept, set_aside = benchlib.quiet_rounds([10.0, 31.0, 11.0, 10.5], [0.95, 0.40, 0.90, 0.80])
+        self.assertEqual(kept, [10.0, 11.0])
+        self.assertEqual(set_aside, [1, 3])
+        kept, set_aside = benchlib.quiet_rounds([5.0, 6.0], [0.5, 0.5])
+        self.assertEqual((kept, set_aside), ([5.0, 6.0], []))
+
+
+if __name__ == "__main__":
+    unittest.main()
