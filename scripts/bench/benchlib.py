@@ -127,17 +127,31 @@ def interleaved_rounds(rounds, layouts, run):
     return step_ms, summaries
 
 
+def host_cpu_ticks():
+    """(all, stolen) ticks of the host's CPUs so far, from /proc/stat's first line (steal: time a
+    hypervisor gave the virtual CPUs to someone else); (0, 0) where there is no /proc/stat."""
+    try:
+        with open("/proc/stat") as handle:
+            fields = [int(field) for field in handle.readline().split()[1:]]
+    except OSError:
+        return 0, 0
+    return sum(fields[:8]), fields[7] if len(fields) > 7 else 0
+
+
 def with_cpu_share(call, cores=None):
     """Runs call() (which waits for the processes it starts) and returns (its result, the share of
-    the machine's cores its processes got: their CPU seconds over the wall seconds times the
-    cores). On a shared host a run that got markedly less than another of the same command waited
-    for its neighbours, not for its own work."""
+    the machine's cores its processes got): their CPU seconds over the wall seconds times the
+    cores, less the part of that time the hypervisor stole from the machine (which a guest counts
+    as its own). On a shared host a run that got markedly less than another of the same command
+    waited for its neighbours, not for its own work."""
     cores = cores or os.cpu_count() or 1
-    before, start = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
+    before, start, ticks = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter(), host_cpu_ticks()
     result = call()
     after, wall = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter() - start
+    all_ticks, stolen_ticks = (now - then for now, then in zip(host_cpu_ticks(), ticks))
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return result, cpu / (wall * cores) if wall > 0 else 0.0
+    stolen = stolen_ticks / all_ticks if all_ticks > 0 else 0.0
+    return result, (cpu / (wall * cores) if wall > 0 else 0.0) * (1 - stolen)
 
 
 def quiet_rounds(values, shares, least=0.85):

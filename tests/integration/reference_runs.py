@@ -18,17 +18,20 @@ SAMPLES, INPUTS, OUTPUTS = 64, 16, 8
 MODEL = ["--dataset", "hdf5", "--layers", "8", "--hidden", "64", "--global-batch", str(SAMPLES), "--log-every", "0",
          "--lr", "1", "--eps", "1", "--weight-decay", "0", "--seed", "5"]
 MOE = ["--moe-every", "2", "--experts", "4", "--top-k", "2"]
+PIPELINE = ["--pp", "2", "--micro-batches", "4"]
 
 
 class ReferenceRuns(unittest.TestCase):
     """The data file and the initial masters are made once; each test trains one step per layout.
     `errors` collects what the checks measured, for a subclass's report."""
-    errors = {}
 
     @classmethod
     def setUpClass(cls):
         cls.directory = tempfile.mkdtemp(prefix="mlptrain-precision-")
-        cls.x, cls.y = cls.samples(np.random.default_rng(11))
+        cls.errors = {}
+        generator = np.random.default_rng(11)
+        cls.x = generator.normal(0, 1, (SAMPLES, INPUTS)).astype(np.float32)
+        cls.y = generator.normal(0, 1, (SAMPLES, OUTPUTS)).astype(np.float32)
         cls.data = os.path.join(cls.directory, "data.h5")
         with h5py.File(cls.data, "w") as file:
             file["x"], file["y"] = cls.x, cls.y
@@ -37,12 +40,6 @@ class ReferenceRuns(unittest.TestCase):
             directory = os.path.join(cls.directory, "initial-" + name)
             run(cls.model(flags) + ["--steps", "0", "--checkpoint-dir", directory])
             cls.initial[name] = cls.masters(directory)
-
-    @staticmethod
-    def samples(generator):
-        """The data file's inputs and targets."""
-        return (generator.normal(0, 1, (SAMPLES, INPUTS)).astype(np.float32),
-                generator.normal(0, 1, (SAMPLES, OUTPUTS)).astype(np.float32))
 
     @classmethod
     def tearDownClass(cls):

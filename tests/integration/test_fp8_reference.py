@@ -25,12 +25,11 @@ holds its all-reduces to the prediction.
 import os
 import unittest
 
-from reference_runs import ReferenceRuns
+from reference_runs import PIPELINE, ReferenceRuns
 
 UNIT = (2.0 ** -24 * 2.0 ** -8) ** 0.5
 TOLERANCE = 32 * UNIT
 
-PIPELINE = ["--pp", "2", "--micro-batches", "4"]
 # (name, ranks, flags, tensor ranks of the reference).
 LAYOUTS = [
     ("one process", 1, [], 1),

@@ -34,12 +34,10 @@ import numpy as np
 
 from common import gpu_refusal
 from precision_reference import round_bf16, round_fp16
-from reference_runs import MOE, ReferenceRuns
+from reference_runs import MOE, PIPELINE, ReferenceRuns
 
 STEP = {"bf16": 2.0 ** -8, "fp16": 2.0 ** -11}
 TOLERANCE = {"bf16": 32 * (2.0 ** -24 * STEP["bf16"]) ** 0.5, "fp16": 64 * (2.0 ** -24 * STEP["fp16"]) ** 0.5}
-
-PIPELINE = ["--pp", "2", "--micro-batches", "4"]
 
 # Layout families: (name, ranks, flags, tensor ranks of the reference).
 DENSE_LAYOUTS = [
