@@ -27,6 +27,10 @@ double Cluster::gemm_flops_per_s(DataType type) const {
   return gemm_fp32_flops_per_s;
 }
 
+double Cluster::linear_gemm_flops_per_s(const Precision& precision) const {
+  return precision.fp8_gemms() && gemm_fp8_flops_per_s > 0 ? gemm_fp8_flops_per_s : gemm_flops_per_s(precision.param);
+}
+
 double Cluster::gemm_rows_share(double rows) const {
   if (gemm_rows_shares.empty()) return 1.0;
   if (rows <= gemm_rows_shares.front().first) return gemm_rows_shares.front().second;
@@ -76,6 +80,7 @@ Cluster from_json(const nlohmann::json& object, const std::string& where) {
   cluster.gemm_fp32_flops_per_s = number(gemm, "fp32", "gemm_tflops.fp32") * 1e12;
   cluster.gemm_bf16_flops_per_s = number(gemm, "bf16", "gemm_tflops.bf16") * 1e12;
   cluster.gemm_fp16_flops_per_s = number(gemm, "fp16", "gemm_tflops.fp16") * 1e12;
+  if (gemm.is_object() && gemm.contains("fp8")) cluster.gemm_fp8_flops_per_s = number(gemm, "fp8", "gemm_tflops.fp8") * 1e12;
   const double memory_bytes_per_s = number(object, "memory_gb_per_s", "memory_gb_per_s") * 1e9;
   cluster.optimizer_parameters_per_s = memory_bytes_per_s / optimizer_bytes_per_parameter;
   cluster.elementwise_elements_per_s = memory_bytes_per_s / elementwise_bytes_per_element;
@@ -91,7 +96,7 @@ Cluster from_json(const nlohmann::json& object, const std::string& where) {
 }
 
 // Public specifications: dense (not sparse) tensor-core rates, memory bandwidth and capacity
-// from NVIDIA's H100 (SXM5) and A100 (80 GB SXM) datasheets; NVLink per GPU per direction
+// from NVIDIA's H100 (SXM5) and A100 (80 GB SXM) datasheets (the A100 has no fp8 tensor cores); NVLink per GPU per direction
 // (900 and 600 GB/s bidirectional); one 400 Gb/s NDR (DGX H100) or 200 Gb/s HDR (DGX A100)
 // InfiniBand adapter per GPU. Latencies are typical small-message figures, not specifications.
 const std::map<std::string, nlohmann::json>& presets() {
@@ -101,7 +106,7 @@ const std::map<std::string, nlohmann::json>& presets() {
         {"source", "NVIDIA H100 datasheet (SXM5), DGX H100: NVLink 4 900 GB/s, 8 x 400 Gb/s NDR InfiniBand"},
         {"devices_per_node", 8},
         {"device_memory_gb", 80},
-        {"gemm_tflops", {{"fp32", 67}, {"bf16", 989.4}, {"fp16", 989.4}}},
+        {"gemm_tflops", {{"fp32", 67}, {"bf16", 989.4}, {"fp16", 989.4}, {"fp8", 1978.9}}},
         {"memory_gb_per_s", 3350},
         {"intra_node", {{"latency_us", 3}, {"bus_gb_per_s", 450}}},
         {"inter_node", {{"latency_us", 6}, {"bus_gb_per_s", 50}}}}},

@@ -38,6 +38,9 @@ struct Cluster {
   double gemm_fp32_flops_per_s = 0;
   double gemm_bf16_flops_per_s = 0;
   double gemm_fp16_flops_per_s = 0;
+  // fp8 operands (--fp8): the device's fp8 tensor-core rate; 0 where it has none (A100) or the
+  // cluster is a calibrated CPU, whose emulation multiplies bf16 values: bf16's rate then.
+  double gemm_fp8_flops_per_s = 0;
   // Memory-bound work of one device: the optimizer's update, the bias/GELU passes, and rows
   // gathered or scattered by an index (MoE layers' dispatch and combine).
   double optimizer_parameters_per_s = 0;
@@ -60,6 +63,9 @@ struct Cluster {
   std::vector<std::pair<double, double>> gemm_rows_shares;
 
   double gemm_flops_per_s(DataType type) const;
+  // A dense Linear layer's GEMM rate under `precision` (its fp8 rate where --fp8 is given and
+  // the device has one).
+  double linear_gemm_flops_per_s(const Precision& precision) const;
   // The share above at `rows` rows: interpolated in log rows, the ends' beyond them.
   double gemm_rows_share(double rows) const;
   // The rate above for `dataset`, held in memory or not (a file read a batch at a time: 0).

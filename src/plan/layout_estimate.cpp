@@ -123,10 +123,14 @@ class StageModel {
     // GEMMs of fewer rows run at a smaller share of that rate: a layer's multiply-adds count
     // as many more as its rows' share is short, an MoE layer's at the rows each of its experts
     // gets when the router spreads them evenly (recomputation's at the micro-batch's rows).
+    // With --fp8 a dense layer's count as many fewer as the device's fp8 rate is faster (its
+    // experts' GEMMs stay in the param type; recomputation runs dense layers alone).
+    const double fp8_speedup =
+        in.cluster.linear_gemm_flops_per_s(in.config.precision.types()) / (gemm_rate / share_);
     const auto rows_weight = [&](const LayerSpec& spec) {
       const double gemm_rows =
           spec.moe() ? rows * spec.top_k * layout.shape.ep / static_cast<double>(spec.experts) : rows;
-      return 1.0 / in.cluster.gemm_rows_share(gemm_rows);
+      return 1.0 / in.cluster.gemm_rows_share(gemm_rows) / (spec.moe() ? 1.0 : fp8_speedup);
     };
     const double memory_share = in.cluster.memory_bound_share(share_);
     const double elementwise_rate = in.cluster.elementwise_elements_per_s * memory_share;
@@ -152,7 +156,8 @@ class StageModel {
       chunk.times.backward_weight = 2 * split_multiply_adds * rows / gemm_rate;
       chunk.times.backward_input =
           (4 * multiply_adds - 2 * split_multiply_adds - 2 * unneeded_input_gradient +
-           recompute_flops_per_sample(specs, in.config.training.recompute) / in.cluster.gemm_rows_share(rows)) *
+           recompute_flops_per_sample(specs, in.config.training.recompute) / in.cluster.gemm_rows_share(rows) /
+               fp8_speedup) *
               rows / gemm_rate +
           passes.elementwise_backward * rows / elementwise_rate + passes.moved_backward * rows / row_move_rate;
       work.forward_compute += chunk.times.forward;

@@ -84,7 +84,7 @@ nlohmann::json plan_json(const PlannedLayout& planned, int world, int ranks_per_
           {"reduce_dtype", data_type_name(config.precision.types().reduce)}};
 }
 
-std::string cluster_line(const Cluster& cluster, int world, int ranks_per_node) {
+std::string cluster_line(const Cluster& cluster, int world, int ranks_per_node, const Precision& precision) {
   const int nodes = (world + ranks_per_node - 1) / ranks_per_node;
   std::string line = fmt::format("cluster {}: {} node(s) of {} rank(s), {} device(s) of {:.1f} GB per node ({})\n",
                                  cluster.name, nodes, ranks_per_node, cluster.devices_per_node,
@@ -96,6 +96,13 @@ std::string cluster_line(const Cluster& cluster, int world, int ranks_per_node) 
                         ranks_per_node, cluster.devices_per_node,
                         gigabytes(cluster.device_memory_bytes) * cluster.devices_per_node / ranks_per_node,
                         static_cast<double>(cluster.devices_per_node) / ranks_per_node);
+  // --fp8: the rate its dense layers' GEMMs are planned at.
+  if (precision.fp8_gemms())
+    line += cluster.gemm_fp8_flops_per_s > 0
+                ? fmt::format("  fp8: dense layers' GEMMs at {:.1f} TFLOP/s a device\n", cluster.gemm_fp8_flops_per_s / 1e12)
+                : fmt::format("  fp8: no fp8 rate for this cluster (no fp8 tensor cores, or the CPU's emulation): dense "
+                              "layers' GEMMs at {}'s {:.1f} TFLOP/s\n",
+                              data_type_name(precision.param), cluster.gemm_flops_per_s(precision.param) / 1e12);
   return line;
 }
 

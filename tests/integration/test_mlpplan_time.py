@@ -129,6 +129,20 @@ class MlpplanTime(TrainingTestCase):
         expected = gemm + passes / (100 * 100 / (gelu_ms * 1e-3)) + moved / (100 * 100 / (gather_ms * 1e-3)) + update
         self.assertAlmostEqual(moe_by_rows["compute"], 1e3 * expected, delta=1e-9)
 
+    def test_fp8_plans_dense_gemms_at_the_devices_fp8_rate(self):
+        """On the H100 preset (989.4 bf16, 1978.9 fp8 dense TFLOP/s) --fp8 takes the dense layers'
+        GEMM FLOPs, 6 multiply-adds a parameter and sample less the first layer's input
+        gradient, from bf16's rate to fp8's and leaves the rest of the step; on the A100 preset
+        (no fp8 tensor cores) it changes nothing."""
+        model = ["--world", 1, "--param-dtype", "bf16", "--layers", 4, "--hidden", 1024, "--global-batch", 1024,
+                 "--input-dim", 256, "--output-dim", 16]
+        layer_macs = [256 * 1024 + 1024, 1024 * 1024 + 1024, 1024 * 1024 + 1024, 1024 * 16 + 16]  # the bias as above
+        flops = 2 * (3 * sum(layer_macs) - layer_macs[0]) * 1024
+        bf16, fp8 = (plan_json(model + fp8_flags)["step_ms"]["compute"] for fp8_flags in ([], ["--fp8", "tensorwise"]))
+        self.assertAlmostEqual(bf16 - fp8, 1e3 * flops * (1 / 989.4e12 - 1 / 1978.9e12), delta=1e-9)
+        a100 = ["--cluster", "a100-80gb-8"]
+        self.assertEqual(plan_json(model + a100)["step_ms"], plan_json(model + a100 + ["--fp8", "rowwise"])["step_ms"])
+
     def test_a_pipeline_bubble_shrinks_with_micro_batches(self):
         bubbles = []
         for micro_batches in (2, 4, 8):
