@@ -1,4 +1,5 @@
-// A model chunk's layers and their placement (see chunk_layers.hpp).
+// A model chunk's layers and their placement, and the runners' Linear products (see
+// chunk_layers.hpp).
 #include "train/chunk_layers.hpp"
 
 namespace mlptrain {
@@ -48,10 +49,6 @@ ChunkLayers::Placed ChunkLayers::place(std::size_t local, const UnitMemory& unit
   view.bias_grad = advance(unit.grads, units_[local].bias_at, precision.reduce);
   return placed;
 }
-
-}  // namespace mlptrain
-
-namespace mlptrain {
 
 namespace {
 
