@@ -208,6 +208,18 @@ class Kernels {
     unsupported("fp8 products");
   }
 
+  // A tensor moved in fp8 (ZeRO-3's gathers, §2.7), with the scale s = fp8::scale_for(*amax,
+  // format): codes[i] = fp8::encode(round_to(values[i] s)), and back, values[i] = decode(codes[i])
+  // / s rounded to `type` (exact for bf16 and fp32).
+  virtual void encode_fp8(const void* /*values*/, DataType /*type*/, std::size_t /*count*/, const float* /*amax*/,
+                          Fp8Format /*format*/, std::uint8_t* /*codes*/) {
+    unsupported("fp8 transfers");
+  }
+  virtual void decode_fp8(const std::uint8_t* /*codes*/, std::size_t /*count*/, const float* /*amax*/,
+                          Fp8Format /*format*/, void* /*values*/, DataType /*type*/) {
+    unsupported("fp8 transfers");
+  }
+
   virtual double sum_of_squares(const void* data, DataType type, std::size_t count) = 0;
   virtual void scale(void* data, DataType type, std::size_t count, float factor) = 0;
   virtual void fill(void* data, DataType type, std::size_t count, float value) = 0;

@@ -351,6 +351,15 @@ class CpuKernels final : public Kernels {
                              c_type, accumulate);
   }
 
+  void encode_fp8(const void* values, DataType type, std::size_t count, const float* amax, Fp8Format format,
+                  std::uint8_t* codes) override {
+    cpu_fp8::encode(values, type, count, amax, format, codes);
+  }
+  void decode_fp8(const std::uint8_t* codes, std::size_t count, const float* amax, Fp8Format format, void* values,
+                  DataType type) override {
+    cpu_fp8::decode(codes, count, amax, format, values, type);
+  }
+
   double sum_of_squares(const void* data, DataType type, std::size_t count) override {
     return with_element(type, [&](auto element) {
       using E = decltype(element);

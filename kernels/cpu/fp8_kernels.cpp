@@ -118,4 +118,24 @@ void unscale_product(const float* accumulator, std::int64_t rows, std::int64_t c
   });
 }
 
+void encode(const void* values, DataType type, std::size_t count, const float* amax, Fp8Format format,
+            std::uint8_t* codes) {
+  const float scale = fp8::scale_for(*amax, format);
+  with_element(type, [&](auto element) {
+    using E = decltype(element);
+    const auto* in = elements<E>(values);
+    for (std::size_t i = 0; i < count; ++i) codes[i] = fp8::encode(fp8::round_to(E::load(in[i]) * scale, format), format);
+  });
+}
+
+void decode(const std::uint8_t* codes, std::size_t count, const float* amax, Fp8Format format, void* values,
+            DataType type) {
+  const float inverse = 1.0f / fp8::scale_for(*amax, format);
+  with_element(type, [&](auto element) {
+    using E = decltype(element);
+    auto* out = elements<E>(values);
+    for (std::size_t i = 0; i < count; ++i) out[i] = E::store(fp8::decode(codes[i], format) * inverse);
+  });
+}
+
 }  // namespace mlptrain::cpu_fp8

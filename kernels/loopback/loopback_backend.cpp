@@ -184,6 +184,14 @@ class LoopbackKernels final : public Kernels {
     cpu_->unscale_fp8_product(host(accumulator), rows, cols, host(row_inverse), row_scales, host(column_inverse),
                               column_scales, host(bias), host(c), c_type, accumulate);
   }
+  void encode_fp8(const void* values, DataType type, std::size_t count, const float* amax, Fp8Format format,
+                  std::uint8_t* codes) override {
+    cpu_->encode_fp8(host(values), type, count, host(amax), format, host(codes));
+  }
+  void decode_fp8(const std::uint8_t* codes, std::size_t count, const float* amax, Fp8Format format, void* values,
+                  DataType type) override {
+    cpu_->decode_fp8(host(codes), count, host(amax), format, host(values), type);
+  }
   double sum_of_squares(const void* data, DataType type, std::size_t count) override {
     return cpu_->sum_of_squares(host(data), type, count);
   }

@@ -4,7 +4,7 @@
 //       waits for a unit's gather before using it.
 //   gathered per use (stage 3): parameters live only as shards; a unit is gathered before its
 //       forward (and again before its backward, and before a recomputed forward) into one of two
-//       slots, the next unit's gather prefetched while the current one computes, and released
+//       slots (with --fp8 tensorwise a dense layer's weight as fp8 bytes, decoded there), the next unit's gather prefetched while the current one computes, and released
 //       right after use. In backward the slot also takes the unit's gradients, lent to the
 //       gradient path: over the parameters themselves when the param and reduce types agree (W's
 //       last use comes first), else after them; a slot is reused only once the reductions
@@ -86,10 +86,16 @@ class ParametersGatheredPerUse final : public ZeroParameterPath {
   struct Gathered {
     std::size_t slot = 0;
     std::vector<Request> requests;
+    Buffer fp8_wire;  // a unit gathered in fp8: every rank's block, decoded into the slot once here,
+    Buffer fp8_amax;  // and the weight's amax its scale comes from
   };
   // The slot holding the unit's gathered parameters (gathering now if no prefetch started it).
   std::size_t gathered(std::size_t unit);
   void prefetch(std::size_t unit);
+  // --fp8 (zero_units.hpp's Fp8Wire): this rank's block of a unit encoded from its shard and the
+  // gather started; each block decoded into the slot once it arrived.
+  Gathered gather_in_fp8(const ZeroUnit& unit, std::size_t slot);
+  void decode_fp8(const ZeroUnit& unit, const Gathered& entry);
   std::size_t free_slot();
   void* slot_values(std::size_t slot) const { return slot_pool_.as<char>() + slot * slot_bytes_; }
   void* slot_grads(std::size_t slot) const { return static_cast<char*>(slot_values(slot)) + slot_grads_at_; }

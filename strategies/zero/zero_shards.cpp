@@ -21,7 +21,8 @@ ZeroShards::ZeroShards(const StrategyContext& context)
       store_(context.parameters),
       precision_(store_.precision()),
       layout_(zero_layout(store_.tensors(), store_.unit_multiple(), context.layers, context.local,
-                          context.config.training.recompute, context.groups.shape())),
+                          context.config.training.recompute, context.groups.shape(),
+                          zero_fp8_gathers(context.config))),
       local_(context.local) {}
 
 std::size_t ZeroShards::unit_of(int layer) const {

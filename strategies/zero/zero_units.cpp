@@ -9,9 +9,18 @@
 
 namespace mlptrain {
 
+bool zero_fp8_gathers(const Config& config) {
+  return config.strategies.get<ZeroOptions>().stage == 3 && config.precision.types().fp8 == Fp8Recipe::tensorwise;
+}
+
+Fp8Wire fp8_wire(const ZeroUnit& unit) {
+  const std::size_t shard = unit.segments.front().shard_size;
+  return {.shard = shard, .other_slots = std::min(shard, unit.full.count - unit.fp8_weight.count)};
+}
+
 ZeroLayout zero_layout(const std::vector<ParameterTensor>& tensors, int unit_multiple,
                        const std::vector<LayerSpec>& model, const RankLayers& layers, bool recompute,
-                       const GridShape& shape) {
+                       const GridShape& shape, bool fp8_gathers) {
   ZeroLayout layout;
   for (int layer : layers.list()) {
     const LayerSpec& spec = model[static_cast<std::size_t>(layer)];
@@ -32,6 +41,12 @@ ZeroLayout zero_layout(const std::vector<ParameterTensor>& tensors, int unit_mul
                                .shard_offset = layout.shard_total});
       layout.shard_total += shard;
     }
+    // A dense layer's one piece shared over ranks: its weight travels in fp8 (an MoE layer's
+    // experts compute in the param type, and so travel in it).
+    if (fp8_gathers && !spec.moe() && unit.segments.size() == 1 && unit.segments.front().ranks > 1)
+      for (const ParameterTensor& tensor : tensors)
+        if (tensor.layer == layer && tensor.local_shape.size() == 2)
+          unit.fp8_weight = {.offset = tensor.offset - unit.full.offset, .count = tensor.count};
     layout.largest_unit = std::max(layout.largest_unit, unit.full.count);
     layout.units.push_back(std::move(unit));
   }
@@ -50,7 +65,7 @@ ZeroSlotLayout zero_slot_layout(const ZeroLayout& layout, const Precision& preci
 void zero_predict(const RankLayout& layout, Prediction& prediction) {
   const int stage = layout.config.strategies.get<ZeroOptions>().stage;
   const ZeroLayout zero = zero_layout(layout.tensors, layout.plan.unit_multiple, layout.model, layout.layers,
-                                      layout.config.training.recompute, layout.shape);
+                                      layout.config.training.recompute, layout.shape, zero_fp8_gathers(layout.config));
   const Precision precision = layout.config.precision.types();
   const auto bytes = [](std::size_t count, std::size_t element_bytes) {
     return static_cast<std::int64_t>(count * element_bytes);
@@ -80,7 +95,14 @@ void zero_predict(const RankLayout& layout, Prediction& prediction) {
       // Stage 3 gathers a unit for forward and for backward, and a recomputed unit once more for
       // its second forward; stages 1 and 2 once after the update.
       const std::int64_t uses = stage < 3 ? 1 : micro_batches * (unit.recomputed ? 3 : 2);
-      prediction.add_comm(piece.group, CommOp::all_gather, uses * gathered);
+      if (unit.fp8_weight.count == 0) {
+        prediction.add_comm(piece.group, CommOp::all_gather, uses * gathered);
+        continue;
+      }
+      // In fp8: each rank's block of bytes, after an all-reduce of the weight's amax (fp32).
+      prediction.add_comm(piece.group, CommOp::all_gather,
+                          uses * piece.ranks * static_cast<std::int64_t>(fp8_wire(unit).block_bytes(param)));
+      prediction.add_comm(piece.group, CommOp::all_reduce, uses * static_cast<std::int64_t>(sizeof(float)));
     }
   // Hybrid sharding sums each reduced shard across its replicas once a step.
   for (const ZeroUnit& unit : zero.units)

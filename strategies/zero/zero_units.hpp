@@ -38,7 +38,23 @@ struct ZeroUnit {
   bool recomputed = false;  // --recompute runs its forward again in backward
   FlatRange full;           // padded range in the store's layout
   std::vector<ZeroSegment> segments;
+  // Stage 3 with --fp8 tensorwise: a dense layer's weight (from the unit's start), gathered as
+  // fp8 bytes with the weight's scale (count 0: the unit is gathered in the param type).
+  FlatRange fp8_weight;
 };
+
+// A unit gathered in fp8 (§2.7): each rank's block of the gathered bytes holds a byte for every
+// element of its shard (the weight's codes; unused where the shard is not weight), then, 8-byte
+// aligned, the shard's other elements (bias, padding) in the param type, in order. The weight's
+// elements are rounded as the forward's tensorwise quantization rounds them, so gathering them
+// in fp8 moves half of bf16's bytes and changes no product.
+struct Fp8Wire {
+  std::size_t shard = 0;        // elements of a rank's shard
+  std::size_t other_slots = 0;  // of which at most this many are not weight
+  std::size_t codes_bytes() const { return (shard + 7) / 8 * 8; }
+  std::size_t block_bytes(std::size_t param_bytes) const { return codes_bytes() + other_slots * param_bytes; }
+};
+Fp8Wire fp8_wire(const ZeroUnit& unit);
 
 struct ZeroLayout {
   std::vector<ZeroUnit> units;  // one per local layer, in order
@@ -56,9 +72,11 @@ struct ZeroSlotLayout {
 };
 ZeroSlotLayout zero_slot_layout(const ZeroLayout& layout, const Precision& precision);
 
+// `fp8_gathers`: stage 3 with --fp8 tensorwise, whose dense units gather their weights in fp8.
 ZeroLayout zero_layout(const std::vector<ParameterTensor>& tensors, int unit_multiple,
                        const std::vector<LayerSpec>& model, const RankLayers& layers, bool recompute,
-                       const GridShape& shape);
+                       const GridShape& shape, bool fp8_gathers);
+bool zero_fp8_gathers(const Config& config);
 
 // ZeRO's terms of the cost model (placement by state, bytes by collective) and its sentence for
 // the start of the run, both from the layout above.

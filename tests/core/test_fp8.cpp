@@ -97,3 +97,17 @@ TEST(Fp8, ScaleIsTheLargestPowerOfTwoThatKeepsAmaxFinite) {
     EXPECT_EQ(fp8::scale_for(0.0f, format), 1.0f);
   }
 }
+
+TEST(Fp8, BytesAreTheFormatsBitPatterns) {
+  for (Fp8Format format : {Fp8Format::e4m3, Fp8Format::e5m2}) {
+    const std::vector<Fp8Value> table = finite_values(format);  // in the order of their patterns
+    for (std::size_t pattern = 0; pattern < table.size(); ++pattern)
+      for (float sign : {1.0f, -1.0f}) {
+        const float value = sign * table[pattern].value;
+        const auto expected = static_cast<std::uint8_t>(pattern | (sign < 0 ? 0x80u : 0u));
+        if (value == 0.0f && sign < 0) continue;  // -0 compares equal to 0: its byte is 0x80 or 0
+        ASSERT_EQ(fp8::encode(value, format), expected) << value;
+        ASSERT_EQ(fp8::decode(expected, format), value) << int(expected);
+      }
+  }
+}

@@ -25,6 +25,7 @@ holds its all-reduces to the prediction.
 import os
 import unittest
 
+from common import read_metrics, run
 from reference_runs import PIPELINE, ReferenceRuns
 
 UNIT = (2.0 ** -24 * 2.0 ** -8) ** 0.5
@@ -93,6 +94,37 @@ class Fp8Reference(ReferenceRuns):
     def test_e5m2_gradients_follow_the_contract(self):
         self.check("tensorwise", LAYOUTS[:3], grad_format="e5m2")
         self.check("rowwise", LAYOUTS[:1], grad_format="e5m2")
+
+    def test_zero3_gathers_tensorwise_weights_in_fp8(self):
+        """Under ZeRO-3 with --fp8 tensorwise a dense layer's weight travels as fp8 bytes (each
+        shard quantized with the weight's agreed scale, as the forward quantizes it): half of a
+        bf16 gather's bytes (the bias and padding travel in bf16), the ledger's bytes as planned,
+        and the same losses as data parallelism, whose weights are whole (the gathered values are
+        the ones the products quantize to). Rowwise, whose products scale W by row and by column,
+        gathers in bf16."""
+        base = ["--layers", "4", "--hidden", "256", "--steps", "3", "--log-every", "0", "--param-dtype", "bf16"]
+        results = {}
+        for name, flags in (("bf16", ["--zero", "3"]), ("rowwise", ["--zero", "3", "--fp8", "rowwise"]),
+                            ("tensorwise", ["--zero", "3", "--fp8", "tensorwise"]),
+                            ("tensorwise dp", ["--dp", "2", "--fp8", "tensorwise"])):
+            metrics = os.path.join(self.directory, f"gathers-{name.replace(' ', '-')}.jsonl")
+            run(base + flags + ["--metrics", metrics], 2)
+            results[name] = read_metrics(metrics)
+        gathered = {name: summary["comm_per_step"].get("all_gather", {}) for name, (_, summary) in results.items()}
+        for name in ("bf16", "rowwise", "tensorwise"):
+            self.assertEqual(gathered[name]["measured_bytes"], gathered[name]["predicted_bytes"], name)
+        self.assertEqual(gathered["rowwise"]["measured_bytes"], gathered["bf16"]["measured_bytes"])
+        ratio = gathered["tensorwise"]["measured_bytes"] / gathered["bf16"]["measured_bytes"]
+        # Above half by what is not weight: each of the 2 ranks' blocks carries the layer's bias
+        # slots in bf16 and up to 7 bytes of alignment (layers 32-256-256-256-4).
+        layers = [(32, 256), (256, 256), (256, 256), (256, 4)]
+        weight_bytes = sum(2 * fan_in * fan_out for fan_in, fan_out in layers)  # bf16: 2 bytes an element
+        bound = 0.5 + sum(2 * (2 * fan_out + 7) for _, fan_out in layers) / weight_bytes
+        print(f"ZeRO-3 gathers in fp8: {ratio:.4f} of bf16's bytes (bound {bound:.4f})", flush=True)
+        self.assertGreater(ratio, 0.5)
+        self.assertLess(ratio, bound)
+        for mine, theirs in zip(results["tensorwise"][0], results["tensorwise dp"][0]):
+            self.assertAlmostEqual(mine["loss"], theirs["loss"], delta=1e-5 * abs(theirs["loss"]))
 
     def test_broken_variants_fall_outside_the_tolerance(self):
         """Each break of the contract, emulated by the reference or made by the run with other

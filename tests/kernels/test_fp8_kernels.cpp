@@ -62,8 +62,9 @@ TEST(Fp8Kernels, AmaxAndQuantizedValuesFollowEachScalesElements) {
         const float expected = fp8::round_to(load_element(data.data(), i, DataType::bfloat16) * scale, format);
         ASSERT_EQ(load_element(quantized.data(), i, DataType::bfloat16), expected) << i;
         // The largest element of each scale lands in the top half of the format's range.
-        if (std::fabs(load_element(data.data(), i, DataType::bfloat16)) == expected_amax[scale_at])
+        if (std::fabs(load_element(data.data(), i, DataType::bfloat16)) == expected_amax[scale_at]) {
           ASSERT_GE(std::fabs(expected) * 2, fp8::traits(format).largest);
+        }
       }
     }
 }
