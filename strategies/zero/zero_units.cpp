@@ -116,6 +116,7 @@ std::string zero_describe(const RankLayout& layout) {
     return fmt::format("ZeRO stage {} on a data-parallel group of one rank: nothing is sharded", stage);
   std::string sentence = fmt::format("ZeRO stage {}: optimizer state{}{} sharded over {} ranks", stage,
                                      stage >= 2 ? ", gradients" : "", stage == 3 ? ", parameters" : "", ranks);
+  if (zero_fp8_gathers(layout.config)) sentence += "; dense layers' weights gathered as fp8 bytes (--fp8 tensorwise)";
   if (hybrid_sharding(layout.shape))
     sentence += fmt::format(" (hybrid: groups of {} consecutive data-parallel ranks, each shard replicated over {} "
                             "groups and its gradients summed across them once a step)",
