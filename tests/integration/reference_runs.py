@@ -41,9 +41,19 @@ class ReferenceRuns(unittest.TestCase):
             run(cls.model(flags) + ["--steps", "0", "--checkpoint-dir", directory])
             cls.initial[name] = cls.masters(directory)
 
+    # A subclass's report: the variable naming its result file, and its tolerance.
+    report_variable = None
+    tolerance = None
+
     @classmethod
     def tearDownClass(cls):
         shutil.rmtree(cls.directory, ignore_errors=True)
+        report = os.environ.get(cls.report_variable) if cls.report_variable else None
+        if report:  # results/*_reference.json: the errors, with the command, machine and date
+            from benchlib import write_result
+            write_result(report, {"tolerance": cls.tolerance, "measure": "median over tensors of the relative L2 "
+                                  "error of the first-step update (largest tensor beside it)",
+                                  "errors": cls.errors})
 
     @classmethod
     def model(cls, flags):

@@ -27,7 +27,6 @@ for fp16 (3.5e-4). One flip near a tie can move a single small tensor (the first
 gradients) further: hence the median.
 test_tolerance_admits_another_summation_order repeats that measurement on this test's model.
 """
-import os
 import unittest
 
 import numpy as np
@@ -78,15 +77,8 @@ MOE_LAYOUTS = [
 class PrecisionReference(ReferenceRuns):
     """bf16 and fp16 layouts against the reference, and the checks of the check."""
 
-    @classmethod
-    def tearDownClass(cls):
-        super().tearDownClass()
-        report = os.environ.get("MLPTRAIN_PRECISION_REPORT")
-        if report:  # results/precision_reference.json: the errors, with the command, machine and date
-            from benchlib import write_result
-            write_result(report, {"tolerance": TOLERANCE, "measure": "median over tensors of the relative L2 "
-                                  "error of the first-step update (largest tensor beside it)",
-                                  "errors": cls.errors})
+    report_variable = "MLPTRAIN_PRECISION_REPORT"
+    tolerance = TOLERANCE
 
     def check_layouts(self, dtype, layouts, moe, extra=()):
         self.check_against_reference(dtype, layouts, moe, TOLERANCE[dtype], extra, dtype)
