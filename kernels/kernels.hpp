@@ -83,6 +83,50 @@ constexpr std::int64_t fp8_scale_count(Fp8Scaling scaling, std::int64_t rows, st
   return scaling == Fp8Scaling::tensor ? 1 : scaling == Fp8Scaling::rows ? rows : cols;
 }
 
+// How a quantized operand's codes lie: as the operand [rows, cols], or transposed [cols, rows]
+// (Hopper's fp8 tensor cores take both operands with the summed dimension contiguous).
+enum class Fp8CodeLayout { as_is, transposed };
+
+// c [m, n] (of c_type, row-major, leading dimension n) = sum over k of a[i, k] b[j, k], times
+// a's inverse scale of i and b's of j (each one for the whole operand, or one per i or j as
+// `a_scales` and `b_scales` say: tensor or rows), + bias[j] (of c_type; may be null), + c[i, j]
+// when accumulating: the products of the codes' values exact, summed in fp32, the rest added in
+// fp32 and rounded once (DESIGN.md §2.7). a and b are codes of their formats, a stored [m, k]
+// (or [k, m] with transpose_a) and b [n, k] (or [k, n] with transpose_b): the summed dimension
+// contiguous unless transposed.
+// `fast_accumulation` lets Hopper's tensor cores keep their partial sums in their own narrower
+// accumulator (CUBLASLT_MATMUL_DESC_FAST_ACCUM); backends that sum in fp32 anyway ignore it.
+struct Fp8Gemm {
+  std::int64_t m = 0, n = 0, k = 0;
+  Transpose transpose_a = Transpose::no;
+  Transpose transpose_b = Transpose::no;
+  const std::uint8_t* a = nullptr;
+  Fp8Format a_format = Fp8Format::e4m3;
+  const float* a_inverse = nullptr;
+  Fp8Scaling a_scales = Fp8Scaling::tensor;
+  const std::uint8_t* b = nullptr;
+  Fp8Format b_format = Fp8Format::e4m3;
+  const float* b_inverse = nullptr;
+  Fp8Scaling b_scales = Fp8Scaling::tensor;
+  const void* bias = nullptr;
+  void* c = nullptr;
+  DataType c_type = DataType::bfloat16;
+  bool accumulate = false;
+  bool fast_accumulation = false;
+  void* workspace = nullptr;  // fp8_gemm_workspace_bytes(m, n, k) of the caller's
+};
+
+// The bf16 GEMM an emulated fp8 GEMM runs once the codes are decoded to their values (laid out
+// as the codes are, bf16) into fp32 sums [m, n]: op(a) [m, k] is a as stored, or transposed;
+// op(b) [k, n] is b transposed, or as stored.
+inline Gemm fp8_values_product(const Fp8Gemm& call, const void* a_values, const void* b_values, float* sums) {
+  const bool a_transposed = call.transpose_a == Transpose::yes, b_transposed = call.transpose_b == Transpose::yes;
+  return {.transpose_a = call.transpose_a, .transpose_b = b_transposed ? Transpose::no : Transpose::yes,
+          .m = call.m, .n = call.n, .k = call.k, .a = a_values, .lda = a_transposed ? call.m : call.k,
+          .b = b_values, .ldb = b_transposed ? call.n : call.k, .c = sums, .ldc = call.n,
+          .input = DataType::bfloat16, .output = DataType::float32};
+}
+
 struct CrossEntropyResult {
   double loss_sum = 0;       // sum over rows of -log softmax(logits)[label]
   std::int64_t correct = 0;  // rows whose arg-max (ties to the lower index) is the label
@@ -190,22 +234,23 @@ class Kernels {
                             Fp8Scaling /*scaling*/, float* /*amax*/) {
     unsupported("fp8 operands");
   }
-  // quantized (of `type`, whose values then are the format's) = fp8::round_to(x s, format) with
-  // s = fp8::scale_for(amax of x's scale, format); inverse_scales = 1 / s (powers of two: exact).
+  // codes (one byte an element, laid out as `layout` says) = fp8::encode(fp8::round_to(x s,
+  // format)) with s = fp8::scale_for(amax of x's scale, format); inverse_scales = 1 / s (powers
+  // of two: exact), one per scale of `scaling`.
   virtual void quantize_fp8(const void* /*data*/, DataType /*type*/, std::int64_t /*rows*/, std::int64_t /*cols*/,
-                            Fp8Scaling /*scaling*/, const float* /*amax*/, Fp8Format /*format*/, void* /*quantized*/,
-                            float* /*inverse_scales*/) {
+                            Fp8Scaling /*scaling*/, const float* /*amax*/, Fp8Format /*format*/,
+                            Fp8CodeLayout /*layout*/, std::uint8_t* /*codes*/, float* /*inverse_scales*/) {
     unsupported("fp8 operands");
   }
-  // The fp8 GEMM's product back in its operands' units: c[i, j] (of `c_type`, [rows, cols]) =
-  // accumulator[i, j] x row_inverse[i] x column_inverse[j] (each of 1 element, or one per row and
-  // column as `row_scales` and `column_scales` say; exact, powers of two), + bias[j] (of
-  // `c_type`; may be null), + c[i, j] when accumulating, in fp32, rounded once.
-  virtual void unscale_fp8_product(const float* /*accumulator*/, std::int64_t /*rows*/, std::int64_t /*cols*/,
-                                   const float* /*row_inverse*/, Fp8Scaling /*row_scales*/,
-                                   const float* /*column_inverse*/, Fp8Scaling /*column_scales*/,
-                                   const void* /*bias*/, void* /*c*/, DataType /*c_type*/, bool /*accumulate*/) {
-    unsupported("fp8 products");
+  // How an operand whose rows a product sums over is best coded for this backend's fp8 GEMM:
+  // transposed (the summed dimension contiguous, as tensor cores take it; the default) or as it
+  // is (a GEMM that reads a transposed operand through its strides).
+  virtual Fp8CodeLayout fp8_summed_rows_layout() const { return Fp8CodeLayout::transposed; }
+  // The fp8 GEMM of two quantized operands (Fp8Gemm); its workspace's bytes, where the backend
+  // wants one from the caller's allocator.
+  virtual void fp8_gemm(const Fp8Gemm& /*gemm*/) { unsupported("fp8 products"); }
+  virtual std::size_t fp8_gemm_workspace_bytes(std::int64_t /*m*/, std::int64_t /*n*/, std::int64_t /*k*/) const {
+    return 0;
   }
 
   // A tensor moved in fp8 (ZeRO-3's gathers, §2.7), with the scale s = fp8::scale_for(*amax,

@@ -239,14 +239,17 @@ class CpuKernels final : public Kernels {
     cpu_fp8::absolute_max(data, type, rows, cols, scaling, amax);
   }
   void quantize_fp8(const void* data, DataType type, std::int64_t rows, std::int64_t cols, Fp8Scaling scaling,
-                    const float* amax, Fp8Format format, void* quantized, float* inverse_scales) override {
-    cpu_fp8::quantize(data, type, rows, cols, scaling, amax, format, quantized, inverse_scales);
+                    const float* amax, Fp8Format format, Fp8CodeLayout layout, std::uint8_t* codes,
+                    float* inverse_scales) override {
+    cpu_fp8::quantize(data, type, rows, cols, scaling, amax, format, layout, codes, inverse_scales);
   }
-  void unscale_fp8_product(const float* accumulator, std::int64_t rows, std::int64_t cols, const float* row_inverse,
-                           Fp8Scaling row_scales, const float* column_inverse, Fp8Scaling column_scales,
-                           const void* bias, void* c, DataType c_type, bool accumulate) override {
-    cpu_fp8::unscale_product(accumulator, rows, cols, row_inverse, row_scales, column_inverse, column_scales, bias, c,
-                             c_type, accumulate);
+  // oneDNN reads a transposed operand through its strides: no transposing pass.
+  Fp8CodeLayout fp8_summed_rows_layout() const override { return Fp8CodeLayout::as_is; }
+  void fp8_gemm(const Fp8Gemm& call) override {
+    cpu_fp8::gemm(call, [this](const Gemm& product) { gemm(product); });
+  }
+  std::size_t fp8_gemm_workspace_bytes(std::int64_t m, std::int64_t n, std::int64_t k) const override {
+    return cpu_fp8::gemm_workspace_bytes(m, n, k);
   }
 
   void encode_fp8(const void* values, DataType type, std::size_t count, const float* amax, Fp8Format format,

@@ -36,6 +36,66 @@ std::vector<float> per_column(const float* values, Fp8Scaling scaling, std::int6
                                        : std::vector<float>(values, values + cols);
 }
 
+
+// out[i] = the code of in[i] x row_scale x column_scales[i]. Everything it reads is a parameter:
+// a byte store may alias anything, so a value read through a reference inside the loop would be
+// read again after every store, and the loop would not vectorize.
+template <typename E>
+void code_span(const typename E::Storage* __restrict in, const float* __restrict column_scales, float row_scale,
+               std::int64_t count, Fp8Format format, std::uint8_t* __restrict out) {
+  for (std::int64_t i = 0; i < count; ++i) out[i] = fp8::code_of(E::load(in[i]) * row_scale * column_scales[i], format);
+}
+
+// Where the emulated GEMM's operands and sums lie in its workspace, each 64-byte aligned.
+struct EmulationWorkspace {
+  std::uint16_t* a;
+  std::uint16_t* b;
+  float* sums;
+};
+constexpr std::size_t aligned(std::size_t bytes) { return (bytes + 63) / 64 * 64; }
+EmulationWorkspace emulation_workspace(void* memory, std::int64_t m, std::int64_t n, std::int64_t k) {
+  auto* bytes = static_cast<std::byte*>(memory);
+  const std::size_t a_bytes = aligned(static_cast<std::size_t>(m * k) * 2), b_bytes = aligned(static_cast<std::size_t>(n * k) * 2);
+  return {reinterpret_cast<std::uint16_t*>(bytes), reinterpret_cast<std::uint16_t*>(bytes + a_bytes),
+          reinterpret_cast<float*>(bytes + a_bytes + b_bytes)};
+}
+
+// Codes to their values as bf16 (exact), through a table of the format's 256 values.
+void decode_values(const std::uint8_t* codes, std::int64_t count, Fp8Format format, std::uint16_t* values) {
+  std::uint16_t table[256];
+  for (int code = 0; code < 256; ++code) table[code] = Bf16::store(fp8::decode(static_cast<std::uint8_t>(code), format));
+#pragma omp parallel for schedule(static) if (count >= threaded_elements)
+  for (std::int64_t i = 0; i < count; ++i) values[i] = table[codes[i]];
+}
+
+// c = accumulator x row_inverse x column_inverse (+ bias) (+ c), in fp32, rounded once.
+void unscale_product(const float* accumulator, std::int64_t rows, std::int64_t cols, const float* row_inverse,
+                     Fp8Scaling row_scales, const float* column_inverse, Fp8Scaling column_scales, const void* bias,
+                     void* c, DataType c_type, bool accumulate) {
+  const std::vector<float> column_factors = per_column(column_inverse, column_scales, cols);
+  with_element(c_type, [&](auto element) {
+    using E = decltype(element);
+    auto* out = elements<E>(c);
+    // The bias widened once (zeros without one: adding +0 leaves every sum as it is).
+    std::vector<float> bias_values(static_cast<std::size_t>(cols), 0.0f);
+    if (bias != nullptr)
+      for (std::int64_t col = 0; col < cols; ++col) bias_values[col] = E::load(elements<E>(bias)[col]);
+#pragma omp parallel for schedule(static) if (rows * cols >= threaded_elements)
+    for (std::int64_t row = 0; row < rows; ++row) {
+      const float row_factor = row_inverse[row_scales == Fp8Scaling::tensor ? 0 : row];
+      const float* in = accumulator + row * cols;
+      auto* out_row = out + row * cols;
+      if (accumulate) {
+        for (std::int64_t col = 0; col < cols; ++col)
+          out_row[col] = E::store(in[col] * row_factor * column_factors[col] + bias_values[col] + E::load(out_row[col]));
+      } else {
+        for (std::int64_t col = 0; col < cols; ++col)
+          out_row[col] = E::store(in[col] * row_factor * column_factors[col] + bias_values[col]);
+      }
+    }
+  });
+}
+
 }  // namespace
 
 void absolute_max(const void* data, DataType type, std::int64_t rows, std::int64_t cols, Fp8Scaling scaling,
@@ -65,7 +125,7 @@ void absolute_max(const void* data, DataType type, std::int64_t rows, std::int64
 }
 
 void quantize(const void* data, DataType type, std::int64_t rows, std::int64_t cols, Fp8Scaling scaling,
-              const float* amax, Fp8Format format, void* quantized, float* inverse_scales) {
+              const float* amax, Fp8Format format, Fp8CodeLayout layout, std::uint8_t* codes, float* inverse_scales) {
   const std::int64_t count = fp8_scale_count(scaling, rows, cols);
   std::vector<float> scales(static_cast<std::size_t>(count));
   for (std::int64_t index = 0; index < count; ++index) {
@@ -79,43 +139,47 @@ void quantize(const void* data, DataType type, std::int64_t rows, std::int64_t c
   with_element(type, [&](auto element) {
     using E = decltype(element);
     const auto* in = elements<E>(data);
-    auto* out = elements<E>(quantized);
+    // One row's codes into `out`, contiguous.
+    const auto code_row = [&](std::int64_t row, std::int64_t first, std::int64_t last, std::uint8_t* out) {
+      code_span<E>(in + row * cols + first, column_scales.data() + first,
+                   scaling == Fp8Scaling::rows ? scales[row] : 1.0f, last - first, format, out);
+    };
+    if (layout == Fp8CodeLayout::as_is) {
 #pragma omp parallel for schedule(static) if (rows * cols >= threaded_elements)
-    for (std::int64_t row = 0; row < rows; ++row) {
-      const float row_scale = scaling == Fp8Scaling::rows ? scales[row] : 1.0f;
-      const auto* in_row = in + row * cols;
-      auto* out_row = out + row * cols;
-      for (std::int64_t col = 0; col < cols; ++col)
-        out_row[col] = E::store(fp8::round_to(E::load(in_row[col]) * row_scale * column_scales[col], format));
+      for (std::int64_t row = 0; row < rows; ++row) code_row(row, 0, cols, codes + row * cols);
+      return;
+    }
+    // Transposed: a tile's rows coded along the source's rows, then written out by columns.
+    constexpr std::int64_t tile = 64;
+#pragma omp parallel for schedule(static) if (rows * cols >= threaded_elements)
+    for (std::int64_t row_tile = 0; row_tile < rows; row_tile += tile) {
+      std::uint8_t block[tile][tile];
+      const std::int64_t row_end = std::min(rows, row_tile + tile);
+      for (std::int64_t col_tile = 0; col_tile < cols; col_tile += tile) {
+        const std::int64_t col_end = std::min(cols, col_tile + tile);
+        for (std::int64_t row = row_tile; row < row_end; ++row) code_row(row, col_tile, col_end, block[row - row_tile]);
+        for (std::int64_t col = col_tile; col < col_end; ++col)
+          for (std::int64_t row = row_tile; row < row_end; ++row)
+            codes[col * rows + row] = block[row - row_tile][col - col_tile];
+      }
     }
   });
 }
 
-void unscale_product(const float* accumulator, std::int64_t rows, std::int64_t cols, const float* row_inverse,
-                     Fp8Scaling row_scales, const float* column_inverse, Fp8Scaling column_scales, const void* bias,
-                     void* c, DataType c_type, bool accumulate) {
-  const std::vector<float> column_factors = per_column(column_inverse, column_scales, cols);
-  with_element(c_type, [&](auto element) {
-    using E = decltype(element);
-    auto* out = elements<E>(c);
-    // The bias widened once (zeros without one: adding +0 leaves every sum as it is).
-    std::vector<float> bias_values(static_cast<std::size_t>(cols), 0.0f);
-    if (bias != nullptr)
-      for (std::int64_t col = 0; col < cols; ++col) bias_values[col] = E::load(elements<E>(bias)[col]);
-#pragma omp parallel for schedule(static) if (rows * cols >= threaded_elements)
-    for (std::int64_t row = 0; row < rows; ++row) {
-      const float row_factor = row_inverse[row_scales == Fp8Scaling::tensor ? 0 : row];
-      const float* in = accumulator + row * cols;
-      auto* out_row = out + row * cols;
-      if (accumulate) {
-        for (std::int64_t col = 0; col < cols; ++col)
-          out_row[col] = E::store(in[col] * row_factor * column_factors[col] + bias_values[col] + E::load(out_row[col]));
-      } else {
-        for (std::int64_t col = 0; col < cols; ++col)
-          out_row[col] = E::store(in[col] * row_factor * column_factors[col] + bias_values[col]);
-      }
-    }
-  });
+std::size_t gemm_workspace_bytes(std::int64_t m, std::int64_t n, std::int64_t k) {
+  return aligned(static_cast<std::size_t>(m * k) * 2) + aligned(static_cast<std::size_t>(n * k) * 2) +
+         static_cast<std::size_t>(m * n) * sizeof(float);
+}
+
+void gemm(const Fp8Gemm& call, const std::function<void(const Gemm&)>& bf16_gemm) {
+  const EmulationWorkspace workspace = emulation_workspace(call.workspace, call.m, call.n, call.k);
+  decode_values(call.a, call.m * call.k, call.a_format, workspace.a);
+  decode_values(call.b, call.n * call.k, call.b_format, workspace.b);
+  bf16_gemm(fp8_values_product(call, workspace.a, workspace.b, workspace.sums));
+  // b's scales are one per row of b: one per column of c.
+  unscale_product(workspace.sums, call.m, call.n, call.a_inverse, call.a_scales, call.b_inverse,
+                  call.b_scales == Fp8Scaling::tensor ? Fp8Scaling::tensor : Fp8Scaling::columns, call.bias, call.c,
+                  call.c_type, call.accumulate);
 }
 
 void encode(const void* values, DataType type, std::size_t count, const float* amax, Fp8Format format,
@@ -124,7 +188,7 @@ void encode(const void* values, DataType type, std::size_t count, const float* a
   with_element(type, [&](auto element) {
     using E = decltype(element);
     const auto* in = elements<E>(values);
-    for (std::size_t i = 0; i < count; ++i) codes[i] = fp8::encode(fp8::round_to(E::load(in[i]) * scale, format), format);
+    for (std::size_t i = 0; i < count; ++i) codes[i] = fp8::code_of(E::load(in[i]) * scale, format);
   });
 }
 

@@ -1,10 +1,12 @@
-// The CPU's fp8 kernels (Kernels::absolute_max, quantize_fp8, unscale_fp8_product, encode_fp8,
-// decode_fp8): plain
-// loops over the element types, row by row, with core/fp8.hpp's rounding. An fp8 GEMM on the CPU
-// is these around a bf16 GEMM of the quantized values, exact as the formats' values are bf16's.
+// The CPU's fp8 kernels (Kernels::absolute_max, quantize_fp8, fp8_gemm, encode_fp8, decode_fp8):
+// plain loops over the element types, row by row, with core/fp8.hpp's rounding. The fp8 GEMM is
+// an exact emulation: the codes decoded to their values (every one a bf16 value), a bf16 GEMM
+// of them with fp32 sums (the products exact), then the scales undone, the bias and what was
+// there added in fp32 and the result rounded once.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 
 #include "core/data_type.hpp"
 #include "core/precision.hpp"
@@ -15,10 +17,12 @@ namespace mlptrain::cpu_fp8 {
 void absolute_max(const void* data, DataType type, std::int64_t rows, std::int64_t cols, Fp8Scaling scaling,
                   float* amax);
 void quantize(const void* data, DataType type, std::int64_t rows, std::int64_t cols, Fp8Scaling scaling,
-              const float* amax, Fp8Format format, void* quantized, float* inverse_scales);
-void unscale_product(const float* accumulator, std::int64_t rows, std::int64_t cols, const float* row_inverse,
-                     Fp8Scaling row_scales, const float* column_inverse, Fp8Scaling column_scales, const void* bias,
-                     void* c, DataType c_type, bool accumulate);
+              const float* amax, Fp8Format format, Fp8CodeLayout layout, std::uint8_t* codes, float* inverse_scales);
+
+// The emulated fp8 GEMM: its workspace (both operands' values in bf16, the fp32 sums), and the
+// GEMM itself, whose bf16 product `bf16_gemm` computes.
+std::size_t gemm_workspace_bytes(std::int64_t m, std::int64_t n, std::int64_t k);
+void gemm(const Fp8Gemm& call, const std::function<void(const Gemm&)>& bf16_gemm);
 
 void encode(const void* values, DataType type, std::size_t count, const float* amax, Fp8Format format,
             std::uint8_t* codes);

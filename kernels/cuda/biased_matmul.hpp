@@ -11,6 +11,7 @@
 #include <map>
 #include <tuple>
 
+#include "kernels/cuda/lt_support.hpp"
 #include "kernels/kernels.hpp"
 
 namespace mlptrain {
@@ -31,20 +32,14 @@ class BiasedMatmul {
   // alignment (16 bytes or less), which the heuristic needs to know.
   using Key = std::tuple<int, int, std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t,
                          int, int, int, int, int>;
-  struct Plan {
-    cublasLtMatmulDesc_t description = nullptr;
-    cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
-    cublasLtMatmulAlgo_t algorithm{};
-    bool usable = false;
-  };
-  Plan make_plan(const Gemm& gemm);
+  lt::Plan make_plan(const Gemm& gemm);
 
   cudaStream_t stream_;
   bool tf32_;
   cublasLtHandle_t handle_ = nullptr;
   void* workspace_ = nullptr;
   std::size_t workspace_bytes_ = 0;
-  std::map<Key, Plan> plans_;
+  std::map<Key, lt::Plan> plans_;
 };
 
 }  // namespace mlptrain

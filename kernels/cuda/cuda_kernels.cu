@@ -1,5 +1,5 @@
 // The kernel interface on a GPU (see kernels.hpp): cuBLAS for the GEMMs (cuBLASLt where the bias
-// goes into the epilogue), one kernel per op for the rest, the built-in samples generated here,
+// goes into the epilogue, and for fp8, fp8_kernels.hpp), one kernel per op for the rest, the built-in samples generated here,
 // all on the backend's compute stream. The numerics follow the CPU backend: GELU in its erf form,
 // softmax and loss sums in double, AdamW's scalars formed in double as torch.optim.AdamW forms
 // them. Two things differ by design: reductions over many elements sum per block in double and
@@ -28,6 +28,7 @@
 #include "kernels/cuda/cuda_backend.hpp"
 #include "kernels/cuda/cuda_check.hpp"
 #include "kernels/cuda/device_kernels.cuh"
+#include "kernels/cuda/fp8_kernels.hpp"
 #include "kernels/cuda/layer_kernels.cuh"
 #include "kernels/cuda/sample_kernels.hpp"
 
@@ -64,10 +65,12 @@ class CudaKernels final : public Kernels {
     scratch_.emplace(stream_);
     column_sums_.emplace(ColumnSums{.stream = stream_, .scratch = *scratch_, .multiprocessors = multiprocessors});
     biased_ = std::make_unique<BiasedMatmul>(stream_, tf32);
+    fp8_.emplace(stream_, *scratch_, [this](const Gemm& product) { gemm(product); });
   }
   ~CudaKernels() override {
     cudaStreamSynchronize(stream_);  // before the GEMMs' workspace goes
     biased_.reset();
+    fp8_.reset();
     column_sums_.reset();
     scratch_.reset();
     cudaStreamSynchronize(stream_);
@@ -278,6 +281,25 @@ class CudaKernels final : public Kernels {
     launch_synthetic_samples(samples, stream_indices, count, inputs, targets, labels, spare, stream_);
   }
 
+  void absolute_max(const void* data, DataType type, std::int64_t rows, std::int64_t cols, Fp8Scaling scaling,
+                    float* amax) override {
+    fp8_->absolute_max(data, type, rows, cols, scaling, amax);
+  }
+  void quantize_fp8(const void* data, DataType type, std::int64_t rows, std::int64_t cols, Fp8Scaling scaling,
+                    const float* amax, Fp8Format format, Fp8CodeLayout layout, std::uint8_t* codes,
+                    float* inverse_scales) override {
+    fp8_->quantize(data, type, rows, cols, scaling, amax, format, layout, codes, inverse_scales);
+  }
+  void fp8_gemm(const Fp8Gemm& call) override { fp8_->gemm(call); }
+  void encode_fp8(const void* values, DataType type, std::size_t count, const float* amax, Fp8Format format,
+                  std::uint8_t* codes) override {
+    fp8_->encode(values, type, count, amax, format, codes);
+  }
+  void decode_fp8(const std::uint8_t* codes, std::size_t count, const float* amax, Fp8Format format, void* values,
+                  DataType type) override {
+    fp8_->decode(codes, count, amax, format, values, type);
+  }
+
   double sum_of_squares(const void* data, DataType type, std::size_t count) override {
     clear_totals();
     with_device_element(type, [&](auto element) {
@@ -360,6 +382,7 @@ class CudaKernels final : public Kernels {
   std::optional<DeviceScratch> scratch_;
   std::optional<ColumnSums> column_sums_;
   std::unique_ptr<BiasedMatmul> biased_;  // biased GEMMs through cuBLASLt's epilogue
+  std::optional<CudaFp8> fp8_;            // fp8 operands and GEMMs (uses the scratch)
 };
 
 }  // namespace

@@ -1,7 +1,7 @@
-// The CUDA backend's device code (see cuda_kernels.cu, its only includer): one kernel per op of
-// the kernel interface besides the GEMMs, with grid-stride loops and per-block sums in double,
-// written once for every element type (fp32, bf16, fp16: widened to fp32 to compute, results
-// rounded once to nearest even, as the CPU does).
+// The CUDA backend's device code (cuda_kernels.cu's; fp8_kernels.cu and the layer kernels use its
+// helpers): one kernel per op of the kernel interface besides the GEMMs, with grid-stride loops
+// and per-block sums in double, written once for every element type (fp32, bf16, fp16: widened
+// to fp32 to compute, results rounded once to nearest even, as the CPU does).
 #pragma once
 
 #include <cuda_bf16.h>

@@ -175,14 +175,25 @@ class LoopbackKernels final : public Kernels {
     cpu_->absolute_max(host(data), type, rows, cols, scaling, host(amax));
   }
   void quantize_fp8(const void* data, DataType type, std::int64_t rows, std::int64_t cols, Fp8Scaling scaling,
-                    const float* amax, Fp8Format format, void* quantized, float* inverse_scales) override {
-    cpu_->quantize_fp8(host(data), type, rows, cols, scaling, host(amax), format, host(quantized), host(inverse_scales));
+                    const float* amax, Fp8Format format, Fp8CodeLayout layout, std::uint8_t* codes,
+                    float* inverse_scales) override {
+    cpu_->quantize_fp8(host(data), type, rows, cols, scaling, host(amax), format, layout, host(codes),
+                       host(inverse_scales));
   }
-  void unscale_fp8_product(const float* accumulator, std::int64_t rows, std::int64_t cols, const float* row_inverse,
-                           Fp8Scaling row_scales, const float* column_inverse, Fp8Scaling column_scales,
-                           const void* bias, void* c, DataType c_type, bool accumulate) override {
-    cpu_->unscale_fp8_product(host(accumulator), rows, cols, host(row_inverse), row_scales, host(column_inverse),
-                              column_scales, host(bias), host(c), c_type, accumulate);
+  // A GPU's layout (Kernels' default), not the CPU's: the device path's transposed codes run here.
+  void fp8_gemm(const Fp8Gemm& call) override {
+    Fp8Gemm on_host = call;
+    on_host.a = host(call.a);
+    on_host.a_inverse = host(call.a_inverse);
+    on_host.b = host(call.b);
+    on_host.b_inverse = host(call.b_inverse);
+    on_host.bias = host(call.bias);
+    on_host.c = host(call.c);
+    on_host.workspace = host(call.workspace);
+    cpu_->fp8_gemm(on_host);
+  }
+  std::size_t fp8_gemm_workspace_bytes(std::int64_t m, std::int64_t n, std::int64_t k) const override {
+    return cpu_->fp8_gemm_workspace_bytes(m, n, k);
   }
   void encode_fp8(const void* values, DataType type, std::size_t count, const float* amax, Fp8Format format,
                   std::uint8_t* codes) override {

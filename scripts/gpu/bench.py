@@ -11,6 +11,9 @@ together mean anything):
            dense peak (the trainer's own figure), and PyTorch's step on the same GPU, model and
            precision, eager and torch.compile'd (scripts/bench/torch_peer.py --device cuda [--compile];
            targets: bf16 at most 0.90x eager and 1.0x compiled, fp32 and TF32 at most 1.0x eager)
+  fp8      the same step with fp8 products (--fp8 tensorwise, rowwise, and tensorwise with
+           --fp8-fast-accumulation) against the bf16 step of the same run (target: tensorwise at
+           most 0.65x bf16's)
   kernels  every kernel besides the GEMMs on a layer of 8192 x 8192 (layerbench's kernel table):
            its time, the bytes it moves and their rate against a device copy of as many bytes
            (target: at least 0.7), and the built-in samples generated per second
@@ -24,7 +27,7 @@ together mean anything):
   commbench every collective from 4 KiB to 256 MiB on mpi-staged (2 ranks sharing the GPU) and
            NCCL (one rank: NCCL refuses two ranks on one GPU), with their bus bandwidths
 
-Writes OUTPUT_DIR/step.json, kernels.json, staging.json and commbench.json (default
+Writes OUTPUT_DIR/step.json (with the fp8 figures), kernels.json, staging.json and commbench.json (default
 results/gpu/). With --device loopback and --tiny it runs the same code without a GPU (the test
 suite does): that checks the script, and measures nothing about a GPU."""
 import argparse
@@ -45,6 +48,14 @@ PRECISIONS = {
     "tf32": {"mlptrain": ["--tf32"], "layerbench": ["--dtype", "fp32", "--tf32"], "torch": ["--tf32"]},
     "bf16": {"mlptrain": ["--param-dtype", "bf16"], "layerbench": ["--dtype", "bf16"],
              "torch": ["--autocast", "bf16"]},
+}
+
+
+# fp8 recipes, each on top of bf16.
+FP8_RECIPES = {
+    "tensorwise": ["--fp8", "tensorwise"],
+    "rowwise": ["--fp8", "rowwise"],
+    "tensorwise fast accumulation": ["--fp8", "tensorwise", "--fp8-fast-accumulation"],
 }
 
 
@@ -93,6 +104,31 @@ def step_figures(args, precision):
         figures.update({"pytorch_step_ms": eager, "step_over_pytorch": step_ms / eager if eager else None,
                         "pytorch_compiled_step_ms": compiled,
                         "step_over_pytorch_compiled": step_ms / compiled if compiled else None})
+    return figures
+
+
+def step_ms(args, name, flags):
+    """mlptrain's median step and data wait on the benchmark's model."""
+    ms, _ = train(1, ["--dataset", "mixture", "--layers", args.layers, "--hidden", args.hidden,
+                      "--input-dim", args.hidden, "--output-dim", 10, "--global-batch", args.batch,
+                      "--steps", args.steps, "--device", args.device] + flags, name)
+    data_ms = statistics.median(r["data_ms"] for r in read_records(name) if not r.get("summary"))
+    return ms, data_ms
+
+
+def fp8_figures(args, bf16_ms):
+    """Each fp8 recipe's step against the bf16 step measured in the same run (one is timed here
+    where the step part did not run)."""
+    if bf16_ms is None:
+        bf16_ms, _ = step_ms(args, "gpu-step-fp8-baseline-bf16", PRECISIONS["bf16"]["mlptrain"])
+    figures = {"bf16_step_ms": bf16_ms}
+    for recipe, flags in FP8_RECIPES.items():
+        if "--fp8-fast-accumulation" in flags and args.device != "cuda":
+            continue  # the tensor cores' accumulator: nothing to ask of the CPU's emulation
+        ms, data_ms = step_ms(args, "gpu-step-fp8-" + recipe.replace(" ", "-"),
+                              PRECISIONS["bf16"]["mlptrain"] + flags)
+        figures[recipe] = {"step_ms": ms, "data_wait_ms": data_ms, "step_over_bf16": ms / bf16_ms}
+        print(f"bench: fp8 {recipe} step {ms:.2f} ms, {ms / bf16_ms:.2f}x bf16's {bf16_ms:.2f} ms", flush=True)
     return figures
 
 
@@ -188,15 +224,15 @@ def main():
     parser.add_argument("--rounds", type=int, default=3, help="staging measurements per world size (median)")
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--output-dir", default=os.path.join(ROOT, "results", "gpu"))
-    parser.add_argument("--parts", default="step,kernels,staging,commbench",
-                        help="which measurements, comma-separated (a GPU lent for minutes may not hold all three: "
+    parser.add_argument("--parts", default="step,fp8,kernels,staging,commbench",
+                        help="which measurements, comma-separated (a GPU lent for minutes may not hold them all: "
                              "on an H200 the step took about 4 minutes, staging over 5)")
     parser.add_argument("--world-sizes", default=None, help="staging's world sizes (default 1,2,3,4; --tiny 1,2)")
     args = parser.parse_args()
     parts = set(args.parts.split(","))
-    unknown = parts - {"step", "kernels", "staging", "commbench"}
+    unknown = parts - {"step", "fp8", "kernels", "staging", "commbench"}
     if unknown:
-        parser.error(f"--parts: unknown {', '.join(sorted(unknown))} (choose step, kernels, staging, commbench)")
+        parser.error(f"--parts: unknown {', '.join(sorted(unknown))} (choose step, fp8, kernels, staging, commbench)")
     args.hidden, args.batch, args.layers = (64, 64, 3) if args.tiny else (8192, 8192, 16)
     args.message = "1M" if args.tiny else "256M"
     args.chunks = ["64K", "256K"] if args.tiny else ["256K", "1M", "4M", "16M", "64M"]
@@ -208,10 +244,13 @@ def main():
                       "batch": args.batch, "device": args.device},
             "targets": {"gemm_share_of_step": ">= 0.85", "data_wait_share_of_step": "<= 0.02",
                         "step_over_pytorch": "bf16 <= 0.90, fp32 and tf32 <= 1.0",
-                        "step_over_pytorch_compiled": "bf16 <= 1.0"}}
+                        "step_over_pytorch_compiled": "bf16 <= 1.0", "fp8_tensorwise_over_bf16": "<= 0.65"}}
     if "step" in parts:
         for precision in PRECISIONS if args.device == "cuda" else ("fp32",):
             step[precision] = step_figures(args, precision)
+    if "fp8" in parts:
+        step["fp8"] = fp8_figures(args, step.get("bf16", {}).get("step_ms"))
+    if "step" in parts or "fp8" in parts:
         write_result(os.path.join(args.output_dir, "step.json"), step)
     if "kernels" in parts:
         write_result(os.path.join(args.output_dir, "kernels.json"),

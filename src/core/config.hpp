@@ -151,9 +151,11 @@ struct PrecisionConfig {
   double min_loss_scale = 0;      // dynamic: the scale never halves below this (1)
   Fp8Recipe fp8 = Fp8Recipe::none;
   Fp8Format fp8_grad_format = Fp8Format::e4m3;
+  bool fp8_fast_accumulation = false;
 
   Precision types() const {
-    return {.param = param_dtype, .reduce = reduce_dtype, .fp8 = fp8, .fp8_grad_format = fp8_grad_format};
+    return {.param = param_dtype, .reduce = reduce_dtype, .fp8 = fp8, .fp8_grad_format = fp8_grad_format,
+            .fp8_fast_accumulation = fp8_fast_accumulation};
   }
 };
 

@@ -106,4 +106,25 @@ MLPTRAIN_FP8_HOST_DEVICE inline float decode(std::uint8_t code, Fp8Format format
   return (code & 0x80) != 0 ? -magnitude : magnitude;
 }
 
+// encode(round_to(x, format), format) in one pass and without branches, so that a quantizing
+// loop vectorizes: with e = max(floor(log2 |x|), e_min) and q = rint(|x| 2^(mantissa bits - e))
+// (q counts the format's steps in x's binade, the implicit one included, so a rounding up into
+// the next binade lands on that binade's first code), the byte's magnitude is (e - e_min) <<
+// mantissa bits, plus q, at most the largest finite value's; a zero is +0's byte whatever x's
+// sign, as encode gives it.
+MLPTRAIN_FP8_HOST_DEVICE inline std::uint8_t code_of(float x, Fp8Format format) {
+  const FormatTraits format_traits = traits(format);
+  const float magnitude = fabsf(x);
+  int exponent = exponent_of(magnitude);
+  exponent = exponent < format_traits.smallest_normal_exponent ? format_traits.smallest_normal_exponent : exponent;
+  const auto steps = static_cast<std::uint32_t>(rintf(magnitude * power_of_two(format_traits.mantissa_bits - exponent)));
+  const std::uint32_t largest_code = format == Fp8Format::e4m3 ? 0x7eu : 0x7bu;
+  std::uint32_t code =
+      (static_cast<std::uint32_t>(exponent - format_traits.smallest_normal_exponent) << format_traits.mantissa_bits) +
+      steps;
+  code = code > largest_code ? largest_code : code;
+  const std::uint32_t sign = x < 0.0f && code != 0 ? 0x80u : 0u;
+  return static_cast<std::uint8_t>(sign | code);
+}
+
 }  // namespace mlptrain::fp8

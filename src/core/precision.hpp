@@ -24,6 +24,9 @@ struct Precision {
   DataType reduce = DataType::float32;
   Fp8Recipe fp8 = Fp8Recipe::none;
   Fp8Format fp8_grad_format = Fp8Format::e4m3;
+  // fp8 GEMMs on Hopper's tensor cores may keep their partial sums in the tensor cores' own
+  // accumulator instead of promoting them to fp32 as they go (faster, less exact).
+  bool fp8_fast_accumulation = false;
 
   bool keeps_master() const { return param != DataType::float32; }
   // fp16 gradients underflow and overflow without a loss scale; bf16's range is fp32's.

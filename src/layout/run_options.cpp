@@ -74,6 +74,8 @@ constexpr Option options[] = {
      "with --param-dtype bf16: Linear layers' GEMMs take fp8 operands, scaled per operand or per row"},
     {"fp8-grad-format", S::precision, precision<&PrecisionConfig::fp8_grad_format>,
      "with --fp8: the format of the gradients' operands (e5m2: more range, one mantissa bit less)"},
+    {"fp8-fast-accumulation", S::precision, precision<&PrecisionConfig::fp8_fast_accumulation>,
+     "with --fp8 on cuda: the tensor cores keep partial sums in their narrower accumulator"},
     {"device", S::devices, device<&DeviceConfig::kind>, "where a rank computes (loopback: the CPU through the device path)"},
     {"tf32", S::devices, device<&DeviceConfig::tf32>, "let cuBLAS use TF32 tensor cores (cuda; fp32 otherwise)"},
     {"peak-tflops", S::devices, device<&DeviceConfig::peak_tflops>,

@@ -86,18 +86,20 @@ void validate_precision(PrecisionConfig& precision) {
                       precision.initial_loss_scale));
 }
 
-// fp8 products (§2.7) as far as they are built: dense Linear layers (an MoE layer's experts and
-// router compute in bf16), on the CPU's emulation.
+// fp8 products (§2.7): dense Linear layers (an MoE layer's experts and router compute in bf16),
+// on the CPU's emulation or a GPU's fp8 GEMMs.
 void validate_fp8(const Config& config) {
   if (!config.precision.types().fp8_gemms()) {
     require(config.precision.fp8_grad_format == Fp8Format::e4m3, "--fp8-grad-format needs --fp8 tensorwise or rowwise");
+    require(!config.precision.fp8_fast_accumulation, "--fp8-fast-accumulation needs --fp8 tensorwise or rowwise");
     return;
   }
   const std::string recipe = fmt::format("--fp8 {}", choice_name(config.precision.fp8));
   require(config.precision.param_dtype == DataType::bfloat16,
           fmt::format("{} needs --param-dtype bf16 (the activations between fp8 products are bf16)", recipe));
-  require(config.device.kind != Device::cuda,
-          fmt::format("{}: the CUDA backend has no fp8 GEMM yet: use --device cpu or loopback", recipe));
+  require(!config.precision.fp8_fast_accumulation || config.device.kind == Device::cuda,
+          "--fp8-fast-accumulation is the tensor cores' accumulator: it needs --device cuda (the CPU's fp8 GEMM "
+          "sums in fp32)");
 }
 
 void validate_device(const DeviceConfig& device) {

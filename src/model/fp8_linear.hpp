@@ -1,9 +1,10 @@
 // A Linear layer's three products from fp8 operands (--fp8; DESIGN.md §2.7): each operand's
 // absolute maximum, agreed with the rest of its population where that lies on other ranks, gives
-// its scale (a power of two, core/fp8.hpp); the operand scaled and rounded to its 8-bit format is
-// multiplied in the backend's GEMM with fp32 accumulation, and the product is unscaled, the bias
-// (or the gradient already there) added in fp32 and the result rounded once. What each product
-// reads and writes is what linear_forward_matmul and linear_backward_matmul read and write.
+// its scale (a power of two, core/fp8.hpp); the operand scaled and rounded to its 8-bit format,
+// its codes laid out as the backend's GEMM wants them, goes to the backend's fp8 GEMM
+// (Kernels::fp8_gemm: fp32 sums, the product unscaled, the bias or the gradient already there
+// added in fp32, rounded once). What each product reads and writes is what
+// linear_forward_matmul and linear_backward_matmul read and write.
 #pragma once
 
 #include <array>
@@ -19,13 +20,15 @@ enum class Fp8Operand { input, weight, output_grad };
 // A Linear layer's three products.
 enum class LinearProduct { forward, input_gradient, weight_gradient };
 
-// What a product quantizes, in its order: each operand, how it is scaled, and its scales
-// (`rows`: the rows the layer computes on). The products below and the cost model's count of
-// the agreements both read it.
+// What a product quantizes, in its order: each operand, how it is scaled, its scales (`rows`:
+// the rows the layer computes on), and whether the product sums over the operand's rows (rather
+// than its columns). The products below and the cost model's count of the agreements both read
+// it.
 struct Fp8OperandScales {
   Fp8Operand operand;
   Fp8Scaling scaling;
   std::int64_t count;
+  bool sums_over_rows;
 };
 std::array<Fp8OperandScales, 2> fp8_operands(Fp8Recipe recipe, LinearProduct product, const LayerSpec& spec,
                                              std::int64_t rows);

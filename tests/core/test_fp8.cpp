@@ -79,9 +79,13 @@ TEST(Fp8, RoundsToTheNearestValueTiesToEvenAndSaturates) {
       cases.push_back(std::ldexp(uniform[i], static_cast<int>(i % 44) - 24));
     cases.insert(cases.end(), {0.0f, 1e30f, std::numeric_limits<float>::denorm_min()});
     for (float x : cases)
-      for (float signed_x : {x, -x})
+      for (float signed_x : {x, -x}) {
         ASSERT_EQ(fp8::round_to(signed_x, format), nearest_by_scan(signed_x, table))
             << "x = " << signed_x << " format " << (format == Fp8Format::e4m3 ? "e4m3" : "e5m2");
+        // The one-pass code is the rounded value's byte.
+        ASSERT_EQ(fp8::code_of(signed_x, format), fp8::encode(fp8::round_to(signed_x, format), format))
+            << "x = " << signed_x << " format " << (format == Fp8Format::e4m3 ? "e4m3" : "e5m2");
+      }
   }
 }
 

@@ -85,7 +85,9 @@ class BadInput(TrainingTestCase):
             (["--fp8", "tensorwise"], 1, ["--fp8 tensorwise", "--param-dtype bf16"]),
             (["--fp8", "blockwise"], 2, ["--fp8", "blockwise", "rowwise"]),
             (["--fp8-grad-format", "e5m2"], 1, ["--fp8-grad-format", "--fp8"]),
-            (["--param-dtype", "bf16", "--fp8", "tensorwise", "--device", "cuda"], 1, ["--fp8 tensorwise", "CUDA"]),
+            (["--fp8-fast-accumulation"], 1, ["--fp8-fast-accumulation", "--fp8"]),
+            (["--param-dtype", "bf16", "--fp8", "rowwise", "--fp8-fast-accumulation"], 2,
+             ["--fp8-fast-accumulation", "--device cuda"]),
         ]
         for arguments, ranks, names in cases:
             with self.subTest(arguments=arguments):

@@ -134,7 +134,13 @@ class Commbench(TrainingTestCase):
                                 capture_output=True, text=True, timeout=300)
         self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
         with open(self.path("step.json")) as handle:
-            step = json.load(handle)["fp32"]
+            steps = json.load(handle)
+        step = steps["fp32"]
+        # fp8 steps against a bf16 step of the same run (the CPU's emulation here).
+        self.assertEqual({"tensorwise", "rowwise"} | {"bf16_step_ms"}, set(steps["fp8"]))
+        for recipe in ("tensorwise", "rowwise"):
+            self.assertAlmostEqual(steps["fp8"][recipe]["step_over_bf16"],
+                                   steps["fp8"][recipe]["step_ms"] / steps["fp8"]["bf16_step_ms"])
         self.assertGreater(step["gemm_ms_per_step"], 0)
         self.assertAlmostEqual(step["gemm_share_of_step"], step["gemm_ms_per_step"] / step["step_ms"])
         self.assertAlmostEqual(step["data_wait_share_of_step"], step["data_wait_ms"] / step["step_ms"])

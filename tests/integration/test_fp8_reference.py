@@ -1,7 +1,8 @@
 """fp8 runs (--fp8 tensorwise and rowwise, DESIGN.md §2.7) against an independent emulation of
 the contract in NumPy (fp8_reference.py through precision_reference.Reference): one process and
-every layout family the recipe runs in, dense and MoE (whose experts stay bf16), on the CPU and
-through the device path (loopback).
+every layout family the recipe runs in, dense and MoE (whose experts stay bf16), on the CPU,
+through the device path (loopback), and on a GPU where one is present (its fp8 tensor cores,
+whose partial sums are promoted to fp32 as they go: the same freedom of summation order).
 
 The measure is test_precision_reference.py's: the first step's update with AdamW's eps = 1, each
 tensor's relative L2 error against the reference's, the median over the model's tensors.
@@ -25,7 +26,7 @@ holds its all-reduces to the prediction.
 import os
 import unittest
 
-from common import read_metrics, run
+from common import gpu_refusal, read_metrics, run
 from reference_runs import PIPELINE, ReferenceRuns
 
 UNIT = (2.0 ** -24 * 2.0 ** -8) ** 0.5
@@ -54,6 +55,15 @@ LAYOUTS = [
     ("loopback dp", 2, ["--device", "loopback", "--dp", "2"], 1),
 ]
 
+# On a GPU: the families once each, ranks sharing the GPU over host-staged MPI.
+GPU_LAYOUTS = [
+    ("gpu one process", 1, [], 1),
+    ("gpu dp", 2, ["--dp", "2"], 1),
+    ("gpu zero-3", 2, ["--zero", "3"], 1),
+    ("gpu tp+sp", 2, ["--tp", "2", "--sequence-parallel"], 2),
+    ("gpu pp 1f1b", 2, PIPELINE, 1),
+]
+
 # MoE models: the dense layers in fp8, the experts and the router in bf16 (§2.7).
 MOE_LAYOUTS = [
     ("moe one process", 1, [], 1),
@@ -69,8 +79,8 @@ class Fp8Reference(ReferenceRuns):
     report_variable = "MLPTRAIN_FP8_REPORT"
     tolerance = TOLERANCE
 
-    def check(self, recipe, layouts, grad_format="e4m3", moe=False):
-        flags = ["--fp8", recipe, "--fp8-grad-format", grad_format]
+    def check(self, recipe, layouts, grad_format="e4m3", moe=False, extra=()):
+        flags = ["--fp8", recipe, "--fp8-grad-format", grad_format, *extra]
         self.check_against_reference(f"fp8 {recipe} {grad_format}", layouts, moe, TOLERANCE, flags, "bf16",
                                      fp8=recipe, fp8_grad_format=grad_format)
 
@@ -83,6 +93,14 @@ class Fp8Reference(ReferenceRuns):
     def test_moe_models_follow_the_contract(self):
         self.check("tensorwise", MOE_LAYOUTS, moe=True)
         self.check("rowwise", MOE_LAYOUTS[:3], moe=True)
+
+    def test_layouts_on_the_gpu_follow_the_contract(self):
+        refusal = gpu_refusal()
+        if refusal is not None:
+            self.skipTest(f"no GPU to test on: mlptrain says \"{refusal[1]}\"")
+        for recipe in ("tensorwise", "rowwise"):
+            self.check(recipe, GPU_LAYOUTS, extra=["--device", "cuda"])
+        self.check("tensorwise", GPU_LAYOUTS[:1], grad_format="e5m2", extra=["--device", "cuda"])
 
     def test_e5m2_gradients_follow_the_contract(self):
         self.check("tensorwise", LAYOUTS[:3], grad_format="e5m2")

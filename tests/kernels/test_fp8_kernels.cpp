@@ -1,8 +1,8 @@
-// The CPU's fp8 operand kernels against naive loops written from Kernels' contract: the amax of
-// each scale's elements (one for all, one per row, one per column), the operand scaled by the
-// power of two of core/fp8.hpp and rounded (its rounding is tested against the formats' tables
-// in tests/core/test_fp8.cpp), and the product unscaled with the bias or the gradient already
-// there added in fp32 and rounded once.
+// The CPU's fp8 kernels against naive loops written from Kernels' contract: the amax of each
+// scale's elements (one for all, one per row, one per column), the operand scaled by the power of
+// two of core/fp8.hpp, rounded and coded (its rounding is tested against the formats' tables in
+// tests/core/test_fp8.cpp), as it is or transposed, and the GEMM of codes unscaled with the bias
+// or the gradient already there added in fp32 and rounded once.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -39,7 +39,7 @@ std::int64_t scale_of(Fp8Scaling scaling, std::int64_t row, std::int64_t col) {
 
 }  // namespace
 
-TEST(Fp8Kernels, AmaxAndQuantizedValuesFollowEachScalesElements) {
+TEST(Fp8Kernels, AmaxAndCodesFollowEachScalesElements) {
   const auto kernels = make_cpu_kernels();
   const std::vector<std::uint16_t> data = operand();
   for (Fp8Scaling scaling : {Fp8Scaling::tensor, Fp8Scaling::rows, Fp8Scaling::columns})
@@ -52,47 +52,125 @@ TEST(Fp8Kernels, AmaxAndQuantizedValuesFollowEachScalesElements) {
       }
       kernels->absolute_max(data.data(), DataType::bfloat16, rows, cols, scaling, amax.data());
       ASSERT_EQ(amax, expected_amax);
-      std::vector<std::uint16_t> quantized(data.size());
-      kernels->quantize_fp8(data.data(), DataType::bfloat16, rows, cols, scaling, amax.data(), format, quantized.data(),
-                            inverse.data());
-      for (std::int64_t i = 0; i < rows * cols; ++i) {
-        const std::int64_t scale_at = scale_of(scaling, i / cols, i % cols);
-        const float scale = fp8::scale_for(expected_amax[scale_at], format);
-        ASSERT_EQ(inverse[scale_at] * scale, 1.0f);
-        const float expected = fp8::round_to(load_element(data.data(), i, DataType::bfloat16) * scale, format);
-        ASSERT_EQ(load_element(quantized.data(), i, DataType::bfloat16), expected) << i;
-        // The largest element of each scale lands in the top half of the format's range.
-        if (std::fabs(load_element(data.data(), i, DataType::bfloat16)) == expected_amax[scale_at]) {
-          ASSERT_GE(std::fabs(expected) * 2, fp8::traits(format).largest);
+      for (Fp8CodeLayout layout : {Fp8CodeLayout::as_is, Fp8CodeLayout::transposed}) {
+        std::vector<std::uint8_t> codes(data.size());
+        kernels->quantize_fp8(data.data(), DataType::bfloat16, rows, cols, scaling, amax.data(), format, layout,
+                              codes.data(), inverse.data());
+        for (std::int64_t i = 0; i < rows * cols; ++i) {
+          const std::int64_t row = i / cols, col = i % cols, scale_at = scale_of(scaling, row, col);
+          const float scale = fp8::scale_for(expected_amax[scale_at], format);
+          ASSERT_EQ(inverse[scale_at] * scale, 1.0f);
+          const float expected = fp8::round_to(load_element(data.data(), i, DataType::bfloat16) * scale, format);
+          const std::int64_t at = layout == Fp8CodeLayout::as_is ? i : col * rows + row;
+          ASSERT_EQ(fp8::decode(codes[at], format), expected) << i;
+          // The largest element of each scale lands in the top half of the format's range.
+          if (std::fabs(load_element(data.data(), i, DataType::bfloat16)) == expected_amax[scale_at]) {
+            ASSERT_GE(std::fabs(expected) * 2, fp8::traits(format).largest);
+          }
         }
       }
     }
 }
 
-TEST(Fp8Kernels, UnscaledProductAddsBiasOrGradientInFloatAndRoundsOnce) {
+// Across the transposing pass's tiles (64 x 64): every code lands at its transposed place.
+TEST(Fp8Kernels, TransposedCodesCrossTiles) {
   const auto kernels = make_cpu_kernels();
-  std::vector<float> accumulator(rows * cols), row_inverse(rows), column_inverse(cols);
-  CounterRng(5, "fp8-unscale").fill_uniform(accumulator.data(), 0, accumulator.size(), -300.0f, 300.0f);
-  for (std::int64_t r = 0; r < rows; ++r) row_inverse[r] = std::ldexp(1.0f, -static_cast<int>(r));
-  for (std::int64_t c = 0; c < cols; ++c) column_inverse[c] = std::ldexp(1.0f, static_cast<int>(c) - 3);
-  std::vector<std::uint16_t> bias(cols);
-  for (std::int64_t c = 0; c < cols; ++c) store_element(bias.data(), c, DataType::bfloat16, 0.1f * static_cast<float>(c));
-  // bf16 output with a bias; fp32 output added to what is there.
-  std::vector<std::uint16_t> pre(rows * cols);
-  kernels->unscale_fp8_product(accumulator.data(), rows, cols, row_inverse.data(), Fp8Scaling::rows,
-                               column_inverse.data(), Fp8Scaling::columns, bias.data(), pre.data(), DataType::bfloat16,
-                               false);
-  std::vector<float> grads(rows * cols, 0.25f), before = grads;
-  kernels->unscale_fp8_product(accumulator.data(), rows, cols, row_inverse.data(), Fp8Scaling::tensor,
-                               column_inverse.data(), Fp8Scaling::columns, nullptr, grads.data(), DataType::float32,
-                               true);
-  for (std::int64_t r = 0; r < rows; ++r)
-    for (std::int64_t c = 0; c < cols; ++c) {
-      const std::int64_t i = r * cols + c;
-      const float unscaled = accumulator[i] * row_inverse[r] * column_inverse[c];  // exact: powers of two
-      std::uint16_t expected;
-      store_element(&expected, 0, DataType::bfloat16, unscaled + load_element(bias.data(), c, DataType::bfloat16));
-      ASSERT_EQ(pre[i], expected) << i;
-      ASSERT_EQ(grads[i], accumulator[i] * row_inverse[0] * column_inverse[c] + before[i]) << i;
-    }
+  constexpr std::int64_t tall = 70, wide = 131;
+  std::vector<float> values(tall * wide);
+  CounterRng(9, "fp8-tiles").fill_uniform(values.data(), 0, values.size(), -4.0f, 4.0f);
+  std::vector<std::uint16_t> data(values.size());
+  for (std::size_t i = 0; i < values.size(); ++i) store_element(data.data(), i, DataType::bfloat16, values[i]);
+  std::vector<float> amax(wide), inverse(wide);
+  kernels->absolute_max(data.data(), DataType::bfloat16, tall, wide, Fp8Scaling::columns, amax.data());
+  std::vector<std::uint8_t> as_is(data.size()), transposed(data.size());
+  kernels->quantize_fp8(data.data(), DataType::bfloat16, tall, wide, Fp8Scaling::columns, amax.data(), Fp8Format::e4m3,
+                        Fp8CodeLayout::as_is, as_is.data(), inverse.data());
+  kernels->quantize_fp8(data.data(), DataType::bfloat16, tall, wide, Fp8Scaling::columns, amax.data(), Fp8Format::e4m3,
+                        Fp8CodeLayout::transposed, transposed.data(), inverse.data());
+  for (std::int64_t row = 0; row < tall; ++row)
+    for (std::int64_t col = 0; col < wide; ++col) ASSERT_EQ(transposed[col * tall + row], as_is[row * wide + col]);
+}
+
+// The fp8 GEMM against a sum in double of the codes' decoded products, unscaled, with the bias or
+// the gradient already there added, rounded once: within the fp32 sum's rounding (k terms, each
+// step off by at most 2^-24 of the running magnitude) and one unit of the output's last place
+// (where that sum's error crosses a rounding boundary). A scale applied twice, a transposed
+// operand read as it is, or e5m2 codes read as e4m3 miss it by far.
+TEST(Fp8Kernels, GemmOfCodesIsTheirUnscaledProductRoundedOnce) {
+  const auto kernels = make_cpu_kernels();
+  constexpr std::int64_t m = 6, n = 9, k = 40;
+  const auto random_codes = [](std::size_t count, std::uint64_t seed) {
+    std::vector<float> uniform(count);
+    CounterRng(seed, "fp8-gemm-codes").fill_uniform(uniform.data(), 0, count, 0.0f, 256.0f);
+    std::vector<std::uint8_t> codes(count);
+    for (std::size_t i = 0; i < count; ++i) codes[i] = static_cast<std::uint8_t>(std::min(255.0f, uniform[i]));
+    return codes;
+  };
+  std::vector<std::uint8_t> a = random_codes(m * k, 11), b = random_codes(n * k, 12);
+  // No NaN codes (e4m3's S.1111.111); e5m2's infinities and NaNs are never produced either.
+  for (auto& code : a)
+    if ((code & 0x7f) == 0x7f) code ^= 1;
+  for (auto& code : b)
+    if ((code & 0x7c) == 0x7c) code &= 0xbb;
+  std::vector<float> a_inverse(m), b_inverse(n);
+  for (std::int64_t i = 0; i < m; ++i) a_inverse[i] = std::ldexp(1.0f, static_cast<int>(i) - 8);
+  for (std::int64_t j = 0; j < n; ++j) b_inverse[j] = std::ldexp(1.0f, 2 - static_cast<int>(j));
+  std::vector<std::uint16_t> bias(n);
+  for (std::int64_t j = 0; j < n; ++j) store_element(bias.data(), j, DataType::bfloat16, 0.37f * static_cast<float>(j));
+  // The same codes stored transposed ([k, m], [k, n]), as a backend that reads them through its
+  // GEMM's strides takes them.
+  std::vector<std::uint8_t> a_transposed(a.size()), b_transposed(b.size());
+  for (std::int64_t p = 0; p < k; ++p) {
+    for (std::int64_t i = 0; i < m; ++i) a_transposed[p * m + i] = a[i * k + p];
+    for (std::int64_t j = 0; j < n; ++j) b_transposed[p * n + j] = b[j * k + p];
+  }
+  for (int variant = 0; variant < 4; ++variant) {
+    const bool per_row = variant % 2 == 1, stored_transposed = variant >= 2;
+    const Fp8Scaling scales = per_row ? Fp8Scaling::rows : Fp8Scaling::tensor;
+    const Transpose stored = stored_transposed ? Transpose::yes : Transpose::no;
+    std::vector<std::uint16_t> pre(m * n);
+    std::vector<float> grads(m * n, 0.75f);
+    std::vector<std::byte> workspace(kernels->fp8_gemm_workspace_bytes(m, n, k));
+    Fp8Gemm call{.m = m,
+                 .n = n,
+                 .k = k,
+                 .transpose_a = stored,
+                 .transpose_b = stored,
+                 .a = stored_transposed ? a_transposed.data() : a.data(),
+                 .a_format = Fp8Format::e4m3,
+                 .a_inverse = a_inverse.data(),
+                 .a_scales = scales,
+                 .b = stored_transposed ? b_transposed.data() : b.data(),
+                 .b_format = Fp8Format::e5m2,
+                 .b_inverse = b_inverse.data(),
+                 .b_scales = scales,
+                 .bias = bias.data(),
+                 .c = pre.data(),
+                 .c_type = DataType::bfloat16,
+                 .workspace = workspace.data()};
+    kernels->fp8_gemm(call);
+    call.bias = nullptr;
+    call.c = grads.data();
+    call.c_type = DataType::float32;
+    call.accumulate = true;
+    kernels->fp8_gemm(call);
+    for (std::int64_t i = 0; i < m; ++i)
+      for (std::int64_t j = 0; j < n; ++j) {
+        double sum = 0, magnitude = 0;
+        for (std::int64_t p = 0; p < k; ++p) {
+          const double product = static_cast<double>(fp8::decode(a[i * k + p], Fp8Format::e4m3)) *
+                                 fp8::decode(b[j * k + p], Fp8Format::e5m2);
+          sum += product;
+          magnitude += std::fabs(product);
+        }
+        const double factor = static_cast<double>(a_inverse[per_row ? i : 0]) * b_inverse[per_row ? j : 0];
+        const double accumulation = k * std::ldexp(magnitude, -24) * factor;
+        const double with_bias = sum * factor + load_element(bias.data(), j, DataType::bfloat16);
+        const double got = load_element(pre.data(), i * n + j, DataType::bfloat16);
+        ASSERT_LE(std::fabs(got - with_bias), accumulation + std::ldexp(std::fabs(with_bias), -7)) << i << "," << j;
+        const double added = sum * factor + 0.75;
+        ASSERT_LE(std::fabs(grads[i * n + j] - added), accumulation + std::ldexp(std::fabs(added), -23))
+            << i << "," << j;
+      }
+  }
 }
