@@ -2,6 +2,7 @@
 // memory that charges the memory ledger. Plain C++ here, so callers need no CUDA headers.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -13,8 +14,9 @@ namespace mlptrain {
 // GPUs this process can use; 0 with the reason in `why_none` (no driver, no device) otherwise.
 int cuda_device_count(std::string* why_none = nullptr);
 
-// The GPU's model name as the driver reports it ("NVIDIA H100 80GB HBM3").
+// The GPU's model name as the driver reports it ("NVIDIA H100 80GB HBM3"), and its memory.
 std::string cuda_device_name(int device);
+std::int64_t cuda_device_memory_bytes(int device);
 
 // The kernels on `device` (the caller picks it, e.g. local rank modulo the GPUs present), on a
 // compute stream of their own. GEMMs are fp32; `tf32` lets cuBLAS use TF32 tensor cores.

@@ -405,6 +405,12 @@ std::string cuda_device_name(int device) {
   return properties.name;
 }
 
+std::int64_t cuda_device_memory_bytes(int device) {
+  cudaDeviceProp properties{};
+  check(cudaGetDeviceProperties(&properties, device), "cudaGetDeviceProperties");
+  return static_cast<std::int64_t>(properties.totalGlobalMem);
+}
+
 std::unique_ptr<Kernels> make_cuda_kernels(int device, bool tf32) {
   return std::make_unique<CudaKernels>(device, tf32);
 }

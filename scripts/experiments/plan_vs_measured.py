@@ -87,6 +87,36 @@ def calibrate(scratch, worlds):
     return files
 
 
+def expert_imbalance(scratch, splits):
+    """mlpplan's --expert-imbalance for each number of ranks that split an MoE layer's experts,
+    from a calibration run's routing (one process of the MoE model, 20 steps; every layout of it
+    computes the same numbers, so it routes as they do): over the steps and MoE layers, the
+    mean of the busiest rank's rows (its contiguous block of experts, as the layers place them)
+    over the mean rank's."""
+    metrics = os.path.join(scratch, "routing.jsonl")
+    run([benchlib.PROGRAM] + MOE + ["--steps", 20, "--log-every", 0, "--metrics", metrics])
+    with open(metrics) as handle:
+        loads = [layer for record in map(json.loads, handle) if not record.get("summary")
+                 for layer in record.get("expert_load", [])]
+    factors = {}
+    for split in splits:
+        ratios = []
+        for experts in loads:
+            share = len(experts) // split
+            rows = [sum(experts[rank * share:(rank + 1) * share]) for rank in range(split)]
+            if sum(rows) > 0:
+                ratios.append(max(rows) * split / sum(rows))
+        factors[split] = statistics.fmean(ratios)
+    return factors
+
+
+def expert_split(layout):
+    """The ranks that split an MoE layer's experts: expert times tensor parallelism."""
+    def degree(flag):
+        return int(layout[layout.index(flag) + 1]) if flag in layout else 1
+    return degree("--ep") * degree("--tp")
+
+
 def measure(ranks, arguments, steps, scratch):
     """(the median step after two warm-up steps, the summary record, the share of the cores the
     run got)."""
@@ -99,10 +129,12 @@ def measure(ranks, arguments, steps, scratch):
     return statistics.median(step_ms), records[-1], share
 
 
-def compare(ranks, model, layout, measured_ms, summary, files):
+def compare(ranks, model, layout, measured_ms, summary, files, imbalance):
     arguments = model + layout
-    plan = json.loads(run([PLAN, "--world", ranks, "--calibrate"] + files + arguments + ["--json"]).splitlines()[0])
     moe = model is MOE
+    routing = ["--expert-imbalance", imbalance[expert_split(layout)]] if moe and expert_split(layout) > 1 else []
+    plan = json.loads(run([PLAN, "--world", ranks, "--calibrate"] + files + arguments + routing +
+                          ["--json"]).splitlines()[0])
     problems = []
     placement = summary["placement"]
     if plan["memory_rank"] != 0:
@@ -121,6 +153,7 @@ def compare(ranks, model, layout, measured_ms, summary, files):
             problems.append(f"{op}: planned {planned} bytes, measured {actual}")
     ratio = plan["step_ms"]["total"] / measured_ms
     return {"ranks": ranks, "moe": moe, "layout": [str(a) for a in layout],
+            "expert_imbalance": float(routing[1]) if routing else 1.0,
             "oversubscribed": ranks > (os.cpu_count() or 1),
             "memory_and_bytes_agree": not problems, "problems": problems,
             "planned_step_ms": plan["step_ms"], "measured_step_ms": measured_ms,
@@ -157,6 +190,8 @@ def main():
     layouts = [(ranks, MOE if "--moe-every" in model else DENSE, layout)
                for ranks, model, layout in PLACEMENT_LAYOUTS + NEWER_SCHEDULES]
     files = calibrate(scratch, sorted({ranks for ranks, _, _ in layouts}))
+    imbalance = expert_imbalance(scratch, sorted({expert_split(layout) for _, model, layout in layouts if model is MOE}))
+    print(f"plan_vs_measured: expert imbalance by ranks splitting the experts: {imbalance}", flush=True)
     # Every layout once a round, the rounds one after another, so the machine's drift falls on
     # every layout alike; a layout's step is the median of its quiet rounds' medians.
     shares = {index: [] for index in range(len(layouts))}
@@ -171,7 +206,7 @@ def main():
     rows = []
     for index, (ranks, model, layout) in enumerate(layouts):
         quiet, set_aside = benchlib.quiet_rounds(step_ms[index], shares[index])
-        row = compare(ranks, model, layout, statistics.median(quiet), summaries[index], files[ranks])
+        row = compare(ranks, model, layout, statistics.median(quiet), summaries[index], files[ranks], imbalance)
         row.update(measured_step_ms_by_round=step_ms[index], cpu_share_by_round=[round(s, 3) for s in shares[index]],
                    rounds_set_aside=set_aside, measured_spread_ms=[min(step_ms[index]), max(step_ms[index])])
         rows.append(row)
@@ -190,7 +225,8 @@ def main():
                                                    f"{len(rows) - len(fitting)}",
                "step_time_ratios_ranks_within_cores": sorted(round(r["step_time_ratio"], 3) for r in fitting),
                "mean_absolute_error_ranks_within_cores": statistics.fmean(abs(r["step_time_ratio"] - 1) for r in fitting),
-               "rounds_set_aside": sum(len(r["rounds_set_aside"]) for r in rows)}
+               "rounds_set_aside": sum(len(r["rounds_set_aside"]) for r in rows),
+               "expert_imbalance_by_split": imbalance}
     print(json.dumps(summary, indent=1))
     benchlib.write_result(args.output, {"summary": summary, "rows": rows})
     plot(rows, os.path.splitext(args.output)[0] + ".png")

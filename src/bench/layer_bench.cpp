@@ -18,6 +18,7 @@
 //
 // usage: layerbench [ROWS IN OUT [REPEATS]] [--device cpu|cuda|loopback] [--tf32] [--dtype LIST]
 //                   [--sequence LAYERS] [--optimizer-parameters N]
+#include <mpi.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -43,6 +44,12 @@ namespace {
 
 using namespace mlptrain;
 
+// Processes run side by side (mpiexec -n R, as R ranks of a node run) start each timed run at
+// once, as a step's ranks run their kernels at once: the best run of one process is then not
+// one during which the others happened to rest, and what they share (cores' execution units,
+// memory bandwidth) shows.
+void start_together() { MPI_Barrier(MPI_COMM_WORLD); }
+
 // The fastest of `repeats` runs of `body`, each ended by `finish` (which waits for the device).
 template <typename Body, typename Finish>
 double best_ms(int repeats, Body&& body, Finish&& finish) {
@@ -50,6 +57,7 @@ double best_ms(int repeats, Body&& body, Finish&& finish) {
   finish();
   double best = 1e30;
   for (int repeat = 0; repeat < repeats; ++repeat) {
+    start_together();
     const double start = now_ms();
     body();
     finish();
@@ -257,6 +265,8 @@ void run(const std::vector<std::string>& arguments) {
                              {"rows", rows}, {"in", in}, {"out", out}, {"adamw_parameters", updated},
                              {"kernels", kernels.description()}};
     result.update(reads);
+    if (device.gpus_on_node > 0)  // what mlpplan --calibrate plans a node of these GPUs with
+      result.update({{"devices", device.gpus_on_node}, {"device_memory_bytes", device.gpu_memory_bytes}});
     // The elementwise kernels and AdamW as the trainer runs them at this param type (a 16-bit
     // one updates fp32 masters and writes their rounded copy).
     result["gelu_forward_ms"] = time([&] { kernels.gelu_forward(pre.as<void>(), act.as<void>(), rows, out, type); });
@@ -332,7 +342,7 @@ void run(const std::vector<std::string>& arguments) {
       result[std::string(shape.name) + "_gemm_ms"] = ms;
       gemm_ms += ms;
       if (config.device.kind != Device::cpu) continue;
-      if (const auto library = time_library_gemms({gemm}, repeats)) {
+      if (const auto library = time_library_gemms({gemm}, repeats, start_together)) {
         result[std::string("library_") + shape.name + "_gemm_ms"] = library->best_ms;
         result["library_implementation"] = library->implementation;
         library_ms += library->best_ms;
@@ -367,7 +377,7 @@ void run(const std::vector<std::string>& arguments) {
                               .b = x_l, .ldb = in, .c = grad_w_l, .ldc = in, .input = type, .output = fp32}});
       }
       forward.insert(forward.end(), backward.begin(), backward.end());
-      if (const auto library = time_library_gemms(forward, repeats))
+      if (const auto library = time_library_gemms(forward, repeats, start_together))
         result.update({{"sequence_layers", sequence},
                        {"library_sequence_gemm_ms", library->best_ms / static_cast<double>(forward.size())}});
     }

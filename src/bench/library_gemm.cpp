@@ -8,7 +8,8 @@
 
 namespace mlptrain {
 
-std::optional<LibraryGemmTime> time_library_gemms(const std::vector<Gemm>& gemms, int repeats) {
+std::optional<LibraryGemmTime> time_library_gemms(const std::vector<Gemm>& gemms, int repeats,
+                                                  const std::function<void()>& start_together) {
   using dnnl::memory;
   const auto type = [](DataType element) {
     return element == DataType::bfloat16 ? memory::data_type::bf16
@@ -58,6 +59,7 @@ std::optional<LibraryGemmTime> time_library_gemms(const std::vector<Gemm>& gemms
   run();  // warm up
   double best = 1e30;
   for (int repeat = 0; repeat < repeats; ++repeat) {
+    start_together();
     const double start = now_ms();
     run();
     best = std::min(best, now_ms() - start);

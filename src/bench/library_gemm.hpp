@@ -4,6 +4,7 @@
 // GEMMs runs in its order over its own buffers, as a training step runs a model's layers.
 #pragma once
 
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -17,8 +18,10 @@ struct LibraryGemmTime {
   std::string implementation;  // the library's name for the kernel it chose for the first
 };
 
-// The fastest of `repeats` runs of `gemms` in order (their memory must be valid host memory);
+// The fastest of `repeats` runs of `gemms` in order (their memory must be valid host memory),
+// each begun by `start_together` (processes timing side by side start each run at once);
 // nothing when the library has no kernel for one's element types on this CPU.
-std::optional<LibraryGemmTime> time_library_gemms(const std::vector<Gemm>& gemms, int repeats);
+std::optional<LibraryGemmTime> time_library_gemms(const std::vector<Gemm>& gemms, int repeats,
+                                                  const std::function<void()>& start_together);
 
 }  // namespace mlptrain

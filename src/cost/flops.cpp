@@ -20,10 +20,10 @@ double recompute_flops_per_sample(const std::vector<LayerSpec>& stage_layers, bo
   return 2 * multiply_adds;
 }
 
-LayerPasses layer_passes(const LayerSpec& layer, int expert_ranks, int tensor_ranks) {
+LayerPasses layer_passes(const LayerSpec& layer, int expert_ranks, int tensor_ranks, double expert_share) {
   const auto out = static_cast<double>(layer.out_features);
   if (!layer.moe()) return {.elementwise_forward = out, .elementwise_backward = 2 * out};
-  const double assigned = layer.top_k * out / tensor_ranks;  // a token's rows on this rank's experts
+  const double assigned = expert_share * layer.top_k * out / tensor_ranks;  // a token's rows on this rank's experts
   const double regrouped = expert_ranks > 1 ? 2 * assigned : 0;
   return {.elementwise_forward = assigned,
           .elementwise_backward = 2 * assigned,
@@ -31,10 +31,10 @@ LayerPasses layer_passes(const LayerSpec& layer, int expert_ranks, int tensor_ra
           .moved_backward = 3 * assigned + out + regrouped};
 }
 
-double local_multiply_adds(const LayerSpec& layer, int tensor_ranks) {
+double local_multiply_adds(const LayerSpec& layer, int tensor_ranks, double expert_share) {
   if (!layer.moe()) return static_cast<double>(layer_cost(layer));
   const auto router = static_cast<double>(layer.experts * layer.in_features);
-  return router + (static_cast<double>(layer_cost(layer)) - router) / tensor_ranks;
+  return router + expert_share * (static_cast<double>(layer_cost(layer)) - router) / tensor_ranks;
 }
 
 }  // namespace mlptrain

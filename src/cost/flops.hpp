@@ -31,7 +31,8 @@ double recompute_flops_per_sample(const std::vector<LayerSpec>& stage_layers, bo
 // rows by expert, and back.
 // An MoE layer's tensor ranks split its experts among them and each keeps the assignments of its
 // own, so the k rows a token sends are shared among them; the input gradient's sums (and the
-// router) are each rank's whole.
+// router) are each rank's whole. `expert_share` scales the rows a rank's experts get (balanced
+// routing: 1; the busiest rank's: its rows over the mean).
 struct LayerPasses {
   double elementwise_forward = 0;
   double elementwise_backward = 0;
@@ -46,11 +47,11 @@ struct LayerPasses {
     return *this;
   }
 };
-LayerPasses layer_passes(const LayerSpec& layer, int expert_ranks, int tensor_ranks);
+LayerPasses layer_passes(const LayerSpec& layer, int expert_ranks, int tensor_ranks, double expert_share = 1.0);
 
 // The multiply-adds per sample one tensor rank does for a layer of its local shape: a Linear
 // layer's slice as it is; an MoE layer's router whole and its tensor rank's share of the k
-// experts' GEMMs.
-double local_multiply_adds(const LayerSpec& layer, int tensor_ranks);
+// experts' GEMMs (times `expert_share`, as above).
+double local_multiply_adds(const LayerSpec& layer, int tensor_ranks, double expert_share = 1.0);
 
 }  // namespace mlptrain

@@ -30,6 +30,8 @@ ComputeDevice open_cuda(const Config& config, MPI_Comm world, MemoryLedger& ledg
   device.staging = std::make_unique<HostStaging>(*device.memory);
   if (config.device.offload) device.offload = HostSide{gpu->make_pinned_allocator(host_ledger), make_cpu_kernels()};
   const std::string name = gpu->device_name(chosen);
+  device.gpus_on_node = gpus;
+  device.gpu_memory_bytes = gpu->device_memory_bytes(chosen);
   // bf16 and fp16 parameters run their GEMMs on the tensor cores' half-precision path.
   const bool half = config.precision.param_dtype == DataType::bfloat16 || config.precision.param_dtype == DataType::float16;
   const GemmMath math = half ? GemmMath::half : config.device.tf32 ? GemmMath::tf32 : GemmMath::fp32;

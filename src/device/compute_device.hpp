@@ -35,6 +35,8 @@ struct ComputeDevice {
   std::optional<HostSide> offload;       // with --offload
   std::string description;               // for the run's header
   double peak_tflops = 0;                // this rank's share of the device's peak (0: unknown)
+  int gpus_on_node = 0;                   // with cuda: the node's GPUs, and the memory of this rank's
+  std::int64_t gpu_memory_bytes = 0;
   // Host threads this rank may read samples on while it computes: its share of the node's cores,
   // less those the CPU's GEMMs use on the CPU.
   int reader_threads = 0;

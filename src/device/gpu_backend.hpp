@@ -19,6 +19,7 @@ namespace mlptrain {
 struct GpuFunctions {
   int (*device_count)(std::string* why_none);
   std::string (*device_name)(int device);
+  std::int64_t (*device_memory_bytes)(int device);
   std::unique_ptr<Kernels> (*make_kernels)(int device, bool tf32);
   void* (*compute_stream)(Kernels& kernels);
   std::unique_ptr<Allocator> (*make_allocator)(MemoryLedger& ledger, void* compute_stream);

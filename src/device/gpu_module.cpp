@@ -10,6 +10,7 @@ extern "C" const mlptrain::GpuFunctions* mlptrain_gpu_functions() {
   static const GpuFunctions functions{
       .device_count = cuda_device_count,
       .device_name = cuda_device_name,
+      .device_memory_bytes = cuda_device_memory_bytes,
       .make_kernels = make_cuda_kernels,
       .compute_stream = cuda_compute_stream,
       .make_allocator = make_cuda_allocator,

@@ -56,6 +56,12 @@ struct Cluster {
   // its cores; a GPU: 1). A rank that has a core to itself runs them at the measured rate.
   int cores_per_device = 1;
   std::array<std::array<LinkRates, comm_op_count>, all_link_classes.size()> links{};
+  // Host-staged MPI between GPUs (--device cuda --comm mpi): each message is copied down to
+  // pinned host memory and up again, in chunks pipelined with the host's collective (MPI on
+  // shared memory within a node, the network across). 0: no such figures (a calibrated
+  // machine's commbench measures its staged path whole).
+  double host_copy_bytes_per_s = 0;
+  LinkRates host_intra_node;
 
   // The share of those rates a step's GEMMs of `rows` rows reach, by rows (layerbench
   // --sequence at several row counts, fp32: fewer rows read the same weights for less work);
@@ -72,6 +78,10 @@ struct Cluster {
   double sample_values_per_s(DatasetKind dataset, bool held_in_memory) const;
   // The part of the memory-bound rates a rank gets when it holds `share` of a device.
   double memory_bound_share(double share) const { return std::min(1.0, share * cores_per_device); }
+  // `op` on `link` host-staged: the slowest stage's bandwidth (the copies; the host's MPI within
+  // a node, the network across) and the host MPI's latency on top of the link's; the link's own
+  // rates where the cluster has no staging figures.
+  LinkRates staged_link(LinkClass link, CommOp op) const;
   const LinkRates& link(LinkClass link, CommOp op) const {
     return links[static_cast<std::size_t>(link)][static_cast<std::size_t>(op)];
   }
@@ -82,12 +92,16 @@ std::vector<std::string_view> cluster_preset_names();
 // A preset by name, else a JSON file at that path (see the README for its keys). Throws
 // UsageError naming the preset or the file and what is wrong with it.
 Cluster load_cluster(const std::string& preset_or_file);
-// This machine, one node whose cores its ranks share, from layerbench output (GEMM rates per
-// dtype, scaled from the bench's GEMM threads to the machine's cores; with --sequence, the rate
-// of a step's GEMMs over operands of their own; optimizer, elementwise and row-gather rates,
-// the last at the elementwise rate where the bench gives none) and commbench
-// --json output (latency and bus bandwidth per collective); every file may hold either, one JSON
-// object per line. Device memory: the machine's physical memory.
-Cluster calibrated_cluster(const std::vector<std::string>& files);
+// This machine, one node, from layerbench output (GEMM rates per dtype; with --sequence, the
+// rate of a step's GEMMs over operands of their own; optimizer, elementwise and row-gather
+// rates, the last at the elementwise rate where the bench gives none) and commbench --json
+// output (latency and bus bandwidth per collective); every file may hold either, one JSON object
+// per line. The rows read are those of the planned device: on the CPU (and loopback) the bench's
+// CPU rows, rates scaled from its GEMM threads to the machine's cores, which the ranks share,
+// collectives of MPI on host memory, device memory the machine's physical memory; on a GPU
+// (`device.kind` cuda) its rows (TF32's where `device.tf32`), each rank a GPU of the node's, the
+// built-in samples at the device generator's rate, collectives of the planned path (host-staged
+// MPI or NCCL), device memory the GPU's.
+Cluster calibrated_cluster(const std::vector<std::string>& files, const DeviceConfig& device);
 
 }  // namespace mlptrain

@@ -1,7 +1,8 @@
 // The planner's estimate of one layout (see layout_estimate.hpp). The time model, per pipeline
 // stage (one rank stands for its stage):
 //   forward and backward of a micro-batch: GEMM FLOPs at the cluster's rate for the param type
-//     and the share of it the GEMMs' rows reach (an MoE expert's: the rows of balanced routing;
+//     and the share of it the GEMMs' rows reach (an MoE expert's: the rows of balanced routing,
+//     the busiest expert rank's work --expert-imbalance times the mean's;
 //     backward twice forward, plus recomputation's second forward), bias/GELU passes and MoE
 //     layers' row gathers and scatters at the memory-bound rates (cost/flops.hpp), and the
 //     communication they wait for: tensor-parallel sums (and
@@ -136,19 +137,22 @@ class StageModel {
     const double elementwise_rate = in.cluster.elementwise_elements_per_s * memory_share;
     const double row_move_rate = in.cluster.row_move_elements_per_s * memory_share;
     const double stage_layers = std::max(1, layout.local_layer_count());
+    // Where ranks split an MoE layer's experts, the busiest one's rows set the layer's pace.
+    const double expert_share = layout.shape.ep * layout.shape.tp > 1 ? in.expert_imbalance : 1.0;
     for (const LayerRange& range : layout.layers.chunks) {
       std::vector<LayerSpec> specs;
       double multiply_adds = 0, split_multiply_adds = 0, unneeded_input_gradient = 0;
       LayerPasses passes;
       for (int layer = range.first; layer < range.last; ++layer) {
         specs.push_back(layout.local_spec(layer));
-        const double cost = local_multiply_adds(specs.back(), layout.shape.tp) * rows_weight(specs.back());
+        const double cost =
+            local_multiply_adds(specs.back(), layout.shape.tp, expert_share) * rows_weight(specs.back());
         multiply_adds += cost;
         // A Linear layer's weight gradient can run apart (W); an MoE layer's backward is one B.
         if (!specs.back().moe()) split_multiply_adds += cost;
         // Nothing needs the gradient of the model's inputs: the first layer does not compute it.
         if (layer == 0) unneeded_input_gradient = cost;
-        passes += layer_passes(specs.back(), layout.shape.ep, layout.shape.tp);
+        passes += layer_passes(specs.back(), layout.shape.ep, layout.shape.tp, expert_share);
       }
       ChunkCompute chunk{.layers = range.count() / stage_layers};
       chunk.times.forward = 2 * multiply_adds * rows / gemm_rate + passes.elementwise_forward * rows / elementwise_rate +
@@ -176,9 +180,10 @@ class StageModel {
     work.optimizer = updated / (in.cluster.optimizer_parameters_per_s * memory_share);
   }
 
-  // Seconds for `bytes` of `op` over the rank's group of `kind`, in `operations` operations; the
+  // Seconds for `bytes` of `op` over the rank's group of `kind`, in `operations` operations, the
+  // transfer `slowest` times the mean rank's (an exchange ends with its busiest rank's rows); the
   // bus bytes are counted on the link class they cross.
-  double collective(StageWork& work, GroupKind kind, CommOp op, double operations) const {
+  double collective(StageWork& work, GroupKind kind, CommOp op, double operations, double slowest = 1.0) const {
     const std::int64_t bytes = work.prediction.comm(kind, op);
     const int ranks = kind == GroupKind::pipeline ? 2 : group_size(inputs_.shape, kind);
     if (bytes == 0 || ranks < 2) return 0;
@@ -188,8 +193,12 @@ class StageModel {
     const double bus = static_cast<double>(bytes) * bus_factor(op, ranks);
     (link == LinkClass::inter_node ? work.bus_bytes.inter_node : work.bus_bytes.intra_node) +=
         static_cast<std::int64_t>(bus);
-    const LinkRates& rates = inputs_.cluster.link(link, op);
-    return operations * rates.latency_s + bus / rates.bus_bytes_per_s;
+    // GPUs communicating through MPI go through host memory: the staged path's rates.
+    const DeviceConfig& device = inputs_.config.device;
+    const LinkRates rates = device.kind == Device::cuda && device.comm == CommBackend::mpi
+                                ? inputs_.cluster.staged_link(link, op)
+                                : inputs_.cluster.link(link, op);
+    return operations * rates.latency_s + slowest * bus / rates.bus_bytes_per_s;
   }
 
   void communication_times(const RankLayout& layout, StageWork& work) const {
@@ -201,7 +210,8 @@ class StageModel {
     const double blocking = collective(work, GroupKind::tensor, CommOp::all_reduce, 2 * per_pass) +
                             collective(work, GroupKind::tensor, CommOp::reduce_scatter, 2 * per_pass) +
                             collective(work, GroupKind::tensor, CommOp::all_gather, 3 * per_pass) +
-                            collective(work, GroupKind::expert, CommOp::all_to_all, 4 * per_pass) +
+                            collective(work, GroupKind::expert, CommOp::all_to_all, 4 * per_pass,
+                                       inputs_.expert_imbalance) +
                             collective(work, GroupKind::pipeline, CommOp::send,
                                        2 * micro_batches * static_cast<double>(layout.layers.chunks.size()));
     collective(work, GroupKind::pipeline, CommOp::recv, 0);  // counted on the link, timed as the send

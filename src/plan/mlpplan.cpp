@@ -27,8 +27,8 @@ namespace {
 using namespace mlptrain;
 
 PlannedLayout plan_layout(const Config& config, const std::vector<LayerSpec>& model, const DatasetInfo& data,
-                          int world, int ranks_per_node, const Cluster& cluster) {
-  const GridShape shape = grid_shape(config, world);
+                          const PlanRequest& request, int ranks_per_node, const Cluster& cluster) {
+  const GridShape shape = grid_shape(config, request.world);
   const Strategies strategies = wanted_strategies(config, shape);
   return {.config = config,
           .estimate = estimate_layout(
@@ -40,7 +40,8 @@ PlannedLayout plan_layout(const Config& config, const std::vector<LayerSpec>& mo
                .ranks_per_node = ranks_per_node,
                .cluster = cluster,
                // As the trainer decides: the file's arrays under the cap are held in memory.
-               .data_held_in_memory = held_in_memory(data, config.data.memory_bytes())})};
+               .data_held_in_memory = held_in_memory(data, config.data.memory_bytes()),
+               .expert_imbalance = request.expert_imbalance})};
 }
 
 void plan(int argc, char** argv) {
@@ -68,7 +69,7 @@ void plan(int argc, char** argv) {
     validate_options(alone, 1);
   }
   const Cluster cluster = request.calibration_files.empty() ? load_cluster(request.cluster)
-                                                            : calibrated_cluster(request.calibration_files);
+                                                            : calibrated_cluster(request.calibration_files, config.device);
   // A calibrated machine is one node holding the whole world unless told otherwise.
   const int ranks_per_node = request.ranks_per_node.value_or(
       request.calibration_files.empty() ? cluster.devices_per_node : request.world);
@@ -101,7 +102,7 @@ void plan(int argc, char** argv) {
   std::vector<PlannedLayout> planned;
   planned.reserve(layouts.size());
   for (const Config& layout : layouts)
-    planned.push_back(plan_layout(layout, model, data, request.world, ranks_per_node, cluster));
+    planned.push_back(plan_layout(layout, model, data, request, ranks_per_node, cluster));
   // Those that fit, fastest first; then the rest, least over first.
   std::stable_sort(planned.begin(), planned.end(), [](const PlannedLayout& a, const PlannedLayout& b) {
     if (a.estimate.fits() != b.estimate.fits()) return a.estimate.fits();

@@ -1,8 +1,10 @@
 // Parsing mlpplan's own options (see plan_request.hpp).
 #include "plan/plan_request.hpp"
 
-#include <algorithm>
 #include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
 
 #include "core/error.hpp"
 
@@ -19,6 +21,8 @@ const char* const plan_options_help =
     "  --virtual-stage-choices L  model chunks per stage --layouts all tries with --schedule\n"
     "                           interleaved (each at least 2; default 2, 4 and --virtual-stages)\n"
     "  --top K                  rows --layouts all prints (default 10; 0: all)\n"
+    "  --expert-imbalance F     an MoE layer's rows on the busiest of the ranks that split its experts,\n"
+    "                           over the mean (default 1: balanced routing; a run's expert_load says)\n"
     "  --json                   one JSON object per layout (with --list: per entry)\n"
     "  --list WHAT              print a list the programs know, one name a line, and exit: schedules,\n"
     "                           strategies, datasets, devices, presets or options\n";
@@ -50,6 +54,19 @@ std::vector<int> number_list(const std::string& option, const std::string& text,
   std::sort(numbers.begin(), numbers.end());
   numbers.erase(std::unique(numbers.begin(), numbers.end()), numbers.end());
   return numbers;
+}
+
+double factor_of_at_least_one(const std::string& option, const std::string& value) {
+  std::size_t used = 0;
+  double number = 0;
+  try {
+    number = std::stod(value, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || used != value.size() || !(number >= 1.0) || !std::isfinite(number))
+    throw UsageError(fmt::format("{} '{}' is not a number of at least 1", option, value));
+  return number;
 }
 
 }  // namespace
@@ -92,6 +109,8 @@ PlanRequest parse_plan_request(int argc, char** argv) {
       request.layouts = choice == "all" ? LayoutChoice::all : LayoutChoice::given;
     } else if (argument == "--top") {
       request.top = positive_number(argument, next(), 0);
+    } else if (argument == "--expert-imbalance") {
+      request.expert_imbalance = factor_of_at_least_one(argument, next());
     } else if (argument == "--micro-batch-choices") {
       request.micro_batch_choices = number_list(argument, next(), 1);
     } else if (argument == "--virtual-stage-choices") {

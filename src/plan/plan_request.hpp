@@ -19,6 +19,7 @@ struct PlanRequest {
   std::vector<std::string> calibration_files;  // --calibrate: this machine, from bench output
   LayoutChoice layouts = LayoutChoice::given;
   int top = 10;                                // rows printed with --layouts all
+  double expert_imbalance = 1.0;               // busiest expert rank's MoE rows over the mean
   std::vector<int> micro_batch_choices;        // --layouts all; default: the trainer's value
   std::vector<int> virtual_stage_choices;      // --layouts all; default: 2, 4 and the trainer's value
   bool json = false;

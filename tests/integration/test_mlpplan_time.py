@@ -129,6 +129,89 @@ class MlpplanTime(TrainingTestCase):
         expected = gemm + passes / (100 * 100 / (gelu_ms * 1e-3)) + moved / (100 * 100 / (gather_ms * 1e-3)) + update
         self.assertAlmostEqual(moe_by_rows["compute"], 1e3 * expected, delta=1e-9)
 
+    def write_rows(self, name, rows):
+        path = self.path(name)
+        with open(path, "w") as handle:
+            handle.write("\n".join(json.dumps(row) for row in rows) + "\n")
+        return path
+
+    def test_side_by_side_processes_plan_at_the_slowest(self):
+        """layerbench run by two processes side by side writes a line each: every time the plan
+        reads is the slower process's (a synchronous step waits for its slowest rank), whichever
+        line comes first."""
+        base = {"dtype": "fp32", "kernels": "test; 1 GEMM thread(s)", "rows": 100, "in": 99, "out": 100}
+        fast = dict(base, gemm_gflops=80.0, adamw_ms=1.0, gelu_forward_ms=0.25)
+        slow = dict(base, gemm_gflops=50.0, adamw_ms=2.0, gelu_forward_ms=0.5)
+        comm = {"collective": "all_reduce", "path": "mpi-host", "dtype": "fp32", "bytes": 8, "time_us": 10.0,
+                "busbw_gbps": 1.0, "correct": True}
+        alone = plan_json(SMALL + ["--world", 1, "--calibrate", self.write_rows("slow.jsonl", [slow, comm])])
+        for order in ([fast, slow], [slow, fast]):
+            both = plan_json(SMALL + ["--world", 1, "--calibrate", self.write_rows("both.jsonl", order + [comm])])
+            self.assertEqual(both["step_ms"], alone["step_ms"])
+
+    def test_a_gpu_calibration_plans_the_gpu_and_the_communication_path(self):
+        """layerbench --device cuda rows plan --device cuda: the GPU's own rate (not scaled by the
+        host's cores), TF32's with --tf32, its memory, and the built-in samples at the device
+        generator's rate; commbench's rows of the planned path: host-staged MPI (mpi-staged) for
+        --comm mpi, NCCL for --comm nccl. The CPU's rows plan the CPU. A path not calibrated is
+        refused with its name."""
+        cpu = {"dtype": "fp32", "gemm_gflops": 50.0, "kernels": "test; 1 GEMM thread(s)", "adamw_ms": 2.0,
+               "gelu_forward_ms": 0.5, "rows": 100, "in": 99, "out": 100}
+        gpu = dict(cpu, device="cuda", tf32=False, gemm_gflops=20000.0, adamw_ms=0.02, gelu_forward_ms=0.005,
+                   kernels="cuBLAS", devices=1, device_memory_bytes=141e9,
+                   kernel_table=[{"kernel": "generate_mixture_samples", "ms": 0.01, "samples": 100}])
+        tf32 = dict(gpu, tf32=True, gemm_gflops=100000.0)
+        comm = [{"collective": "all_reduce", "path": path, "dtype": "fp32", "bytes": 8, "time_us": 10.0,
+                 "busbw_gbps": rate, "correct": True} for path, rate in (("mpi-host", 1.0), ("mpi-staged", 4.0))]
+        bench = self.write_rows("gpu.jsonl", [cpu, gpu, tf32] + comm)
+        widths = [(16, 32), (32, 32), (32, 32), (32, 8)]
+        parameters = sum(i * o + o for i, o in widths)
+        multiply_adds = 6 * parameters - 2 * (16 * 32 + 32)
+        elements = sum(o for _, o in widths) * 32
+
+        def compute_ms(gemm_flops, gelu_ms, adamw_ms):
+            return 1e3 * (multiply_adds * 32 / gemm_flops + 3 * elements / (100 * 100 / (gelu_ms * 1e-3)) +
+                          parameters / ((99 * 100 + 100) / (adamw_ms * 1e-3)))
+
+        on_gpu = plan_json(SMALL + ["--world", 1, "--device", "cuda", "--calibrate", bench])
+        self.assertAlmostEqual(on_gpu["step_ms"]["compute"], compute_ms(20000e9, 0.005, 0.02), delta=1e-9)
+        self.assertEqual(on_gpu["memory_capacity_bytes"], 141e9)
+        on_tf32 = plan_json(SMALL + ["--world", 1, "--device", "cuda", "--tf32", "--calibrate", bench])
+        self.assertAlmostEqual(on_tf32["step_ms"]["compute"], compute_ms(100000e9, 0.005, 0.02), delta=1e-9)
+        on_cpu = plan_json(SMALL + ["--world", 1, "--calibrate", bench])
+        self.assertAlmostEqual(on_cpu["step_ms"]["compute"], compute_ms(50e9 * os.cpu_count(), 0.5, 2.0), delta=1e-9)
+        mixture = plan_json(SMALL + ["--world", 1, "--device", "cuda", "--dataset", "mixture", "--calibrate", bench])
+        self.assertAlmostEqual(mixture["step_ms"]["data"], 1e3 * 32 * 16 / (100 * 99 / 0.01e-3), delta=1e-9)
+        # Two ranks sharing the GPU, their gradients summed host-staged: at the staged rows'
+        # latency (this small model's sums are a latency each), not the host path's.
+        slower = self.write_rows("slower.jsonl", [cpu, gpu, tf32] + [
+            dict(row, time_us=row["time_us"] * (2 if row["path"] == "mpi-staged" else 1)) for row in comm])
+        staged, twice = (plan_json(SMALL + ["--world", 2, "--dp", 2, "--device", "cuda", "--calibrate", path])
+                         for path in (bench, slower))
+        self.assertEqual(staged["bus_bytes_per_step"], twice["bus_bytes_per_step"])
+        self.assertGreater(staged["step_ms"]["exposed_comm"], 0)
+        self.assertAlmostEqual(twice["step_ms"]["exposed_comm"] / staged["step_ms"]["exposed_comm"], 2, delta=0.1)
+        refused = subprocess.run([MLPPLAN] + [str(a) for a in SMALL + ["--world", 1, "--device", "cuda", "--comm", "nccl",
+                                                                       "--calibrate", bench]],
+                                 capture_output=True, text=True)
+        self.assertEqual(refused.returncode, 2, refused.stderr)
+        self.assertIn("no commbench fp32 all_reduce rows on nccl", refused.stderr)
+
+    def test_a_presets_gpus_communicate_host_staged_or_through_nccl(self):
+        """On a preset, --device cuda with --comm mpi plans the host-staged path (the tensor
+        group's sums at min(PCIe copy, the host's MPI) within the node: 4.75 GB/s here against
+        NVLink's 450 for NCCL); --comm nccl and a plan without --device cuda take the preset's
+        GPU-direct links. The same bytes travel either way."""
+        layout = ["--world", 8, "--tp", 8, "--layers", 4, "--hidden", 4096, "--global-batch", 64, "--input-dim", 4096,
+                  "--output-dim", 16, "--param-dtype", "bf16"]
+        staged = plan_json(layout + ["--device", "cuda"])
+        nccl = plan_json(layout + ["--device", "cuda", "--comm", "nccl"])
+        unnamed = plan_json(layout)
+        self.assertEqual(nccl["step_ms"], unnamed["step_ms"])
+        self.assertEqual(staged["bus_bytes_per_step"], nccl["bus_bytes_per_step"])
+        # Sums of a few MB each: the exposed time grows by most of the ratio of the rates.
+        self.assertGreater(staged["step_ms"]["exposed_comm"], 10 * nccl["step_ms"]["exposed_comm"])
+
     def test_fp8_plans_dense_gemms_at_the_devices_fp8_rate(self):
         """On the H100 preset (989.4 bf16, 1978.9 fp8 dense TFLOP/s) --fp8 takes the dense layers'
         GEMM FLOPs, 6 multiply-adds a parameter and sample less the first layer's input
@@ -142,6 +225,33 @@ class MlpplanTime(TrainingTestCase):
         self.assertAlmostEqual(bf16 - fp8, 1e3 * flops * (1 / 989.4e12 - 1 / 1978.9e12), delta=1e-9)
         a100 = ["--cluster", "a100-80gb-8"]
         self.assertEqual(plan_json(model + a100)["step_ms"], plan_json(model + a100 + ["--fp8", "rowwise"])["step_ms"])
+
+    def test_expert_imbalance_paces_expert_parallel_moe_layers(self):
+        """--expert-imbalance F plans the busiest expert rank's MoE work (its experts' GEMMs, the
+        rows it moves, its exchanges' transfer) at F times the balanced share, linearly in F;
+        where one rank holds every expert (no expert or tensor split) the rows all land on it
+        whatever the routing, and a dense model has no experts: neither plan moves. F below 1 is
+        refused with one line."""
+        moe = ["--world", 2, "--layers", 4, "--hidden", 1024, "--global-batch", 1024, "--input-dim", 256,
+               "--output-dim", 16, "--moe-every", 2, "--experts", 4, "--top-k", 2]
+
+        def step(flags, factor):
+            return plan_json(moe + flags + ["--expert-imbalance", factor])["step_ms"]
+
+        steps = [step(["--ep", 2], factor) for factor in (1, 2, 3)]
+        for part in ("compute", "exposed_comm"):
+            first, second = steps[1][part] - steps[0][part], steps[2][part] - steps[1][part]
+            self.assertGreater(first, 0, part)
+            self.assertAlmostEqual(first, second, delta=1e-9 * steps[2][part])
+        self.assertEqual(step(["--dp", 2], 1), step(["--dp", 2], 2))
+        dense = moe[:-6]
+        self.assertEqual(plan_json(dense + ["--dp", 2])["step_ms"],
+                         plan_json(dense + ["--dp", 2, "--expert-imbalance", 2])["step_ms"])
+        refused = subprocess.run([MLPPLAN] + [str(a) for a in moe] + ["--expert-imbalance", "0.5"],
+                                 capture_output=True, text=True)
+        self.assertEqual(refused.returncode, 2)
+        self.assertEqual(refused.stderr.strip().splitlines(), ["mlpplan: error: --expert-imbalance '0.5' is not a "
+                                                               "number of at least 1"])
 
     def test_a_pipeline_bubble_shrinks_with_micro_batches(self):
         bubbles = []
