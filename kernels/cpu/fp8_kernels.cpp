@@ -55,7 +55,8 @@ struct EmulationWorkspace {
 constexpr std::size_t aligned(std::size_t bytes) { return (bytes + 63) / 64 * 64; }
 EmulationWorkspace emulation_workspace(void* memory, std::int64_t m, std::int64_t n, std::int64_t k) {
   auto* bytes = static_cast<std::byte*>(memory);
-  const std::size_t a_bytes = aligned(static_cast<std::size_t>(m * k) * 2), b_bytes = aligned(static_cast<std::size_t>(n * k) * 2);
+  const std::size_t a_bytes = aligned(static_cast<std::size_t>(m * k) * 2);
+  const std::size_t b_bytes = aligned(static_cast<std::size_t>(n * k) * 2);
   return {reinterpret_cast<std::uint16_t*>(bytes), reinterpret_cast<std::uint16_t*>(bytes + a_bytes),
           reinterpret_cast<float*>(bytes + a_bytes + b_bytes)};
 }
@@ -63,7 +64,8 @@ EmulationWorkspace emulation_workspace(void* memory, std::int64_t m, std::int64_
 // Codes to their values as bf16 (exact), through a table of the format's 256 values.
 void decode_values(const std::uint8_t* codes, std::int64_t count, Fp8Format format, std::uint16_t* values) {
   std::uint16_t table[256];
-  for (int code = 0; code < 256; ++code) table[code] = Bf16::store(fp8::decode(static_cast<std::uint8_t>(code), format));
+  for (int code = 0; code < 256; ++code)
+    table[code] = Bf16::store(fp8::decode(static_cast<std::uint8_t>(code), format));
 #pragma omp parallel for schedule(static) if (count >= threaded_elements)
   for (std::int64_t i = 0; i < count; ++i) values[i] = table[codes[i]];
 }
@@ -87,7 +89,8 @@ void unscale_product(const float* accumulator, std::int64_t rows, std::int64_t c
       auto* out_row = out + row * cols;
       if (accumulate) {
         for (std::int64_t col = 0; col < cols; ++col)
-          out_row[col] = E::store(in[col] * row_factor * column_factors[col] + bias_values[col] + E::load(out_row[col]));
+          out_row[col] =
+              E::store(in[col] * row_factor * column_factors[col] + bias_values[col] + E::load(out_row[col]));
       } else {
         for (std::int64_t col = 0; col < cols; ++col)
           out_row[col] = E::store(in[col] * row_factor * column_factors[col] + bias_values[col]);

@@ -1,13 +1,13 @@
 // The kernel interface on a GPU (see kernels.hpp): cuBLAS for the GEMMs (cuBLASLt where the bias
-// goes into the epilogue, and for fp8, fp8_kernels.hpp), one kernel per op for the rest, the built-in samples generated here,
-// all on the backend's compute stream. The numerics follow the CPU backend: GELU in its erf form,
-// softmax and loss sums in double, AdamW's scalars formed in double as torch.optim.AdamW forms
-// them. Two things differ by design: reductions over many elements sum per block in double and
-// combine blocks with atomics (the order varies, the double sum does not visibly), and column
-// sums add blocks of rows first (layer_kernels.cuh), the fp32 sums in another order than the
-// CPU's. (fmt's compile-time format strings do not build under nvcc: messages are plain strings.)
-// Ops that return a value to the host (losses, AdamW's squared-gradient sum) synchronize the
-// stream; the others only queue work.
+// goes into the epilogue, and for fp8, fp8_kernels.hpp), one kernel per op for the rest, the
+// built-in samples generated here, all on the backend's compute stream. The numerics follow the CPU
+// backend: GELU in its erf form, softmax and loss sums in double, AdamW's scalars formed in double
+// as torch.optim.AdamW forms them. Two things differ by design: reductions over many elements sum
+// per block in double and combine blocks with atomics (the order varies, the double sum does not
+// visibly), and column sums add blocks of rows first (layer_kernels.cuh), the fp32 sums in another
+// order than the CPU's. (fmt's compile-time format strings do not build under nvcc: messages are
+// plain strings.) Ops that return a value to the host (losses, AdamW's squared-gradient sum)
+// synchronize the stream; the others only queue work.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 

@@ -96,7 +96,8 @@ __global__ void quantize_transposed_kernel(const Stored<E>* data, std::int64_t r
        first_row += static_cast<std::int64_t>(gridDim.y) * tile) {
     for (int line = threadIdx.y; line < tile; line += tile_rows) {
       const std::int64_t row = first_row + line, col = first_col + threadIdx.x;
-      if (row < rows && col < cols) block[line][threadIdx.x] = operand_code<E>(data, row, col, cols, scaling, amax, format);
+      if (row < rows && col < cols)
+        block[line][threadIdx.x] = operand_code<E>(data, row, col, cols, scaling, amax, format);
     }
     __syncthreads();
     for (int line = threadIdx.y; line < tile; line += tile_rows) {

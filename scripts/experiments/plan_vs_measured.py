@@ -2,17 +2,20 @@
 """mlpplan against measured runs on this machine: for every layout of the placement test's list
 (data, tensor, pipeline and expert parallelism, ZeRO 1-3, recompute, MoE, at 1, 2 and 4 ranks)
 and the interleaved and zero-bubble (H1, V) pipeline schedules,
-mlpplan calibrated on this machine (layerbench and commbench output made here first) is held
-against mlptrain's own ledger and step times: parameters, gradients, optimizer state and
-communication buffers equal, activations within 5 % (an upper bound with MoE layers, whose rows
-follow the routing), bytes per operation within 1 % (MoE exchanges follow the routing), and the
-step time against the measured step (goal: within 10 %). The measured step is the median over
---rounds interleaved rounds of each round's median step (after two warm-up steps), taken over the
-quiet rounds only: each round records the share of the machine's cores its processes got, and a
-round with less than 0.85 of the layout's best share waited for the host's other tenants (a
-round that waited ran up to 4.6x slower on a shared host), so it is set aside and said so; the
-spread of every round is written beside the figure. Ranks beyond the cores share them; the rows
-say when they do. Writes results/plan_vs_measured.json and .png.
+mlpplan calibrated on this machine (layerbench and commbench output made here, at the start of
+every round) is held against mlptrain's own ledger and step times: parameters, gradients,
+optimizer state and communication buffers equal, activations within 5 % (an upper bound with MoE
+layers, whose rows follow the routing), bytes per operation within 1 % (MoE exchanges follow the
+routing), and the step time against the measured step (goal: within 10 %). MoE layouts are
+planned with the routing's --expert-imbalance, from a 20-step calibration run of one process.
+Each of --rounds interleaved rounds calibrates, then measures every layout's median step (after
+two warm-up steps); a round's plan is held against its own measurement, and the figure is the
+median of those ratios over the quiet rounds: each round records the share of the machine's
+cores its processes got, and a round with less than 0.85 of the layout's best share waited for
+the host's other tenants (a round that waited ran up to 4.6x slower on a shared host), so it is
+set aside and said so; every round's plan, measurement and ratio are written beside the figure.
+Ranks beyond the cores share them; the rows say when they do. Writes results/plan_vs_measured.json
+and .png.
 
 usage: scripts/experiments/plan_vs_measured.py [--steps N] [--rounds R] [--output FILE]"""
 import argparse
@@ -129,12 +132,21 @@ def measure(ranks, arguments, steps, scratch):
     return statistics.median(step_ms), records[-1], share
 
 
-def compare(ranks, model, layout, measured_ms, summary, files, imbalance):
-    arguments = model + layout
+def planned(ranks, model, layout, files, imbalance):
+    """mlpplan --calibrate's JSON for the layout, MoE layouts with the routing's imbalance."""
     moe = model is MOE
     routing = ["--expert-imbalance", imbalance[expert_split(layout)]] if moe and expert_split(layout) > 1 else []
-    plan = json.loads(run([PLAN, "--world", ranks, "--calibrate"] + files + arguments + routing +
+    return json.loads(run([PLAN, "--world", ranks, "--calibrate"] + files + model + layout + routing +
                           ["--json"]).splitlines()[0])
+
+
+def compare(ranks, model, layout, rounds, summary, imbalance):
+    """The layout's row: memory and bytes planned against the ledger, and the step planned with
+    each round's calibration against that round's measured step; the figure is the median over
+    the quiet rounds of their ratios (`rounds`: (step ms, calibration files, quiet) a round)."""
+    moe = model is MOE
+    plans = [planned(ranks, model, layout, files, imbalance) for _, files, _ in rounds]
+    plan = plans[0]
     problems = []
     placement = summary["placement"]
     if plan["memory_rank"] != 0:
@@ -143,20 +155,26 @@ def compare(ranks, model, layout, measured_ms, summary, files, imbalance):
         if plan["memory_bytes"][state] != placement[state]["measured_bytes"]:
             problems.append(f"{state}: planned {plan['memory_bytes'][state]}, measured "
                             f"{placement[state]['measured_bytes']}")
-    planned, actual = plan["memory_bytes"]["activations"], placement["activations"]["measured_bytes"]
-    if (planned < actual) if moe else abs(planned - actual) > 0.05 * actual:
-        problems.append(f"activations: planned {planned}, measured {actual}")
+    planned_activations, actual = plan["memory_bytes"]["activations"], placement["activations"]["measured_bytes"]
+    if (planned_activations < actual) if moe else abs(planned_activations - actual) > 0.05 * actual:
+        problems.append(f"activations: planned {planned_activations}, measured {actual}")
     for op, entry in summary["comm_per_step"].items():
-        planned, actual = plan["comm_bytes_per_step"][op], entry["measured_bytes"]
+        planned_bytes, actual = plan["comm_bytes_per_step"][op], entry["measured_bytes"]
         routed = moe and op == "all_to_all"
-        if abs(planned - actual) > (0.25 if routed else 0.01) * max(actual, 1):
-            problems.append(f"{op}: planned {planned} bytes, measured {actual}")
-    ratio = plan["step_ms"]["total"] / measured_ms
+        if abs(planned_bytes - actual) > (0.25 if routed else 0.01) * max(actual, 1):
+            problems.append(f"{op}: planned {planned_bytes} bytes, measured {actual}")
+    ratios = [p["step_ms"]["total"] / measured for p, (measured, _, _) in zip(plans, rounds)]
+    quiet = [index for index, (_, _, kept) in enumerate(rounds) if kept]
+    ratio = statistics.median(ratios[index] for index in quiet)
+    middle = min(quiet, key=lambda index: abs(ratios[index] - ratio))  # the round the figure falls on
     return {"ranks": ranks, "moe": moe, "layout": [str(a) for a in layout],
-            "expert_imbalance": float(routing[1]) if routing else 1.0,
+            "expert_imbalance": imbalance[expert_split(layout)] if moe else 1.0,
             "oversubscribed": ranks > (os.cpu_count() or 1),
             "memory_and_bytes_agree": not problems, "problems": problems,
-            "planned_step_ms": plan["step_ms"], "measured_step_ms": measured_ms,
+            "planned_step_ms": plans[middle]["step_ms"],
+            "measured_step_ms": statistics.median(rounds[index][0] for index in quiet),
+            "planned_step_ms_by_round": [p["step_ms"]["total"] for p in plans],
+            "step_time_ratio_by_round": ratios,
             "step_time_ratio": ratio, "within_10_percent": abs(ratio - 1) <= 0.10,
             "within_25_percent": abs(ratio - 1) <= 0.25}
 
@@ -189,12 +207,20 @@ def main():
     scratch = tempfile.mkdtemp(prefix="mlpplan-vs-measured-")
     layouts = [(ranks, MOE if "--moe-every" in model else DENSE, layout)
                for ranks, model, layout in PLACEMENT_LAYOUTS + NEWER_SCHEDULES]
-    files = calibrate(scratch, sorted({ranks for ranks, _, _ in layouts}))
-    imbalance = expert_imbalance(scratch, sorted({expert_split(layout) for _, model, layout in layouts if model is MOE}))
+    imbalance = expert_imbalance(scratch, sorted({expert_split(layout) for _, model, layout in layouts
+                                                  if model is MOE}))
     print(f"plan_vs_measured: expert imbalance by ranks splitting the experts: {imbalance}", flush=True)
     # Every layout once a round, the rounds one after another, so the machine's drift falls on
-    # every layout alike; a layout's step is the median of its quiet rounds' medians.
+    # every layout alike; each round calibrates first, and its plans are held against its own
+    # measurements (the host's neighbours move a calibration as much as a run: GEMMs of one row
+    # count timed at half the rate of the next in one calibration, whole in the next).
     shares = {index: [] for index in range(len(layouts))}
+    calibrations = []
+
+    def calibrate_round(round_index):
+        directory = os.path.join(scratch, f"round_{round_index + 1}")
+        os.makedirs(directory, exist_ok=True)
+        calibrations.append(calibrate(directory, sorted({ranks for ranks, _, _ in layouts})))
 
     def measure_round(index, entry):
         time_ms, summary, share = measure(entry[0], entry[1] + entry[2], args.steps, scratch)
@@ -202,11 +228,12 @@ def main():
         return time_ms, summary
 
     step_ms, summaries = benchlib.interleaved_rounds(
-        args.rounds, {index: entry for index, entry in enumerate(layouts)}, measure_round)
+        args.rounds, {index: entry for index, entry in enumerate(layouts)}, measure_round, calibrate_round)
     rows = []
     for index, (ranks, model, layout) in enumerate(layouts):
-        quiet, set_aside = benchlib.quiet_rounds(step_ms[index], shares[index])
-        row = compare(ranks, model, layout, statistics.median(quiet), summaries[index], files[ranks], imbalance)
+        _, set_aside = benchlib.quiet_rounds(step_ms[index], shares[index])
+        rounds = [(step_ms[index][r], calibrations[r][ranks], r not in set_aside) for r in range(args.rounds)]
+        row = compare(ranks, model, layout, rounds, summaries[index], imbalance)
         row.update(measured_step_ms_by_round=step_ms[index], cpu_share_by_round=[round(s, 3) for s in shares[index]],
                    rounds_set_aside=set_aside, measured_spread_ms=[min(step_ms[index]), max(step_ms[index])])
         rows.append(row)

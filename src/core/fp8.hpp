@@ -117,7 +117,8 @@ MLPTRAIN_FP8_HOST_DEVICE inline std::uint8_t code_of(float x, Fp8Format format) 
   const float magnitude = fabsf(x);
   int exponent = exponent_of(magnitude);
   exponent = exponent < format_traits.smallest_normal_exponent ? format_traits.smallest_normal_exponent : exponent;
-  const auto steps = static_cast<std::uint32_t>(rintf(magnitude * power_of_two(format_traits.mantissa_bits - exponent)));
+  const auto steps =
+      static_cast<std::uint32_t>(rintf(magnitude * power_of_two(format_traits.mantissa_bits - exponent)));
   const std::uint32_t largest_code = format == Fp8Format::e4m3 ? 0x7eu : 0x7bu;
   std::uint32_t code =
       (static_cast<std::uint32_t>(exponent - format_traits.smallest_normal_exponent) << format_traits.mantissa_bits) +

@@ -258,8 +258,9 @@ Cluster calibrated_cluster(const std::vector<std::string>& files, const DeviceCo
     // not the same ones again) is the one to plan with.
     const double sequence_ms = row.value("library_sequence_gemm_ms", 0.0);
     const double bench_rate =
-        sequence_ms > 0 ? 2 * row.value("rows", 0.0) * row.value("in", 0.0) * row.value("out", 0.0) / (sequence_ms * 1e-3)
-                        : row.value("gemm_gflops", 0.0) * 1e9;
+        sequence_ms > 0
+            ? 2 * row.value("rows", 0.0) * row.value("in", 0.0) * row.value("out", 0.0) / (sequence_ms * 1e-3)
+            : row.value("gemm_gflops", 0.0) * 1e9;
     // A GPU's rate is its own; a CPU bench's, per GEMM thread, times the cores.
     const double rate = gpu ? bench_rate : bench_rate * cores / gemm_threads(row.value("kernels", ""));
     const std::string dtype = row.value("dtype", "");
@@ -297,7 +298,8 @@ Cluster calibrated_cluster(const std::vector<std::string>& files, const DeviceCo
       cluster.teacher_values_per_s = cluster.held_file_values_per_s = cluster.mixture_values_per_s = 0;
       for (const nlohmann::json& kernel : row.value("kernel_table", nlohmann::json::array()))
         if (kernel.value("kernel", "") == "generate_mixture_samples" && kernel.value("ms", 0.0) > 0)
-          cluster.mixture_values_per_s = kernel.value("samples", 0.0) * row.value("in", 0.0) / (kernel.value("ms", 0.0) * 1e-3);
+          cluster.mixture_values_per_s =
+              kernel.value("samples", 0.0) * row.value("in", 0.0) / (kernel.value("ms", 0.0) * 1e-3);
     }
     gemm_seen = true;
   }

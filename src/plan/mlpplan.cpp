@@ -68,8 +68,9 @@ void plan(int argc, char** argv) {
     alone.device.offload = false;
     validate_options(alone, 1);
   }
-  const Cluster cluster = request.calibration_files.empty() ? load_cluster(request.cluster)
-                                                            : calibrated_cluster(request.calibration_files, config.device);
+  const Cluster cluster = request.calibration_files.empty()
+                              ? load_cluster(request.cluster)
+                              : calibrated_cluster(request.calibration_files, config.device);
   // A calibrated machine is one node holding the whole world unless told otherwise.
   const int ranks_per_node = request.ranks_per_node.value_or(
       request.calibration_files.empty() ? cluster.devices_per_node : request.world);
