@@ -87,6 +87,12 @@ struct Cluster {
   }
 };
 
+// GPUs that communicate through MPI (--device cuda --comm mpi) go through host memory: their
+// collectives take Cluster::staged_link's rates.
+inline bool host_staged(const DeviceConfig& device) {
+  return device.kind == Device::cuda && device.comm == CommBackend::mpi;
+}
+
 // Names of the built-in presets, for messages and help.
 std::vector<std::string_view> cluster_preset_names();
 // A preset by name, else a JSON file at that path (see the README for its keys). Throws

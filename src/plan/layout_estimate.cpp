@@ -193,11 +193,8 @@ class StageModel {
     const double bus = static_cast<double>(bytes) * bus_factor(op, ranks);
     (link == LinkClass::inter_node ? work.bus_bytes.inter_node : work.bus_bytes.intra_node) +=
         static_cast<std::int64_t>(bus);
-    // GPUs communicating through MPI go through host memory: the staged path's rates.
-    const DeviceConfig& device = inputs_.config.device;
-    const LinkRates rates = device.kind == Device::cuda && device.comm == CommBackend::mpi
-                                ? inputs_.cluster.staged_link(link, op)
-                                : inputs_.cluster.link(link, op);
+    const LinkRates rates = host_staged(inputs_.config.device) ? inputs_.cluster.staged_link(link, op)
+                                                               : inputs_.cluster.link(link, op);
     return operations * rates.latency_s + slowest * bus / rates.bus_bytes_per_s;
   }
 

@@ -115,7 +115,8 @@ void plan(int argc, char** argv) {
       std::printf("%s\n", plan_json(layout, request.world, ranks_per_node).dump().c_str());
     return;
   }
-  std::printf("%s", cluster_line(cluster, request.world, ranks_per_node, config.precision.types()).c_str());
+  std::printf("%s",
+              cluster_line(cluster, request.world, ranks_per_node, config.precision.types(), config.device).c_str());
   if (request.layouts == LayoutChoice::given) {
     std::printf("%s", layout_table(planned.front(), request.world).c_str());
   } else {

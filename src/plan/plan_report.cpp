@@ -84,7 +84,8 @@ nlohmann::json plan_json(const PlannedLayout& planned, int world, int ranks_per_
           {"reduce_dtype", data_type_name(config.precision.types().reduce)}};
 }
 
-std::string cluster_line(const Cluster& cluster, int world, int ranks_per_node, const Precision& precision) {
+std::string cluster_line(const Cluster& cluster, int world, int ranks_per_node, const Precision& precision,
+                         const DeviceConfig& device) {
   const int nodes = (world + ranks_per_node - 1) / ranks_per_node;
   std::string line = fmt::format("cluster {}: {} node(s) of {} rank(s), {} device(s) of {:.1f} GB per node ({})\n",
                                  cluster.name, nodes, ranks_per_node, cluster.devices_per_node,
@@ -103,6 +104,14 @@ std::string cluster_line(const Cluster& cluster, int world, int ranks_per_node, 
                 : fmt::format("  fp8: no fp8 rate for this cluster (no fp8 tensor cores, or the CPU's emulation): dense "
                               "layers' GEMMs at {}'s {:.1f} TFLOP/s\n",
                               data_type_name(precision.param), cluster.gemm_flops_per_s(precision.param) / 1e12);
+  // GPUs: the path their collectives take.
+  if (device.kind == Device::cuda)
+    line += host_staged(device) && cluster.host_copy_bytes_per_s > 0
+                ? fmt::format("  communication: MPI staged through host memory (copies {:.1f} GB/s a direction, host "
+                              "MPI {:.2f} GB/s within a node)\n",
+                              cluster.host_copy_bytes_per_s / 1e9, cluster.host_intra_node.bus_bytes_per_s / 1e9)
+                : fmt::format("  communication: {} over the cluster's links\n",
+                              host_staged(device) ? "MPI staged through host memory, as measured," : "NCCL");
   return line;
 }
 

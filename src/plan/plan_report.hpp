@@ -18,7 +18,8 @@ struct PlannedLayout {
 nlohmann::json plan_json(const PlannedLayout& planned, int world, int ranks_per_node);
 
 // The cluster and the world's node split, one line.
-std::string cluster_line(const Cluster& cluster, int world, int ranks_per_node, const Precision& precision);
+std::string cluster_line(const Cluster& cluster, int world, int ranks_per_node, const Precision& precision,
+                         const DeviceConfig& device);
 // One layout in full.
 std::string layout_table(const PlannedLayout& planned, int world);
 // Layouts that fit, fastest first, then those that do not, least over first (at most `top` of
