@@ -36,14 +36,14 @@ std::vector<float> per_column(const float* values, Fp8Scaling scaling, std::int6
                                        : std::vector<float>(values, values + cols);
 }
 
-
 // out[i] = the code of in[i] x row_scale x column_scales[i]. Everything it reads is a parameter:
 // a byte store may alias anything, so a value read through a reference inside the loop would be
 // read again after every store, and the loop would not vectorize.
 template <typename E>
 void code_span(const typename E::Storage* __restrict in, const float* __restrict column_scales, float row_scale,
                std::int64_t count, Fp8Format format, std::uint8_t* __restrict out) {
-  for (std::int64_t i = 0; i < count; ++i) out[i] = fp8::code_of(E::load(in[i]) * row_scale * column_scales[i], format);
+  for (std::int64_t i = 0; i < count; ++i)
+    out[i] = fp8::code_of(E::load(in[i]) * row_scale * column_scales[i], format);
 }
 
 // Where the emulated GEMM's operands and sums lie in its workspace, each 64-byte aligned.
