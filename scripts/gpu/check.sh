@@ -11,7 +11,9 @@
 # Checks: build, cuda_kernels (test_cuda_kernels), device (tests/integration/test_device.py:
 # every layout on CUDA against the CPU, host-staged MPI at 2 and 4 ranks sharing the GPU, NCCL at
 # one rank, offloaded update, checkpoints across devices), offload, commbench (mpi-staged and
-# NCCL, exact results), bench (scripts/gpu/bench.py). A failing check does not stop the others.
+# NCCL, exact results), precision_reference and fp8_reference (bf16 and fp8 layouts on the GPU
+# against the NumPy references), bench (scripts/gpu/bench.py). A failing check does not stop
+# the others.
 #
 # usage: scripts/gpu/check.sh [--output DIR] [PHASE...]
 #   DIR defaults to $OUT (the device tool's folder) or results/gpu/check; PHASEs are any of build
@@ -126,6 +128,13 @@ for phase in "${phases[@]}"; do
           echo "$test: FAILED (no Python with numpy to run tests/integration/test_$test.py)" | tee -a "$summary"
         fi
       done
+      # The GPU's layouts against the NumPy references of the precision contract (bf16, fp8).
+      if [ -n "$python" ]; then
+        check precision_reference "$python" tests/integration/test_precision_reference.py -v \
+          PrecisionReference.test_bf16_layouts_on_the_gpu_follow_the_contract
+        check fp8_reference "$python" tests/integration/test_fp8_reference.py -v \
+          Fp8Reference.test_layouts_on_the_gpu_follow_the_contract
+      fi
       ;;
     bench)
       export MLPTRAIN="$top/build-gpu/mlptrain"
