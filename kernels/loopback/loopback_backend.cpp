@@ -180,7 +180,8 @@ class LoopbackKernels final : public Kernels {
     cpu_->quantize_fp8(host(data), type, rows, cols, scaling, host(amax), format, layout, host(codes),
                        host(inverse_scales));
   }
-  // A GPU's layout (Kernels' default), not the CPU's: the device path's transposed codes run here.
+  // fp8_summed_rows_layout stays Kernels' default, a GPU's (transposed codes), not the CPU's: the
+  // device path's layout runs here.
   void fp8_gemm(const Fp8Gemm& call) override {
     Fp8Gemm on_host = call;
     on_host.a = host(call.a);
