@@ -27,8 +27,8 @@ together mean anything):
   commbench every collective from 4 KiB to 256 MiB on mpi-staged (2 ranks sharing the GPU) and
            NCCL (one rank: NCCL refuses two ranks on one GPU), with their bus bandwidths
 
-Writes OUTPUT_DIR/step.json (with the fp8 figures), kernels.json, staging.json and commbench.json (default
-results/gpu/). With --device loopback and --tiny it runs the same code without a GPU (the test
+Writes OUTPUT_DIR/step.json (with the fp8 figures), kernels.json, staging.json and
+commbench.json (default results/gpu/). With --device loopback and --tiny it runs the same code without a GPU (the test
 suite does): that checks the script, and measures nothing about a GPU."""
 import argparse
 import os
@@ -78,10 +78,19 @@ def torch_step_ms(args, precision, compiled=False):
         return None
 
 
+def timed_step(args, name, flags):
+    """mlptrain's median step, its median wait for data and its summary on the benchmark's model."""
+    ms, summary = train(1, ["--dataset", "mixture", "--layers", args.layers, "--hidden", args.hidden,
+                            "--input-dim", args.hidden, "--output-dim", 10, "--global-batch", args.batch,
+                            "--steps", args.steps, "--device", args.device] + flags, name)
+    data_ms = statistics.median(r["data_ms"] for r in read_records(name) if not r.get("summary"))
+    return ms, data_ms, summary
+
+
 def step_figures(args, precision):
     """mlptrain's step against its GEMMs and other kernels, timed on the same device, and
     against PyTorch's."""
-    rows, width, layers = args.batch, args.hidden, args.layers
+    width, layers = args.hidden, args.layers
     hidden = layer_times(args, width, width, precision)
     last = layer_times(args, width, 10, precision)
     gemms = ("forward_gemm_ms", "weight_grad_gemm_ms", "input_grad_gemm_ms")
@@ -90,11 +99,7 @@ def step_figures(args, precision):
                sum(last[k] for k in gemms))
     other_ms = ((hidden["gelu_forward_ms"] + hidden["gelu_backward_ms"] + hidden["adamw_ms"]) * (layers - 1)
                 + last["adamw_ms"])
-    name = f"gpu-step-{precision}"
-    step_ms, summary = train(1, ["--dataset", "mixture", "--layers", layers, "--hidden", width, "--input-dim", width,
-                                 "--output-dim", 10, "--global-batch", rows, "--steps", args.steps,
-                                 "--device", args.device] + PRECISIONS[precision]["mlptrain"], name)
-    data_ms = statistics.median(r["data_ms"] for r in read_records(name) if not r.get("summary"))
+    step_ms, data_ms, summary = timed_step(args, f"gpu-step-{precision}", PRECISIONS[precision]["mlptrain"])
     figures = {"gemm_ms_per_step": gemm_ms, "other_kernels_ms_per_step": other_ms, "step_ms": step_ms,
                "data_wait_ms": data_ms, "data_wait_share_of_step": data_ms / step_ms,
                "gemm_share_of_step": gemm_ms / step_ms, "other_kernels_share_of_step": other_ms / step_ms,
@@ -107,26 +112,17 @@ def step_figures(args, precision):
     return figures
 
 
-def step_ms(args, name, flags):
-    """mlptrain's median step and data wait on the benchmark's model."""
-    ms, _ = train(1, ["--dataset", "mixture", "--layers", args.layers, "--hidden", args.hidden,
-                      "--input-dim", args.hidden, "--output-dim", 10, "--global-batch", args.batch,
-                      "--steps", args.steps, "--device", args.device] + flags, name)
-    data_ms = statistics.median(r["data_ms"] for r in read_records(name) if not r.get("summary"))
-    return ms, data_ms
-
-
 def fp8_figures(args, bf16_ms):
     """Each fp8 recipe's step against the bf16 step measured in the same run (one is timed here
     where the step part did not run)."""
     if bf16_ms is None:
-        bf16_ms, _ = step_ms(args, "gpu-step-fp8-baseline-bf16", PRECISIONS["bf16"]["mlptrain"])
+        bf16_ms, _, _ = timed_step(args, "gpu-step-fp8-baseline-bf16", PRECISIONS["bf16"]["mlptrain"])
     figures = {"bf16_step_ms": bf16_ms}
     for recipe, flags in FP8_RECIPES.items():
         if "--fp8-fast-accumulation" in flags and args.device != "cuda":
             continue  # the tensor cores' accumulator: nothing to ask of the CPU's emulation
-        ms, data_ms = step_ms(args, "gpu-step-fp8-" + recipe.replace(" ", "-"),
-                              PRECISIONS["bf16"]["mlptrain"] + flags)
+        ms, data_ms, _ = timed_step(args, "gpu-step-fp8-" + recipe.replace(" ", "-"),
+                                    PRECISIONS["bf16"]["mlptrain"] + flags)
         figures[recipe] = {"step_ms": ms, "data_wait_ms": data_ms, "step_over_bf16": ms / bf16_ms}
         print(f"bench: fp8 {recipe} step {ms:.2f} ms, {ms / bf16_ms:.2f}x bf16's {bf16_ms:.2f} ms", flush=True)
     return figures
