@@ -61,6 +61,16 @@ def run(command, environment=None):
     return result.stdout
 
 
+def launch(ranks):
+    """mpiexec for `ranks` processes: where they are as many as the cores, each bound to its own
+    core, the same one in the calibration and in the runs (this machine's cores differ: one
+    process of a dp-2 rank's work ran 20-40 % slower on the second vCPU than on the first), so
+    that the bench's slowest process is the core the slowest rank runs on. Fewer ranks than
+    cores spread their GEMM threads over them; more share them: neither is bound."""
+    bound = ["-bind-to", "core"] if ranks == (os.cpu_count() or 1) else []
+    return ["mpiexec.mpich", "-n", ranks] + bound
+
+
 def calibrate(scratch, worlds):
     """The files mlpplan --calibrate reads, by world: layerbench at the model's shape, run as that
     world's ranks run (as many processes side by side, up to the cores, each on its share of
@@ -78,14 +88,15 @@ def calibrate(scratch, worlds):
             with open(layer, "w") as handle:
                 for rows in CALIBRATED_ROWS:
                     update = ["--optimizer-parameters", 8_000_000] if rows == 256 else []
-                    handle.write(run(["mpiexec.mpich", "-n", ranks, LAYERBENCH, rows, 1024, 1024, 10, "--dtype", "fp32",
-                                      "--sequence", 6] + update,
+                    handle.write(run(launch(ranks) + [LAYERBENCH, rows, 1024, 1024, 10, "--dtype", "fp32",
+                                                      "--sequence", 6] + update,
                                      environment=dict(ENVIRONMENT, OMP_NUM_THREADS=str(threads))))
         comm = os.path.join(scratch, f"commbench_{world}.jsonl")
         with open(comm, "w") as handle:
-            handle.write(run(["mpiexec.mpich", "-n", max(world, 2), COMMBENCH, "--json", "--max-bytes", "32M",
-                              "--step-factor", 4, "--collectives",
-                              "all_reduce,reduce_scatter,all_gather,all_to_all,broadcast,send_recv"]))
+            handle.write(run(launch(max(world, 2)) + [COMMBENCH, "--json", "--max-bytes", "32M",
+                                                      "--step-factor", 4, "--collectives",
+                                                      "all_reduce,reduce_scatter,all_gather,all_to_all,broadcast,"
+                                                      "send_recv"]))
         files[world] = [layer, comm]
     return files
 
@@ -124,7 +135,7 @@ def measure(ranks, arguments, steps, scratch):
     """(the median step after two warm-up steps, the summary record, the share of the cores the
     run got)."""
     metrics = os.path.join(scratch, "metrics.jsonl")
-    _, share = benchlib.with_cpu_share(lambda: run(["mpiexec.mpich", "-n", ranks, benchlib.PROGRAM] + arguments +
+    _, share = benchlib.with_cpu_share(lambda: run(launch(ranks) + [benchlib.PROGRAM] + arguments +
                                                    ["--steps", steps, "--log-every", 0, "--metrics", metrics]))
     with open(metrics) as handle:
         records = [json.loads(line) for line in handle]

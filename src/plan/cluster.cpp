@@ -221,6 +221,7 @@ Cluster calibrated_cluster(const std::vector<std::string>& files, const DeviceCo
   // the bench, run as the world runs, measures them as a rank has them while ranks are no more
   // than cores.
   cluster.cores_per_device = gpu ? 1 : static_cast<int>(cores);
+  cluster.overlaps_communication = gpu;
   // Per collective: the smallest message's time stands for the latency, the best bus bandwidth
   // for the bandwidth (fp32 rows of one path, the host's where there are several).
   std::map<CommOp, LinkRates> measured;

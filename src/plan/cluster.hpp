@@ -52,6 +52,10 @@ struct Cluster {
   double teacher_values_per_s = 0;
   double mixture_values_per_s = 0;
   double held_file_values_per_s = 0;
+  // Whether collectives run beside the computation (NCCL's kernels, copy engines and the host
+  // staging them) or only in the ranks' own calls between kernels, on the cores that compute
+  // (MPI on a CPU: no progress thread; node-local sums done by the ranks themselves).
+  bool overlaps_communication = true;
   // Cores of one device whose memory-bound kernels run on one of them (a calibrated machine:
   // its cores; a GPU: 1). A rank that has a core to itself runs them at the measured rate.
   int cores_per_device = 1;

@@ -11,7 +11,8 @@
 //   the pipeline: the stage lists the trainer runs, simulated with those times per model chunk
 //     (schedule_timeline), backward as B (input gradient, recomputation, elementwise passes) and
 //     W (Linear layers' weight gradients), which gives the bubble of every schedule, split or not;
-//   after the last backward: gradient reductions beyond what the last backward hides (data
+//   after the last backward: gradient reductions beyond what the last backward hides (all of
+//     them on a CPU, where MPI advances only in the ranks' own calls between kernels; on GPUs, data
 //     parallelism's buckets, ZeRO stage 1's reduce-scatter and hybrid sharding's sums across
 //     replicas start as layers finish, so all but the last layer's share can hide behind it;
 //     ZeRO 2-3 reduce every micro-batch behind its backward, stage 3 gathers behind the layer
@@ -216,7 +217,11 @@ class StageModel {
     work.forward_comm = (blocking / 2 + statistics) / micro_batches;
     work.backward_comm = blocking / 2 / micro_batches;
     // Reductions the backward can hide all but a layer's share of.
+    // Where the cluster's collectives advance only in the ranks' own calls between kernels (MPI
+    // on CPUs: no progress thread, shared-memory sums done by the ranks' cores), nothing hides.
+    const bool overlaps = inputs_.cluster.overlaps_communication;
     const auto hidden = [&](double seconds, double window) {
+      if (!overlaps) return seconds;
       return seconds > 0 ? std::max(seconds - window * (layers - 1) / layers, seconds / layers) : 0.0;
     };
     double reductions = 0, reduce_scatters = 0, gathers = 0;

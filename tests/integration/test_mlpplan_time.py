@@ -197,6 +197,25 @@ class MlpplanTime(TrainingTestCase):
         self.assertEqual(refused.returncode, 2, refused.stderr)
         self.assertIn("no commbench fp32 all_reduce rows on nccl", refused.stderr)
 
+    def test_a_cpu_hides_no_reduction_behind_backward_a_gpu_does(self):
+        """MPI on a CPU has no progress thread: a data-parallel reduction advances only in the
+        ranks' own calls between kernels, so a calibrated CPU plans it whole after backward (its
+        bus bytes at the measured bandwidth, at least). A GPU's reductions run beside backward:
+        with the same rates, all but the last layer's share hides."""
+        cores = os.cpu_count()
+        cpu = {"dtype": "fp32", "gemm_gflops": 50.0, "kernels": "test; 1 GEMM thread(s)", "adamw_ms": 2.0,
+               "gelu_forward_ms": 0.5, "rows": 100, "in": 99, "out": 100}
+        gpu = dict(cpu, device="cuda", gemm_gflops=50.0 * cores, kernels="cuBLAS", devices=2)
+        comm = [{"collective": "all_reduce", "path": path, "dtype": "fp32", "bytes": 8, "time_us": 10.0,
+                 "busbw_gbps": 1.0, "correct": True} for path in ("mpi-host", "mpi-staged")]
+        bench = self.write_rows("both.jsonl", [cpu, gpu] + comm)
+        model = ["--layers", 8, "--hidden", 256, "--input-dim", 256, "--output-dim", 16, "--global-batch", 256,
+                 "--world", 2, "--dp", 2, "--calibrate", bench]
+        on_cpu, on_gpu = plan_json(model), plan_json(model + ["--device", "cuda"])
+        self.assertEqual(on_cpu["bus_bytes_per_step"], on_gpu["bus_bytes_per_step"])
+        self.assertGreaterEqual(on_cpu["step_ms"]["exposed_comm"], 1e3 * on_cpu["bus_bytes_per_step"]["intra_node"] / 1e9)
+        self.assertLess(on_gpu["step_ms"]["exposed_comm"], 0.5 * on_cpu["step_ms"]["exposed_comm"])
+
     def test_a_presets_gpus_communicate_host_staged_or_through_nccl(self):
         """On a preset, --device cuda with --comm mpi plans the host-staged path (the tensor
         group's sums at min(PCIe copy, the host's MPI) within the node: 4.75 GB/s here against
