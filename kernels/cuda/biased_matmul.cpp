@@ -17,16 +17,8 @@ cublasOperation_t operation(Transpose transpose) { return transpose == Transpose
 
 }  // namespace
 
-BiasedMatmul::BiasedMatmul(cudaStream_t stream, bool tf32) : stream_(stream), tf32_(tf32) {
-  check(cublasLtCreate(&handle_), "cublasLtCreate");
-  check(cudaMalloc(&workspace_, lt::workspace_size), "cudaMalloc");
-  workspace_bytes_ = lt::workspace_size;
-}
-
 BiasedMatmul::~BiasedMatmul() {
   for (auto& [key, plan] : plans_) plan.destroy();
-  cudaFree(workspace_);
-  cublasLtDestroy(handle_);
 }
 
 // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: cuBLASLt's A is our B and its
@@ -50,7 +42,7 @@ lt::Plan BiasedMatmul::make_plan(const Gemm& gemm) {
         "cublasLtMatrixLayoutCreate");
   check(cublasLtMatrixLayoutCreate(&plan.c, output, gemm.n, gemm.m, gemm.ldc), "cublasLtMatrixLayoutCreate");
 
-  lt::choose_algorithm(handle_, plan, workspace_bytes_, alignment_of(gemm.b), alignment_of(gemm.a),
+  lt::choose_algorithm(lt_.handle, plan, lt::workspace_size, alignment_of(gemm.b), alignment_of(gemm.a),
                        alignment_of(gemm.c));
   return plan;
 }
@@ -72,9 +64,9 @@ bool BiasedMatmul::run(const Gemm& gemm) {
   if (!plan.usable) return false;
   set(plan.description, CUBLASLT_MATMUL_DESC_BIAS_POINTER, gemm.bias);
   const float beta = 0.0f;
-  const cublasStatus_t status = cublasLtMatmul(handle_, plan.description, &gemm.alpha, gemm.b, plan.a, gemm.a, plan.b,
-                                               &beta, gemm.c, plan.c, gemm.c, plan.c, &plan.algorithm, workspace_,
-                                               workspace_bytes_, stream_);
+  const cublasStatus_t status =
+      cublasLtMatmul(lt_.handle, plan.description, &gemm.alpha, gemm.b, plan.a, gemm.a, plan.b, &beta, gemm.c,
+                     plan.c, gemm.c, plan.c, &plan.algorithm, lt_.workspace, lt::workspace_size, lt_.stream);
   if (status == CUBLAS_STATUS_NOT_SUPPORTED) {  // this algorithm after all not for these operands
     plan.usable = false;
     return false;

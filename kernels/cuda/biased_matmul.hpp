@@ -18,7 +18,7 @@ namespace mlptrain {
 
 class BiasedMatmul {
  public:
-  BiasedMatmul(cudaStream_t stream, bool tf32);
+  BiasedMatmul(const lt::Context& context, bool tf32) : lt_(context), tf32_(tf32) {}
   ~BiasedMatmul();
   BiasedMatmul(const BiasedMatmul&) = delete;
   BiasedMatmul& operator=(const BiasedMatmul&) = delete;
@@ -34,11 +34,8 @@ class BiasedMatmul {
                          int, int, int, int, int>;
   lt::Plan make_plan(const Gemm& gemm);
 
-  cudaStream_t stream_;
+  const lt::Context& lt_;
   bool tf32_;
-  cublasLtHandle_t handle_ = nullptr;
-  void* workspace_ = nullptr;
-  std::size_t workspace_bytes_ = 0;
   std::map<Key, lt::Plan> plans_;
 };
 

@@ -64,13 +64,15 @@ class CudaKernels final : public Kernels {
     check(cudaDeviceGetAttribute(&multiprocessors, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
     scratch_.emplace(stream_);
     column_sums_.emplace(ColumnSums{.stream = stream_, .scratch = *scratch_, .multiprocessors = multiprocessors});
-    biased_ = std::make_unique<BiasedMatmul>(stream_, tf32);
-    fp8_.emplace(stream_, *scratch_, [this](const Gemm& product) { gemm(product); });
+    lt_.emplace(stream_);
+    biased_ = std::make_unique<BiasedMatmul>(*lt_, tf32);
+    fp8_.emplace(*lt_, *scratch_, [this](const Gemm& product) { gemm(product); });
   }
   ~CudaKernels() override {
     cudaStreamSynchronize(stream_);  // before the GEMMs' workspace goes
     biased_.reset();
     fp8_.reset();
+    lt_.reset();
     column_sums_.reset();
     scratch_.reset();
     cudaStreamSynchronize(stream_);
@@ -381,6 +383,7 @@ class CudaKernels final : public Kernels {
   // The scratch first: the column sums use it (and go before it).
   std::optional<DeviceScratch> scratch_;
   std::optional<ColumnSums> column_sums_;
+  std::optional<lt::Context> lt_;         // cuBLASLt's handle and workspace, for the two below
   std::unique_ptr<BiasedMatmul> biased_;  // biased GEMMs through cuBLASLt's epilogue
   std::optional<CudaFp8> fp8_;            // fp8 operands and GEMMs (uses the scratch)
 };

@@ -19,9 +19,9 @@ namespace mlptrain {
 
 class CudaFp8 {
  public:
-  // `bf16_gemm` queues a GEMM on `stream` (the emulation's product).
-  CudaFp8(cudaStream_t stream, DeviceScratch& scratch, std::function<void(const Gemm&)> bf16_gemm)
-      : stream_(stream), scratch_(scratch), bf16_gemm_(std::move(bf16_gemm)), matmul_(stream) {}
+  // `bf16_gemm` queues a GEMM on the context's stream (the emulation's product).
+  CudaFp8(const lt::Context& context, DeviceScratch& scratch, std::function<void(const Gemm&)> bf16_gemm)
+      : stream_(context.stream), scratch_(scratch), bf16_gemm_(std::move(bf16_gemm)), matmul_(context) {}
 
   void absolute_max(const void* data, DataType type, std::int64_t rows, std::int64_t cols, Fp8Scaling scaling,
                     float* amax);

@@ -18,15 +18,8 @@ std::int32_t scale_mode(Fp8Scaling scales) {
 
 }  // namespace
 
-Fp8Matmul::Fp8Matmul(cudaStream_t stream) : stream_(stream) {
-  check(cublasLtCreate(&handle_), "cublasLtCreate");
-  check(cudaMalloc(&workspace_, lt::workspace_size), "cudaMalloc");
-}
-
 Fp8Matmul::~Fp8Matmul() {
   for (auto& [key, plan] : plans_) plan.destroy();
-  cudaFree(workspace_);
-  cublasLtDestroy(handle_);
 }
 
 // Row-major c [m, n] = a [m, k] b [n, k]^T is column-major c^T [n, m] = b^T a with b's codes a
@@ -54,7 +47,7 @@ lt::Plan Fp8Matmul::make_plan(const Fp8Gemm& gemm) {
         "cublasLtMatrixLayoutCreate");
   check(cublasLtMatrixLayoutCreate(&plan.c, library_type(gemm.c_type), gemm.n, gemm.m, gemm.n),
         "cublasLtMatrixLayoutCreate");
-  lt::choose_algorithm(handle_, plan, lt::workspace_size, alignment_of(gemm.b), alignment_of(gemm.a),
+  lt::choose_algorithm(lt_.handle, plan, lt::workspace_size, alignment_of(gemm.b), alignment_of(gemm.a),
                        alignment_of(gemm.c));
   return plan;
 }
@@ -87,8 +80,8 @@ bool Fp8Matmul::run(const Fp8Gemm& gemm) {
   if (gemm.bias != nullptr) set(plan.description, CUBLASLT_MATMUL_DESC_BIAS_POINTER, gemm.bias);
   const float alpha = 1.0f, beta = gemm.accumulate ? 1.0f : 0.0f;
   const cublasStatus_t status =
-      cublasLtMatmul(handle_, plan.description, &alpha, gemm.b, plan.a, gemm.a, plan.b, &beta, gemm.c, plan.c, gemm.c,
-                     plan.c, &plan.algorithm, workspace_, lt::workspace_size, stream_);
+      cublasLtMatmul(lt_.handle, plan.description, &alpha, gemm.b, plan.a, gemm.a, plan.b, &beta, gemm.c, plan.c,
+                     gemm.c, plan.c, &plan.algorithm, lt_.workspace, lt::workspace_size, lt_.stream);
   if (status == CUBLAS_STATUS_NOT_SUPPORTED || status == CUBLAS_STATUS_INVALID_VALUE) {
     plan.usable = false;  // not for these operands after all
     return false;

@@ -21,7 +21,7 @@ namespace mlptrain {
 
 class Fp8Matmul {
  public:
-  explicit Fp8Matmul(cudaStream_t stream);
+  explicit Fp8Matmul(const lt::Context& context) : lt_(context) {}
   ~Fp8Matmul();
   Fp8Matmul(const Fp8Matmul&) = delete;
   Fp8Matmul& operator=(const Fp8Matmul&) = delete;
@@ -36,9 +36,7 @@ class Fp8Matmul {
                          int>;
   lt::Plan make_plan(const Fp8Gemm& gemm);
 
-  cudaStream_t stream_;
-  cublasLtHandle_t handle_ = nullptr;
-  void* workspace_ = nullptr;
+  const lt::Context& lt_;
   std::map<Key, lt::Plan> plans_;
 };
 

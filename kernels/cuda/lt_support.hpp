@@ -1,6 +1,6 @@
-// What the backend's cuBLASLt GEMMs share (biased_matmul.cpp, fp8_matmul.cpp): a failed call as
-// the error users read, the library's element types, attribute setters, the alignment the
-// heuristic is told of, and the preference every plan starts from.
+// What the backend's cuBLASLt GEMMs share (biased_matmul.cpp, fp8_matmul.cpp): the handle and its
+// workspace, a failed call as the error users read, the library's element types, attribute
+// setters, the alignment the heuristic is told of, and the preference every plan starts from.
 #pragma once
 
 #include <cublasLt.h>
@@ -10,6 +10,7 @@
 
 #include "core/data_type.hpp"
 #include "core/error.hpp"
+#include "kernels/cuda/cuda_check.hpp"
 
 namespace mlptrain::lt {
 
@@ -37,6 +38,26 @@ inline int alignment_of(const void* pointer) {
   while (alignment > 1 && address % static_cast<std::uintptr_t>(alignment) != 0) alignment /= 2;
   return alignment;
 }
+
+// A cuBLASLt handle and the workspace its matmuls borrow, on one stream: the GEMMs queued there
+// run one after another, so one workspace serves them all.
+class Context {
+ public:
+  explicit Context(cudaStream_t compute_stream) : stream(compute_stream) {
+    check(cublasLtCreate(&handle), "cublasLtCreate");
+    ::mlptrain::check(cudaMalloc(&workspace, workspace_size), "cudaMalloc");
+  }
+  ~Context() {
+    cudaFree(workspace);
+    cublasLtDestroy(handle);
+  }
+  Context(const Context&) = delete;
+  Context& operator=(const Context&) = delete;
+
+  cudaStream_t stream;
+  cublasLtHandle_t handle = nullptr;
+  void* workspace = nullptr;
+};
 
 template <typename Value>
 void set(cublasLtMatmulDesc_t description, cublasLtMatmulDescAttributes_t attribute, const Value& value) {

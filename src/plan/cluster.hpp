@@ -102,16 +102,5 @@ std::vector<std::string_view> cluster_preset_names();
 // A preset by name, else a JSON file at that path (see the README for its keys). Throws
 // UsageError naming the preset or the file and what is wrong with it.
 Cluster load_cluster(const std::string& preset_or_file);
-// This machine, one node, from layerbench output (GEMM rates per dtype; with --sequence, the
-// rate of a step's GEMMs over operands of their own; optimizer, elementwise and row-gather
-// rates, the last at the elementwise rate where the bench gives none) and commbench --json
-// output (latency and bus bandwidth per collective); every file may hold either, one JSON object
-// per line. The rows read are those of the planned device: on the CPU (and loopback) the bench's
-// CPU rows, rates scaled from its GEMM threads to the machine's cores, which the ranks share,
-// collectives of MPI on host memory, device memory the machine's physical memory; on a GPU
-// (`device.kind` cuda) its rows (TF32's where `device.tf32`), each rank a GPU of the node's, the
-// built-in samples at the device generator's rate, collectives of the planned path (host-staged
-// MPI or NCCL), device memory the GPU's.
-Cluster calibrated_cluster(const std::vector<std::string>& files, const DeviceConfig& device);
 
 }  // namespace mlptrain

@@ -15,6 +15,7 @@
 #include "core/error.hpp"
 #include "data/dataset.hpp"
 #include "layout/options.hpp"
+#include "plan/calibration.hpp"
 #include "plan/layout_search.hpp"
 #include "plan/listings.hpp"
 #include "plan/plan_report.hpp"

@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
+#include <type_traits>
 
 #include "core/error.hpp"
 
@@ -29,17 +31,26 @@ const char* const plan_options_help =
 
 namespace {
 
-int positive_number(const std::string& option, const std::string& value, int least) {
+// `value` read whole as a Number (stoi or stod), or nothing where it is not one.
+template <typename Number>
+std::optional<Number> whole_value(const std::string& value) {
   std::size_t used = 0;
-  int number = 0;
+  Number number{};
   try {
-    number = std::stoi(value, &used);
+    if constexpr (std::is_same_v<Number, int>) number = std::stoi(value, &used);
+    else number = std::stod(value, &used);
   } catch (const std::exception&) {
-    used = 0;
+    return std::nullopt;
   }
-  if (used == 0 || used != value.size() || number < least)
-    throw UsageError(fmt::format("{} '{}' is not a whole number of at least {}", option, value, least));
+  if (used == 0 || used != value.size()) return std::nullopt;
   return number;
+}
+
+int positive_number(const std::string& option, const std::string& value, int least) {
+  const std::optional<int> number = whole_value<int>(value);
+  if (!number || *number < least)
+    throw UsageError(fmt::format("{} '{}' is not a whole number of at least {}", option, value, least));
+  return *number;
 }
 
 std::vector<int> number_list(const std::string& option, const std::string& text, int least) {
@@ -57,16 +68,10 @@ std::vector<int> number_list(const std::string& option, const std::string& text,
 }
 
 double factor_of_at_least_one(const std::string& option, const std::string& value) {
-  std::size_t used = 0;
-  double number = 0;
-  try {
-    number = std::stod(value, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used == 0 || used != value.size() || !(number >= 1.0) || !std::isfinite(number))
+  const std::optional<double> number = whole_value<double>(value);
+  if (!number || !(*number >= 1.0) || !std::isfinite(*number))
     throw UsageError(fmt::format("{} '{}' is not a number of at least 1", option, value));
-  return number;
+  return *number;
 }
 
 }  // namespace

@@ -19,6 +19,15 @@ MODEL = ["--dataset", "hdf5", "--layers", "8", "--hidden", "64", "--global-batch
          "--lr", "1", "--eps", "1", "--weight-decay", "0", "--seed", "5"]
 MOE = ["--moe-every", "2", "--experts", "4", "--top-k", "2"]
 PIPELINE = ["--pp", "2", "--micro-batches", "4"]
+# On a GPU (where one is present): the layout families once each, ranks sharing the GPU over
+# host-staged MPI; (name, ranks, flags, tensor ranks of the reference).
+GPU_LAYOUTS = [
+    ("gpu one process", 1, [], 1),
+    ("gpu dp", 2, ["--dp", "2"], 1),
+    ("gpu zero-3", 2, ["--zero", "3"], 1),
+    ("gpu tp+sp", 2, ["--tp", "2", "--sequence-parallel"], 2),
+    ("gpu pp 1f1b", 2, PIPELINE, 1),
+]
 
 
 class ReferenceRuns(unittest.TestCase):

@@ -27,7 +27,7 @@ import os
 import unittest
 
 from common import gpu_refusal, read_metrics, run
-from reference_runs import PIPELINE, ReferenceRuns
+from reference_runs import GPU_LAYOUTS, PIPELINE, ReferenceRuns
 
 UNIT = (2.0 ** -24 * 2.0 ** -8) ** 0.5
 TOLERANCE = 32 * UNIT
@@ -53,15 +53,6 @@ LAYOUTS = [
     ("recompute", 1, ["--recompute"], 1),
     ("loopback", 1, ["--device", "loopback"], 1),
     ("loopback dp", 2, ["--device", "loopback", "--dp", "2"], 1),
-]
-
-# On a GPU: the families once each, ranks sharing the GPU over host-staged MPI.
-GPU_LAYOUTS = [
-    ("gpu one process", 1, [], 1),
-    ("gpu dp", 2, ["--dp", "2"], 1),
-    ("gpu zero-3", 2, ["--zero", "3"], 1),
-    ("gpu tp+sp", 2, ["--tp", "2", "--sequence-parallel"], 2),
-    ("gpu pp 1f1b", 2, PIPELINE, 1),
 ]
 
 # MoE models: the dense layers in fp8, the experts and the router in bf16 (§2.7).

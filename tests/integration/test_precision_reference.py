@@ -33,7 +33,7 @@ import numpy as np
 
 from common import gpu_refusal
 from precision_reference import round_bf16, round_fp16
-from reference_runs import MOE, PIPELINE, ReferenceRuns
+from reference_runs import GPU_LAYOUTS, MOE, PIPELINE, ReferenceRuns
 
 STEP = {"bf16": 2.0 ** -8, "fp16": 2.0 ** -11}
 TOLERANCE = {"bf16": 32 * (2.0 ** -24 * STEP["bf16"]) ** 0.5, "fp16": 64 * (2.0 ** -24 * STEP["fp16"]) ** 0.5}
@@ -55,14 +55,6 @@ DENSE_LAYOUTS = [
     ("pp interleaved", 2, PIPELINE + ["--schedule", "interleaved", "--virtual-stages", "2"], 1),
     ("pp zb-h1", 2, PIPELINE + ["--schedule", "zb-h1"], 1),
     ("recompute", 1, ["--recompute"], 1),
-]
-# On a GPU (where one is present): the families once each, ranks sharing the GPU over host-staged MPI.
-GPU_LAYOUTS = [
-    ("gpu one process", 1, [], 1),
-    ("gpu dp", 2, ["--dp", "2"], 1),
-    ("gpu zero-3", 2, ["--zero", "3"], 1),
-    ("gpu tp+sp", 2, ["--tp", "2", "--sequence-parallel"], 2),
-    ("gpu pp 1f1b", 2, PIPELINE, 1),
 ]
 MOE_LAYOUTS = [
     ("moe one process", 1, [], 1),

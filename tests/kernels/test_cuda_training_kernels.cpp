@@ -38,7 +38,8 @@ TEST_F(CudaKernelsTest, BiasedGemmRoundsOnceAfterAddingTheBias) {
   };
   const std::vector<float> once(static_cast<std::size_t>(m * n), 258.0f);
   {
-    BiasedMatmul epilogue(nullptr, false);
+    const lt::Context context(nullptr);
+    BiasedMatmul epilogue(context, false);
     DeviceArray<std::uint8_t> dc(std::vector<std::uint8_t>(static_cast<std::size_t>(m * n) * size_of(type)));
     ASSERT_TRUE(epilogue.run(gemm(dc.get(), 0))) << "cuBLASLt offered no algorithm with the bias epilogue";
     EXPECT_EQ(widened(*cpu, dc.host(), type), once);
@@ -68,7 +69,8 @@ TEST_F(CudaKernelsTest, BiasedGemmThroughTheEpilogueInEveryTransposition) {
                       .c = out, .ldc = n, .input = type, .output = type, .bias = z};
         };
         cpu->gemm(gemm(a.data(), b.data(), bias.data(), c.data()));
-        BiasedMatmul epilogue(nullptr, false);
+        const lt::Context context(nullptr);
+        BiasedMatmul epilogue(context, false);
         ASSERT_TRUE(epilogue.run(gemm(da.get(), db.get(), dbias.get(), dc.get())))
             << data_type_name(type) << " " << static_cast<int>(ta) << static_cast<int>(tb);
         expect_close(widened(*cpu, dc.host(), type), widened(*cpu, c, type),
