@@ -43,7 +43,7 @@ lt::Plan BiasedMatmul::make_plan(const Gemm& gemm) {
   check(cublasLtMatrixLayoutCreate(&plan.c, output, gemm.n, gemm.m, gemm.ldc), "cublasLtMatrixLayoutCreate");
 
   lt::choose_algorithm(lt_.handle, plan, lt::workspace_size, alignment_of(gemm.b), alignment_of(gemm.a),
-                       alignment_of(gemm.c));
+                       alignment_of(gemm.c), gemm.output != DataType::float32);
   return plan;
 }
 

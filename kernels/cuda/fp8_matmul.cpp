@@ -48,7 +48,7 @@ lt::Plan Fp8Matmul::make_plan(const Fp8Gemm& gemm) {
   check(cublasLtMatrixLayoutCreate(&plan.c, library_type(gemm.c_type), gemm.n, gemm.m, gemm.n),
         "cublasLtMatrixLayoutCreate");
   lt::choose_algorithm(lt_.handle, plan, lt::workspace_size, alignment_of(gemm.b), alignment_of(gemm.a),
-                       alignment_of(gemm.c));
+                       alignment_of(gemm.c), gemm.c_type != DataType::float32);
   return plan;
 }
 

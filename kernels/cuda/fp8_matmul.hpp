@@ -1,8 +1,8 @@
 // The fp8 GEMM on Hopper's tensor cores through cuBLASLt (Kernels::fp8_gemm's contract): both
 // operands' codes with the summed dimension contiguous (the "TN" form fp8 matmuls take), their
 // inverse scales as cuBLASLt's A and B scale pointers (one each, or one per row as
-// CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F), sums in fp32 promoted as they go unless fast
-// accumulation is asked, the bias in the epilogue, beta 1 where the product is added. Plans are
+// CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F), the tensor cores' sums of about 14 bits moved into
+// fp32 every 128 terms unless fast accumulation is asked (DESIGN.md 2.7), the bias in the epilogue, beta 1 where the product is added. Plans are
 // made once per shape, formats, scales and alignment; where cuBLASLt has no algorithm (e5m2 by
 // e5m2, a leading dimension that is not a multiple of 16 bytes, a GPU before sm_89) the caller
 // takes its other path.

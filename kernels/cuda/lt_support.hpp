@@ -80,11 +80,13 @@ struct Plan {
 };
 
 // The heuristic's first algorithm for a plan whose description and layouts are set (D laid out
-// as C), with the operands' alignments in bytes and split-K partial sums in fp32 only: reduced in
-// the output's type, a 16-bit output would be rounded before the bias is added (and more than
-// once). Sets plan.usable.
+// as C), with the operands' alignments in bytes, split-K partial sums reduced in fp32 only, and,
+// for a 16-bit output, no split-K at all: on an H200 (cuBLAS 13.1) an algorithm that split a
+// 64 x 96 x 257 bf16 GEMM rounded the sum to bf16 before adding the bias (257 + 0.5 gave 256,
+// 257 + 2 gave 258), where the contract rounds once (tests/kernels/test_cuda_training_kernels.cpp).
+// Sets plan.usable; where no algorithm qualifies the caller takes its other path.
 inline void choose_algorithm(cublasLtHandle_t handle, Plan& plan, std::size_t workspace_bytes, int a_alignment,
-                             int b_alignment, int c_alignment) {
+                             int b_alignment, int c_alignment, bool sixteen_bit_output) {
   cublasLtMatmulPreference_t preference = nullptr;
   check(cublasLtMatmulPreferenceCreate(&preference), "cublasLtMatmulPreferenceCreate");
   const auto prefer = [&](cublasLtMatmulPreferenceAttributes_t attribute, std::uint32_t value) {
@@ -100,13 +102,25 @@ inline void choose_algorithm(cublasLtHandle_t handle, Plan& plan, std::size_t wo
   prefer(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, static_cast<std::uint32_t>(c_alignment));
   prefer(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, static_cast<std::uint32_t>(c_alignment));
   prefer(CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE);
-  cublasLtMatmulHeuristicResult_t result{};
+  constexpr int candidates = 8;
+  cublasLtMatmulHeuristicResult_t results[candidates]{};
   int found = 0;
   const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(handle, plan.description, plan.a, plan.b, plan.c,
-                                                                plan.c, preference, 1, &result, &found);
+                                                                plan.c, preference, candidates, results, &found);
   cublasLtMatmulPreferenceDestroy(preference);
-  plan.usable = status == CUBLAS_STATUS_SUCCESS && found > 0 && result.state == CUBLAS_STATUS_SUCCESS;
-  if (plan.usable) plan.algorithm = result.algo;
+  plan.usable = false;
+  for (int index = 0; status == CUBLAS_STATUS_SUCCESS && index < found && !plan.usable; ++index) {
+    if (results[index].state != CUBLAS_STATUS_SUCCESS) continue;
+    std::int32_t splits = 1;
+    std::size_t written = 0;
+    if (sixteen_bit_output &&
+        cublasLtMatmulAlgoConfigGetAttribute(&results[index].algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splits,
+                                             sizeof splits, &written) == CUBLAS_STATUS_SUCCESS &&
+        written == sizeof splits && splits > 1)
+      continue;
+    plan.algorithm = results[index].algo;
+    plan.usable = true;
+  }
 }
 
 }  // namespace mlptrain::lt

@@ -17,7 +17,7 @@
 #
 # usage: scripts/gpu/check.sh [--output DIR] [PHASE...]
 #   DIR defaults to $OUT (the device tool's folder) or results/gpu/check; PHASEs are any of build
-#   tests bench profile (default: all four), so a session can split the work over several runs.
+#   tests bench planner profile (default: all five), so a session can split the work over several runs.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 top=$PWD
@@ -26,11 +26,11 @@ phases=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --output) output=${2:?--output needs a folder}; shift 2 ;;
-    build|tests|bench|profile) phases+=("$1"); shift ;;
-    *) echo "check: unknown argument '$1' (usage: scripts/gpu/check.sh [--output DIR] [build] [tests] [bench] [profile])" >&2; exit 2 ;;
+    build|tests|bench|planner|profile) phases+=("$1"); shift ;;
+    *) echo "check: unknown argument '$1' (usage: scripts/gpu/check.sh [--output DIR] [build] [tests] [bench] [planner] [profile])" >&2; exit 2 ;;
   esac
 done
-[ ${#phases[@]} -gt 0 ] || phases=(build tests bench profile)
+[ ${#phases[@]} -gt 0 ] || phases=(build tests bench planner profile)
 mkdir -p "$output"
 output=$(cd "$output" && pwd)
 summary="$output/summary.txt"
@@ -121,6 +121,14 @@ for phase in "${phases[@]}"; do
     tests)
       export MLPTRAIN="$top/build-gpu/mlptrain" MLPTRAIN_SOURCE="$top" PYTHONDONTWRITEBYTECODE=1
       check cuda_kernels build-gpu/tests/test_cuda_kernels
+      # The GPU's layouts against the NumPy references of the precision contract (bf16, fp8),
+      # then every layout on the GPU against the CPU.
+      if [ -n "$python" ]; then
+        check precision_reference "$python" tests/integration/test_precision_reference.py -v \
+          PrecisionReference.test_bf16_layouts_on_the_gpu_follow_the_contract
+        check fp8_reference "$python" tests/integration/test_fp8_reference.py -v \
+          Fp8Reference.test_layouts_on_the_gpu_follow_the_contract
+      fi
       for test in device offload commbench; do
         if [ -n "$python" ]; then
           check "$test" "$python" tests/integration/test_$test.py -v
@@ -128,13 +136,6 @@ for phase in "${phases[@]}"; do
           echo "$test: FAILED (no Python with numpy to run tests/integration/test_$test.py)" | tee -a "$summary"
         fi
       done
-      # The GPU's layouts against the NumPy references of the precision contract (bf16, fp8).
-      if [ -n "$python" ]; then
-        check precision_reference "$python" tests/integration/test_precision_reference.py -v \
-          PrecisionReference.test_bf16_layouts_on_the_gpu_follow_the_contract
-        check fp8_reference "$python" tests/integration/test_fp8_reference.py -v \
-          Fp8Reference.test_layouts_on_the_gpu_follow_the_contract
-      fi
       ;;
     bench)
       export MLPTRAIN="$top/build-gpu/mlptrain"
@@ -145,6 +146,25 @@ for phase in "${phases[@]}"; do
       else
         echo "bench: FAILED (no Python with numpy to run scripts/gpu/bench.py)" | tee -a "$summary"
       fi
+      ;;
+    planner)
+      # mlpplan calibrated on this GPU (layerbench's rows at the benchmark's layer, TF32's too;
+      # one rank needs no commbench rows), then its plan of bench.py's step in each precision:
+      # results/planner_<precision>.json beside bench.py's measured step.json.
+      mkdir -p "$output/results"
+      rows="$output/results/planner_calibration.jsonl"
+      check planner_calibration sh -c "build-gpu/layerbench 8192 8192 8192 5 --device cuda --dtype fp32,bf16 \
+          --optimizer-parameters 268435456 > '$rows' && build-gpu/layerbench 8192 8192 8192 5 --device cuda \
+          --dtype fp32 --tf32 --optimizer-parameters 268435456 >> '$rows'"
+      for precision in fp32 tf32 bf16; do
+        flags=""
+        [ "$precision" = tf32 ] && flags="--tf32"
+        [ "$precision" = bf16 ] && flags="--param-dtype bf16"
+        # shellcheck disable=SC2086
+        check "planner_$precision" sh -c "build-gpu/mlpplan --world 1 --device cuda --comm nccl --calibrate '$rows' \
+            --dataset mixture --layers 16 --hidden 8192 --input-dim 8192 --output-dim 10 --global-batch 8192 \
+            $flags --json > '$output/results/planner_$precision.json'"
+      done
       ;;
     profile)
       if ! command -v ncu >/dev/null; then

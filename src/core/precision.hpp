@@ -25,7 +25,8 @@ struct Precision {
   Fp8Recipe fp8 = Fp8Recipe::none;
   Fp8Format fp8_grad_format = Fp8Format::e4m3;
   // fp8 GEMMs on Hopper's tensor cores may keep their partial sums in the tensor cores' own
-  // accumulator instead of promoting them to fp32 as they go (faster, less exact).
+  // accumulator of about 14 bits instead of moving them into fp32 every 128 terms (faster, less
+  // exact: measured on an H200, 2^-7.6 of the terms' magnitudes at k = 4,096 against 2^-9.8).
   bool fp8_fast_accumulation = false;
 
   bool keeps_master() const { return param != DataType::float32; }

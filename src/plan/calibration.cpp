@@ -63,7 +63,7 @@ void slowest_of(nlohmann::json& slowest, const nlohmann::json& other) {
 
 }  // namespace
 
-Cluster calibrated_cluster(const std::vector<std::string>& files, const DeviceConfig& device) {
+Cluster calibrated_cluster(const std::vector<std::string>& files, const DeviceConfig& device, int world) {
   Cluster cluster{.name = "calibrated", .source = fmt::format("this machine: {}", fmt::join(files, ", "))};
   const bool gpu = device.kind == Device::cuda;
   const std::string bench_device = gpu ? "cuda" : "cpu";
@@ -82,7 +82,7 @@ Cluster calibrated_cluster(const std::vector<std::string>& files, const DeviceCo
   std::map<CommOp, double> smallest;
   bool gemm_seen = false;
   std::map<double, double> fp32_sequence_rates;  // by rows
-  double optimizer_parameters_timed = 0;
+  double optimizer_parameters_timed = 0, optimizer_16_bit_parameters_timed = 0;
   // The bench's lines by type and rows: where processes ran it side by side (as the planned
   // world's ranks run), each time is the slowest process's, which a synchronous step waits for.
   std::map<std::pair<std::string, double>, nlohmann::json> benches;
@@ -128,9 +128,13 @@ Cluster calibrated_cluster(const std::vector<std::string>& files, const DeviceCo
     // row that updated the most: a rank's update runs from memory, not from the caches.
     const double parameters = row.value("adamw_parameters", row.value("in", 0.0) * row.value("out", 0.0) +
                                                                 row.value("out", 0.0));
-    if (dtype == "fp32" && row.value("adamw_ms", 0.0) > 0 && parameters > optimizer_parameters_timed) {
-      cluster.optimizer_parameters_per_s = parameters / (row.value("adamw_ms", 0.0) * 1e-3);
-      optimizer_parameters_timed = parameters;
+    // A 16-bit row's update is a 16-bit model's (its copy written too), planned for those apart.
+    const bool sixteen_bit = dtype == "bf16" || dtype == "fp16";
+    double& timed = sixteen_bit ? optimizer_16_bit_parameters_timed : optimizer_parameters_timed;
+    if (row.value("adamw_ms", 0.0) > 0 && parameters > timed) {
+      (sixteen_bit ? cluster.optimizer_16_bit_parameters_per_s : cluster.optimizer_parameters_per_s) =
+          parameters / (row.value("adamw_ms", 0.0) * 1e-3);
+      timed = parameters;
     }
     // GELU's pass (files from before the bias moved into the GEMM name it with the bias).
     const double gelu_ms = row.value("gelu_forward_ms", row.value("bias_gelu_forward_ms", 0.0));
@@ -165,9 +169,11 @@ Cluster calibrated_cluster(const std::vector<std::string>& files, const DeviceCo
   if (!gemm_seen || cluster.optimizer_parameters_per_s <= 0)
     throw UsageError(fmt::format("--calibrate {}: no layerbench rows of --device {}{} (fp32 GEMM and AdamW times)",
                                  fmt::join(files, " "), bench_device, gpu && device.tf32 ? " --tf32" : ""));
-  if (!measured.contains(CommOp::all_reduce))
+  // One rank sends nothing: its plan needs no collective's rates.
+  if (!measured.contains(CommOp::all_reduce) && world > 1)
     throw UsageError(fmt::format("--calibrate {}: no commbench fp32 all_reduce rows on {}", fmt::join(files, " "),
                                  comm_path));
+  if (!measured.contains(CommOp::all_reduce)) measured[CommOp::all_reduce] = LinkRates{.bus_bytes_per_s = 1};
   // Types the bench did not time run at the fp32 rate; rows it did not time move at the
   // elementwise rate; collectives it did not time at the all-reduce's; one node, so both link
   // classes are the machine's.

@@ -19,6 +19,7 @@ namespace mlptrain {
 // (`device.kind` cuda) its rows (TF32's where `device.tf32`), each rank a GPU of the node's, the
 // built-in samples at the device generator's rate, collectives of the planned path (host-staged
 // MPI or NCCL), device memory the GPU's.
-Cluster calibrated_cluster(const std::vector<std::string>& files, const DeviceConfig& device);
+// A plan of one rank (`world` 1) needs no commbench rows.
+Cluster calibrated_cluster(const std::vector<std::string>& files, const DeviceConfig& device, int world);
 
 }  // namespace mlptrain

@@ -23,6 +23,11 @@ double Cluster::gemm_flops_per_s(DataType type) const {
   return gemm_fp32_flops_per_s;
 }
 
+double Cluster::optimizer_rate(DataType type) const {
+  return type != DataType::float32 && optimizer_16_bit_parameters_per_s > 0 ? optimizer_16_bit_parameters_per_s
+                                                                            : optimizer_parameters_per_s;
+}
+
 double Cluster::linear_gemm_flops_per_s(const Precision& precision) const {
   return precision.fp8_gemms() && gemm_fp8_flops_per_s > 0 ? gemm_fp8_flops_per_s : gemm_flops_per_s(precision.param);
 }

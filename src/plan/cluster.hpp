@@ -44,6 +44,9 @@ struct Cluster {
   // Memory-bound work of one device: the optimizer's update, the bias/GELU passes, and rows
   // gathered or scattered by an index (MoE layers' dispatch and combine).
   double optimizer_parameters_per_s = 0;
+  // A bf16 or fp16 model's update (its 16-bit copy written too) where the bench timed it;
+  // 0: the rate above.
+  double optimizer_16_bit_parameters_per_s = 0;
   double elementwise_elements_per_s = 0;
   double row_move_elements_per_s = 0;
   // Input values of samples one host core reads a second, on the step's path where the rank's
@@ -73,6 +76,8 @@ struct Cluster {
   std::vector<std::pair<double, double>> gemm_rows_shares;
 
   double gemm_flops_per_s(DataType type) const;
+  // The optimizer's update rate for a model whose parameters are of `type`.
+  double optimizer_rate(DataType type) const;
   // A dense Linear layer's GEMM rate under `precision` (its fp8 rate where --fp8 is given and
   // the device has one).
   double linear_gemm_flops_per_s(const Precision& precision) const;

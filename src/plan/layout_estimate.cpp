@@ -178,7 +178,7 @@ class StageModel {
       work.data = in.config.data.micro_batches * rows * static_cast<double>(in.model.front().in_features) / data_rate;
     const double updated = static_cast<double>(work.prediction.optimizer.bytes) /
                            static_cast<double>(in.config.precision.types().optimizer_bytes());
-    work.optimizer = updated / (in.cluster.optimizer_parameters_per_s * memory_share);
+    work.optimizer = updated / (in.cluster.optimizer_rate(in.config.precision.param_dtype) * memory_share);
   }
 
   // Seconds for `bytes` of `op` over the rank's group of `kind`, in `operations` operations, the

@@ -71,7 +71,7 @@ void plan(int argc, char** argv) {
   }
   const Cluster cluster = request.calibration_files.empty()
                               ? load_cluster(request.cluster)
-                              : calibrated_cluster(request.calibration_files, config.device);
+                              : calibrated_cluster(request.calibration_files, config.device, request.world);
   // A calibrated machine is one node holding the whole world unless told otherwise.
   const int ranks_per_node = request.ranks_per_node.value_or(
       request.calibration_files.empty() ? cluster.devices_per_node : request.world);

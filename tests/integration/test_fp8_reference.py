@@ -1,8 +1,8 @@
 """fp8 runs (--fp8 tensorwise and rowwise, DESIGN.md §2.7) against an independent emulation of
 the contract in NumPy (fp8_reference.py through precision_reference.Reference): one process and
 every layout family the recipe runs in, dense and MoE (whose experts stay bf16), on the CPU,
-through the device path (loopback), and on a GPU where one is present (its fp8 tensor cores,
-whose partial sums are promoted to fp32 as they go: the same freedom of summation order).
+through the device path (loopback), and on a GPU where one is present (its fp8 tensor cores, whose
+narrower sums have a tolerance of their own, below).
 
 The measure is test_precision_reference.py's: the first step's update with AdamW's eps = 1, each
 tensor's relative L2 error against the reference's, the median over the model's tensors.
@@ -17,12 +17,25 @@ test_tolerance_admits_another_summation_order measures with the reference summed
 fp32 order. Every broken variant lands far outside (test_broken_variants_fall_outside_the_tolerance
 prints how far).
 
+On a GPU the dense layers' products run on Hopper's fp8 tensor cores, whose sums keep about 14
+bits between their promotions into fp32: a product of k <= 128 terms may differ from the
+contract's fp32 sum by (32 + k/32) x 2^-13 of its terms' magnitudes (test_cuda_fp8_kernels.cpp
+derives the bound and holds the tensor cores to it). This model's products sum k <= 64 terms,
+and terms of random signs have a magnitude sqrt(2k/pi) times their sum's size, so a gradient may
+move by 34 x 2^-13 x sqrt(128/pi) = 0.027 of itself: GPU_TOLERANCE. Measured on an H200: 1.2e-2
+(e4m3 gradients) and 1.8e-2 (e5m2), against 2.4e-7 for the CPU's emulation of the same step.
+Every broken variant but one lands outside it too (test_broken_variants_fall_outside_the_tolerance
+asserts it): the amax of the micro-batch before (tensorwise 1.6e-2) hides in the tensor cores'
+sums, and is ruled out on the GPU otherwise: its amax, scales and codes are the CPU's bit for
+bit (test_cuda_fp8_kernels.cpp) and the loop that picks which amax is one for every device.
+
 Within the format's normal range a power-of-two scale leaves an element's significand as it is,
 so which rows a scale is formed from (the global micro-batch's, as the contract says, or one
 rank's) shows only in elements some 2^15 below the amax, which no gradient's norm sees: the MPI
 test Layouts.Fp8AmaxIsTheDataGroupsMaximum checks the agreement itself, and the run's ledger
 holds its all-reduces to the prediction.
 """
+import math
 import os
 import unittest
 
@@ -31,6 +44,7 @@ from reference_runs import GPU_LAYOUTS, PIPELINE, ReferenceRuns
 
 UNIT = (2.0 ** -24 * 2.0 ** -8) ** 0.5
 TOLERANCE = 32 * UNIT
+GPU_TOLERANCE = 34 * 2.0 ** -13 * math.sqrt(2 * 64 / math.pi)
 
 # (name, ranks, flags, tensor ranks of the reference).
 LAYOUTS = [
@@ -70,9 +84,9 @@ class Fp8Reference(ReferenceRuns):
     report_variable = "MLPTRAIN_FP8_REPORT"
     tolerance = TOLERANCE
 
-    def check(self, recipe, layouts, grad_format="e4m3", moe=False, extra=()):
+    def check(self, recipe, layouts, grad_format="e4m3", moe=False, extra=(), tolerance=TOLERANCE):
         flags = ["--fp8", recipe, "--fp8-grad-format", grad_format, *extra]
-        self.check_against_reference(f"fp8 {recipe} {grad_format}", layouts, moe, TOLERANCE, flags, "bf16",
+        self.check_against_reference(f"fp8 {recipe} {grad_format}", layouts, moe, tolerance, flags, "bf16",
                                      fp8=recipe, fp8_grad_format=grad_format)
 
     def test_tensorwise_layouts_follow_the_contract(self):
@@ -90,8 +104,9 @@ class Fp8Reference(ReferenceRuns):
         if refusal is not None:
             self.skipTest(f"no GPU to test on: mlptrain says \"{refusal[1]}\"")
         for recipe in ("tensorwise", "rowwise"):
-            self.check(recipe, GPU_LAYOUTS, extra=["--device", "cuda"])
-        self.check("tensorwise", GPU_LAYOUTS[:1], grad_format="e5m2", extra=["--device", "cuda"])
+            self.check(recipe, GPU_LAYOUTS, extra=["--device", "cuda"], tolerance=GPU_TOLERANCE)
+        self.check("tensorwise", GPU_LAYOUTS[:1], grad_format="e5m2", extra=["--device", "cuda"],
+                   tolerance=GPU_TOLERANCE)
 
     def test_e5m2_gradients_follow_the_contract(self):
         self.check("tensorwise", LAYOUTS[:3], grad_format="e5m2")
@@ -156,6 +171,8 @@ class Fp8Reference(ReferenceRuns):
                     print(f"{name} ({recipe}): {median:.1e} from the check's reference, {median / UNIT:.0f} "
                           f"sqrt(u step)", flush=True)
                     self.assertGreater(median, TOLERANCE)
+                    if name != "amax from the micro-batch before":
+                        self.assertGreater(median, GPU_TOLERANCE, "the GPU's tolerance would admit it")
 
     def test_tolerance_admits_another_summation_order(self):
         for recipe in ("tensorwise", "rowwise"):

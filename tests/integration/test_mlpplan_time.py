@@ -152,18 +152,20 @@ class MlpplanTime(TrainingTestCase):
     def test_a_gpu_calibration_plans_the_gpu_and_the_communication_path(self):
         """layerbench --device cuda rows plan --device cuda: the GPU's own rate (not scaled by the
         host's cores), TF32's with --tf32, its memory, and the built-in samples at the device
-        generator's rate; commbench's rows of the planned path: host-staged MPI (mpi-staged) for
-        --comm mpi, NCCL for --comm nccl. The CPU's rows plan the CPU. A path not calibrated is
-        refused with its name."""
+        generator's rate, a bf16 model's update at the bf16 row's rate; commbench's rows of the
+        planned path: host-staged MPI (mpi-staged) for --comm mpi, NCCL for --comm nccl. The
+        CPU's rows plan the CPU. A path not calibrated is refused with its name where ranks
+        communicate; one rank needs none."""
         cpu = {"dtype": "fp32", "gemm_gflops": 50.0, "kernels": "test; 1 GEMM thread(s)", "adamw_ms": 2.0,
                "gelu_forward_ms": 0.5, "rows": 100, "in": 99, "out": 100}
         gpu = dict(cpu, device="cuda", tf32=False, gemm_gflops=20000.0, adamw_ms=0.02, gelu_forward_ms=0.005,
                    kernels="cuBLAS", devices=1, device_memory_bytes=141e9,
                    kernel_table=[{"kernel": "generate_mixture_samples", "ms": 0.01, "samples": 100}])
         tf32 = dict(gpu, tf32=True, gemm_gflops=100000.0)
+        bf16 = dict(gpu, dtype="bf16", gemm_gflops=400000.0, adamw_ms=0.03)
         comm = [{"collective": "all_reduce", "path": path, "dtype": "fp32", "bytes": 8, "time_us": 10.0,
                  "busbw_gbps": rate, "correct": True} for path, rate in (("mpi-host", 1.0), ("mpi-staged", 4.0))]
-        bench = self.write_rows("gpu.jsonl", [cpu, gpu, tf32] + comm)
+        bench = self.write_rows("gpu.jsonl", [cpu, gpu, tf32, bf16] + comm)
         widths = [(16, 32), (32, 32), (32, 32), (32, 8)]
         parameters = sum(i * o + o for i, o in widths)
         multiply_adds = 6 * parameters - 2 * (16 * 32 + 32)
@@ -178,24 +180,28 @@ class MlpplanTime(TrainingTestCase):
         self.assertEqual(on_gpu["memory_capacity_bytes"], 141e9)
         on_tf32 = plan_json(SMALL + ["--world", 1, "--device", "cuda", "--tf32", "--calibrate", bench])
         self.assertAlmostEqual(on_tf32["step_ms"]["compute"], compute_ms(100000e9, 0.005, 0.02), delta=1e-9)
+        on_bf16 = plan_json(SMALL + ["--world", 1, "--device", "cuda", "--param-dtype", "bf16", "--calibrate", bench])
+        self.assertAlmostEqual(on_bf16["step_ms"]["compute"], compute_ms(400000e9, 0.005, 0.03), delta=1e-9)
         on_cpu = plan_json(SMALL + ["--world", 1, "--calibrate", bench])
         self.assertAlmostEqual(on_cpu["step_ms"]["compute"], compute_ms(50e9 * os.cpu_count(), 0.5, 2.0), delta=1e-9)
         mixture = plan_json(SMALL + ["--world", 1, "--device", "cuda", "--dataset", "mixture", "--calibrate", bench])
         self.assertAlmostEqual(mixture["step_ms"]["data"], 1e3 * 32 * 16 / (100 * 99 / 0.01e-3), delta=1e-9)
         # Two ranks sharing the GPU, their gradients summed host-staged: at the staged rows'
         # latency (this small model's sums are a latency each), not the host path's.
-        slower = self.write_rows("slower.jsonl", [cpu, gpu, tf32] + [
+        slower = self.write_rows("slower.jsonl", [cpu, gpu, tf32, bf16] + [
             dict(row, time_us=row["time_us"] * (2 if row["path"] == "mpi-staged" else 1)) for row in comm])
         staged, twice = (plan_json(SMALL + ["--world", 2, "--dp", 2, "--device", "cuda", "--calibrate", path])
                          for path in (bench, slower))
         self.assertEqual(staged["bus_bytes_per_step"], twice["bus_bytes_per_step"])
         self.assertGreater(staged["step_ms"]["exposed_comm"], 0)
         self.assertAlmostEqual(twice["step_ms"]["exposed_comm"] / staged["step_ms"]["exposed_comm"], 2, delta=0.1)
-        refused = subprocess.run([MLPPLAN] + [str(a) for a in SMALL + ["--world", 1, "--device", "cuda", "--comm", "nccl",
-                                                                       "--calibrate", bench]],
+        refused = subprocess.run([MLPPLAN] + [str(a) for a in SMALL + ["--world", 2, "--dp", 2, "--device", "cuda",
+                                                                       "--comm", "nccl", "--calibrate", bench]],
                                  capture_output=True, text=True)
         self.assertEqual(refused.returncode, 2, refused.stderr)
         self.assertIn("no commbench fp32 all_reduce rows on nccl", refused.stderr)
+        alone = plan_json(SMALL + ["--world", 1, "--device", "cuda", "--comm", "nccl", "--calibrate", bench])
+        self.assertEqual(alone["step_ms"], on_gpu["step_ms"])
 
     def test_a_cpu_hides_no_reduction_behind_backward_a_gpu_does(self):
         """MPI on a CPU has no progress thread: a data-parallel reduction advances only in the

@@ -16,10 +16,12 @@ using namespace mlptrain::test;
 namespace {
 
 // The epilogue adds the bias to the fp32 sum before the one rounding: every product here is 257
-// (257 ones times ones, exact in fp32 whatever the order), the bias 0.5. Rounded once, 257.5 is
-// 258 in bf16; rounded twice (257 to 256, then 256.5 to 256) it would be 256. The rows are
-// padded to 16 bytes so that cuBLASLt's epilogue takes it (asserted); the kernels' call with the
-// bias one element off its alignment takes the other path and must give the same.
+// (257 ones times ones, exact in fp32 whatever the order). With a bias of 0.5, 257.5 rounds once
+// to 258 in bf16; rounded twice (257 to 256, then 256.5 to 256) it would be 256, as it would
+// without the bias. With a bias of 2, 259 rounds once to 260, twice to 258, and without the
+// bias to 256: the two biases tell the three apart. The rows are padded to 16 bytes so that
+// cuBLASLt's epilogue takes it (asserted); the kernels' call with the bias one element off its
+// alignment takes the other path and must give the same.
 TEST_F(CudaKernelsTest, BiasedGemmRoundsOnceAfterAddingTheBias) {
   const std::int64_t m = 64, n = 96, k = 257, leading = 264;
   const DataType type = DataType::bfloat16;
@@ -30,24 +32,27 @@ TEST_F(CudaKernelsTest, BiasedGemmRoundsOnceAfterAddingTheBias) {
     return typed(*cpu, values, type);
   };
   DeviceArray<std::uint8_t> da(ones(m)), db(ones(n));
-  DeviceArray<std::uint8_t> dbias(typed(*cpu, std::vector<float>(static_cast<std::size_t>(n + 8), 0.5f), type));
-  const auto gemm = [&](void* c, std::int64_t bias_offset) {
-    return Gemm{.transpose_b = Transpose::yes, .m = m, .n = n, .k = k, .a = da.get(), .lda = leading, .b = db.get(),
-                .ldb = leading, .c = c, .ldc = n, .input = type, .output = type,
-                .bias = dbias.get() + bias_offset * static_cast<std::int64_t>(size_of(type))};
-  };
-  const std::vector<float> once(static_cast<std::size_t>(m * n), 258.0f);
-  {
-    const lt::Context context(nullptr);
-    BiasedMatmul epilogue(context, false);
-    DeviceArray<std::uint8_t> dc(std::vector<std::uint8_t>(static_cast<std::size_t>(m * n) * size_of(type)));
-    ASSERT_TRUE(epilogue.run(gemm(dc.get(), 0))) << "cuBLASLt offered no algorithm with the bias epilogue";
-    EXPECT_EQ(widened(*cpu, dc.host(), type), once);
-  }
-  for (std::int64_t bias_offset : {0, 1}) {
-    DeviceArray<std::uint8_t> dc(std::vector<std::uint8_t>(static_cast<std::size_t>(m * n) * size_of(type)));
-    gpu->gemm(gemm(dc.get(), bias_offset));
-    EXPECT_EQ(widened(*cpu, dc.host(), type), once) << "bias offset " << bias_offset;
+  for (const auto& [bias_value, once] : {std::pair{0.5f, 258.0f}, std::pair{2.0f, 260.0f}}) {
+    DeviceArray<std::uint8_t> dbias(
+        typed(*cpu, std::vector<float>(static_cast<std::size_t>(n + 8), bias_value), type));
+    const auto gemm = [&](void* c, std::int64_t bias_offset) {
+      return Gemm{.transpose_b = Transpose::yes, .m = m, .n = n, .k = k, .a = da.get(), .lda = leading,
+                  .b = db.get(), .ldb = leading, .c = c, .ldc = n, .input = type, .output = type,
+                  .bias = dbias.get() + bias_offset * static_cast<std::int64_t>(size_of(type))};
+    };
+    const std::vector<float> expected(static_cast<std::size_t>(m * n), once);
+    {
+      const lt::Context context(nullptr);
+      BiasedMatmul epilogue(context, false);
+      DeviceArray<std::uint8_t> dc(std::vector<std::uint8_t>(static_cast<std::size_t>(m * n) * size_of(type)));
+      ASSERT_TRUE(epilogue.run(gemm(dc.get(), 0))) << "cuBLASLt offered no algorithm with the bias epilogue";
+      EXPECT_EQ(widened(*cpu, dc.host(), type), expected) << "epilogue, bias " << bias_value;
+    }
+    for (std::int64_t bias_offset : {0, 1}) {
+      DeviceArray<std::uint8_t> dc(std::vector<std::uint8_t>(static_cast<std::size_t>(m * n) * size_of(type)));
+      gpu->gemm(gemm(dc.get(), bias_offset));
+      EXPECT_EQ(widened(*cpu, dc.host(), type), expected) << "bias " << bias_value << ", offset " << bias_offset;
+    }
   }
 }
 
