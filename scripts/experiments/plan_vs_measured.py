@@ -40,6 +40,8 @@ ENVIRONMENT = {key: value for key, value in os.environ.items() if key != "OMP_NU
 DENSE = ["--layers", 6, "--hidden", 1024, "--input-dim", 256, "--output-dim", 16, "--dataset", "mixture",
          "--global-batch", 512]
 MOE = DENSE + ["--moe-every", 2, "--experts", 4, "--top-k", 2]
+# The calibration run: the dense model at a batch no measured run has.
+CALIBRATION_RUN = DENSE[:-2] + ["--global-batch", 128]
 sys.path.insert(0, os.path.join(ROOT, "tests", "integration"))
 from test_placement import LAYOUTS as PLACEMENT_LAYOUTS  # noqa: E402  (the same list of layouts)
 
@@ -78,7 +80,9 @@ def calibrate(scratch, worlds):
     on several threads do not run quite that many times faster; memory-bound kernels of ranks
     side by side share the memory), its GEMMs also timed in a step's sequence at several row
     counts (a micro-batch's, an MoE expert's) and AdamW over more parameters than the caches
-    hold, as a rank's update is; and commbench at that world."""
+    hold, as a rank's update is; commbench at that world; and a calibration run (the dense
+    model at another batch, data parallel over as many processes as layerbench ran, 12 steps)
+    whose metrics give the optimizer's update as the loop runs it."""
     cores = os.cpu_count() or 1
     files = {}
     for world in worlds:
@@ -97,7 +101,11 @@ def calibrate(scratch, worlds):
                                                       "--step-factor", 4, "--collectives",
                                                       "all_reduce,reduce_scatter,all_gather,all_to_all,broadcast,"
                                                       "send_recv"]))
-        files[world] = [layer, comm]
+        loop = os.path.join(scratch, f"calibration_run_{ranks}_ranks.jsonl")
+        if not os.path.exists(loop):
+            run(launch(ranks) + [benchlib.PROGRAM] + CALIBRATION_RUN +
+                ["--dp", ranks, "--steps", 12, "--log-every", 0, "--metrics", loop])
+        files[world] = [layer, comm, loop]
     return files
 
 

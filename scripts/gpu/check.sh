@@ -6,13 +6,15 @@
 # backend, then runs each check with its own log and writes everything to one folder:
 #   machine.txt     the GPU, driver, CUDA, compiler, Python and the bundle's own launcher
 #   <check>.log     each check's output; summary.txt one line per check: ok or FAILED (exit code)
-#   results/        bench.py's step.json, kernels.json, staging.json and commbench.json, and
-#                   the profile's kernels_ncu.json (scripts/gpu/ncu_kernels.py)
+#   results/        bench.py's step.json, kernels.json, staging.json and commbench.json, the
+#                   planner's calibration rows, plans and plan_vs_measured.json, and the
+#                   profile's kernels_ncu.json (scripts/gpu/ncu_kernels.py)
 # Checks: build, cuda_kernels (test_cuda_kernels), device (tests/integration/test_device.py:
 # every layout on CUDA against the CPU, host-staged MPI at 2 and 4 ranks sharing the GPU, NCCL at
 # one rank, offloaded update, checkpoints across devices), offload, commbench (mpi-staged and
 # NCCL, exact results), precision_reference and fp8_reference (bf16 and fp8 layouts on the GPU
-# against the NumPy references), bench (scripts/gpu/bench.py). A failing check does not stop
+# against the NumPy references), bench (scripts/gpu/bench.py), planner (mlpplan calibrated on the
+# GPU, against bench's step). A failing check does not stop
 # the others.
 #
 # usage: scripts/gpu/check.sh [--output DIR] [PHASE...]
@@ -150,7 +152,8 @@ for phase in "${phases[@]}"; do
     planner)
       # mlpplan calibrated on this GPU (layerbench's rows at the benchmark's layer, TF32's too;
       # one rank needs no commbench rows), then its plan of bench.py's step in each precision:
-      # results/planner_<precision>.json beside bench.py's measured step.json.
+      # results/planner_<precision>.json, and against bench.py's measured step.json
+      # results/plan_vs_measured.json (scripts/gpu/plan_vs_step.py).
       mkdir -p "$output/results"
       rows="$output/results/planner_calibration.jsonl"
       check planner_calibration sh -c "build-gpu/layerbench 8192 8192 8192 5 --device cuda --dtype fp32,bf16 \
@@ -165,6 +168,10 @@ for phase in "${phases[@]}"; do
             --dataset mixture --layers 16 --hidden 8192 --input-dim 8192 --output-dim 10 --global-batch 8192 \
             $flags --json > '$output/results/planner_$precision.json'"
       done
+      # Beside the step bench.py measured in this folder (its bench phase), where it did.
+      if [ -f "$output/results/step.json" ]; then
+        check plan_vs_step "${python:-python3}" scripts/gpu/plan_vs_step.py "$output/results"
+      fi
       ;;
     profile)
       if ! command -v ncu >/dev/null; then

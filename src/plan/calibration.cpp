@@ -86,9 +86,17 @@ Cluster calibrated_cluster(const std::vector<std::string>& files, const DeviceCo
   // The bench's lines by type and rows: where processes ran it side by side (as the planned
   // world's ranks run), each time is the slowest process's, which a synchronous step waits for.
   std::map<std::pair<std::string, double>, nlohmann::json> benches;
+  // A calibration run's metrics (mlptrain --metrics, its summary line): the update as the loop
+  // runs it, by whether the run's parameters were 16-bit. Host time, so a CPU's alone.
+  std::map<bool, double> loop_update_rates;
   for (const std::string& path : files)
     for (const nlohmann::json& row : json_lines(path)) {
-      if (row.contains("gemm_gflops") && row.contains("dtype")) {
+      if (row.value("summary", false)) {
+        const double update_ms = row.value("update_ms", 0.0), updated = row.value("updated_parameters", 0.0);
+        const std::string param = row.value("param_dtype", "fp32");
+        if (!gpu && update_ms > 0 && updated > 0)
+          loop_update_rates[param == "bf16" || param == "fp16"] = updated / (update_ms * 1e-3);
+      } else if (row.contains("gemm_gflops") && row.contains("dtype")) {
         if (row.value("device", "cpu") != bench_device) continue;
         if (row.value("dtype", "") == "fp32" && row.value("tf32", false) != (gpu && device.tf32)) continue;
         const auto [found, first] = benches.try_emplace({row.value("dtype", ""), row.value("rows", 0.0)}, row);
@@ -166,6 +174,10 @@ Cluster calibrated_cluster(const std::vector<std::string>& files, const DeviceCo
   if (fp32_sequence_rates.size() > 1)
     for (const auto& [rows, rate] : fp32_sequence_rates)
       cluster.gemm_rows_shares.emplace_back(rows, rate / cluster.gemm_fp32_flops_per_s);
+  // The loop's update, where a calibration run timed it, stands for AdamW alone: the same
+  // kernel over a model's ranges ran 1.2-1.3 times the bench's time here.
+  if (loop_update_rates.contains(false)) cluster.optimizer_parameters_per_s = loop_update_rates[false];
+  if (loop_update_rates.contains(true)) cluster.optimizer_16_bit_parameters_per_s = loop_update_rates[true];
   if (!gemm_seen || cluster.optimizer_parameters_per_s <= 0)
     throw UsageError(fmt::format("--calibrate {}: no layerbench rows of --device {}{} (fp32 GEMM and AdamW times)",
                                  fmt::join(files, " "), bench_device, gpu && device.tf32 ? " --tf32" : ""));

@@ -19,7 +19,9 @@ namespace mlptrain {
 // (`device.kind` cuda) its rows (TF32's where `device.tf32`), each rank a GPU of the node's, the
 // built-in samples at the device generator's rate, collectives of the planned path (host-staged
 // MPI or NCCL), device memory the GPU's.
-// A plan of one rank (`world` 1) needs no commbench rows.
+// A plan of one rank (`world` 1) needs no commbench rows. A CPU's calibration may include a
+// calibration run's metrics (mlptrain --metrics): its summary's update time plans the
+// optimizer as the loop runs it, in place of layerbench's AdamW.
 Cluster calibrated_cluster(const std::vector<std::string>& files, const DeviceConfig& device, int world);
 
 }  // namespace mlptrain

@@ -24,6 +24,7 @@ nlohmann::json step_json(const StepRecord& record) {
                            {"grad_norm", record.grad_norm},
                            {"step_ms", record.step_ms},
                            {"data_ms", record.data_ms},
+                           {"update_ms", record.update_ms},
                            {"samples_per_s", record.samples_per_s},
                            {"model_tflops", record.model_tflops},
                            {"comm_bytes", comm_bytes},

@@ -46,6 +46,7 @@ void RunSummary::add(const StepRecord& record) {
   ++steps;
   step_ms.push_back(record.step_ms);
   data_ms.push_back(record.data_ms);
+  update_ms.push_back(record.update_ms);
   samples_per_s.push_back(record.samples_per_s);
   model_tflops.push_back(record.model_tflops);
   if (record.mfu) mfu.push_back(*record.mfu);
@@ -133,6 +134,7 @@ nlohmann::json summary_json(const RunSummary& summary) {
                            {"steps", summary.steps},
                            {"step_ms", median(summary.step_ms)},
                            {"data_ms", median(summary.data_ms)},
+                           {"update_ms", median(summary.update_ms)},
                            {"samples_per_s", median(summary.samples_per_s)},
                            {"model_tflops", median(summary.model_tflops)},
                            {"peak_mem_bytes", by_state(summary.peak_memory)},
@@ -141,6 +143,7 @@ nlohmann::json summary_json(const RunSummary& summary) {
                            {"comm_per_step", comm}};
   add_precision(object, summary.precision);
   object["parameters"] = summary.parameters;
+  object["updated_parameters"] = summary.updated_parameters;
   nlohmann::json by_group = nlohmann::json::object();
   for (const auto& [group, bytes] : summary.comm_bytes_by_group)
     for (CommOp op : training_comm_ops)

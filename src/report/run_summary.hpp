@@ -25,6 +25,7 @@ struct RunSummary {
   std::int64_t steps = 0;
   std::vector<double> step_ms;
   std::vector<double> data_ms;
+  std::vector<double> update_ms;
   std::vector<double> samples_per_s;
   std::vector<double> model_tflops;
   std::vector<double> mfu;
@@ -38,6 +39,7 @@ struct RunSummary {
   Prediction prediction;
   Precision precision;
   std::int64_t parameters = 0;  // the whole model's
+  std::int64_t updated_parameters = 0;  // rank 0's optimizer's (its shard under ZeRO)
   // Rank 0's bytes by group and operation over the run (evaluation included), per training step.
   std::map<std::string, std::array<double, comm_op_count>> comm_bytes_by_group;
 

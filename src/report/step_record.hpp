@@ -20,6 +20,9 @@ struct StepRecord {
   double grad_norm = 0;
   double step_ms = 0;
   double data_ms = 0;  // of the step, the time a rank waited for its samples (mean over ranks)
+  // Rank 0's optimizer update alone (AdamW over the parameters it owns), host time: on a GPU the
+  // time to queue it. mlpplan --calibrate plans the optimizer from it as the loop runs it.
+  double update_ms = 0;
   double samples_per_s = 0;
   // Per rank: the model's FLOPs of the step (6 per weight and sample) and recomputation's extra
   // forward, over the step's time; the model's share of the rank's peak where that is known.

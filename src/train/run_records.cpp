@@ -98,6 +98,7 @@ void complete_summary(Run& run, const MemoryByState& run_peak, RunSummary& summa
   summary.prediction = predict_this_rank(run);
   summary.precision = run.config.precision.types();
   summary.parameters = parameter_count(run.model->specs);
+  summary.updated_parameters = static_cast<std::int64_t>(run.model->placement.moment_count);
   for (const auto& [group, totals] : run.ledgers.comm.by_group())
     for (int op = 0; op < comm_op_count; ++op)
       summary.comm_bytes_by_group[group][static_cast<std::size_t>(op)] =

@@ -37,8 +37,11 @@ class Trainer {
  private:
   StepRecord train_step(std::int64_t step);
   // The step's update from its agreed totals: clipped, skipped or stopped as the options say.
-  // Returns whether the update was skipped.
-  bool update(std::int64_t step, double learning_rate, StepTotals& totals);
+  struct UpdateOutcome {
+    bool skipped = false;
+    double update_ms = 0;  // the optimizer's own update, without the norm's reductions
+  };
+  UpdateOutcome update(std::int64_t step, double learning_rate, StepTotals& totals);
   void evaluate(StepRecord& record);
   // This rank's part of the world sums: the loss where it counts, read failures, MoE figures.
   StepTotals local_totals(const LossTotals& local, const MoeStatistics* moe) const;
@@ -100,7 +103,7 @@ void Trainer::stop_unless_skipping(std::int64_t step, const StepTotals& totals) 
                                 std::isfinite(totals.grad_square_sum) ? "finite" : "not finite"));
 }
 
-bool Trainer::update(std::int64_t step, double learning_rate, StepTotals& totals) {
+Trainer::UpdateOutcome Trainer::update(std::int64_t step, double learning_rate, StepTotals& totals) {
   Kernels& kernels = *run_.device.kernels;
   AdamW& optimizer = *run_.model->optimizer;
   const StatePlacement& placement = run_.model->placement;
@@ -115,25 +118,29 @@ bool Trainer::update(std::int64_t step, double learning_rate, StepTotals& totals
       // Gradients overflowing from a finite loss are what a dynamic scale probes for.
       if (scaler_.dynamic() && std::isfinite(totals.loss_sum)) {
         scaler_.overflowed_step();
-        return true;
+        return {.skipped = true};
       }
       stop_unless_skipping(step, totals);
-      return true;
+      return {.skipped = true};
     }
     const double coefficient =
         config_.training.grad_clip > 0 ? clip_coefficient(config_.training.grad_clip, std::sqrt(totals.grad_square_sum)) : 1.0;
+    const double start_ms = now_ms();
     optimizer.update(kernels, placement, learning_rate, ++optimizer_step_,
                      static_cast<float>(unscale * std::min(coefficient, 1.0)));
+    const double update_ms = now_ms() - start_ms;
     scaler_.finite_step();
-    return false;
+    return {.update_ms = update_ms};
   }
   // Without clipping the norm comes free from the update's own pass over the gradients. A
   // non-finite one then stops the run after the update, which never reaches a checkpoint.
+  const double start_ms = now_ms();
   totals.grad_square_sum = optimizer.update(kernels, placement, learning_rate, ++optimizer_step_);
+  const double update_ms = now_ms() - start_ms;
   totals.sum_over(run_.world());
   stop_on_read_problem(totals.read_problems);
   if (!totals.finite()) stop_unless_skipping(step, totals);
-  return false;
+  return {.update_ms = update_ms};
 }
 
 StepRecord Trainer::train_step(std::int64_t step) {
@@ -165,14 +172,15 @@ StepRecord Trainer::train_step(std::int64_t step) {
   totals.data_wait_ms = run_.data->take_wait_ms();
   totals.checkpoint_writers = checkpoints_.writing() ? 1.0 : 0.0;
   const double learning_rate = scheduled_learning_rate(config_, step);
-  const bool skipped = update(step, learning_rate, totals);
+  const UpdateOutcome outcome = update(step, learning_rate, totals);
   if (run_.model->values_read_after_step) run_.model->optimizer->finish_update();
   strategies.after_optimizer_step(event);
   record_span(run_.ledgers.trace.get(), "optimizer", optimizer_start_ms, now_ms());
 
   StepRecord record;
   record.step = step + 1;
-  record.skipped = skipped;
+  record.skipped = outcome.skipped;
+  record.update_ms = outcome.update_ms;
   if (scaler_.scales()) {
     record.loss_scale = loss_scale;
     record.skipped_steps = scaler_.skipped_steps();

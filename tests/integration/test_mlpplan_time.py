@@ -203,6 +203,35 @@ class MlpplanTime(TrainingTestCase):
         alone = plan_json(SMALL + ["--world", 1, "--device", "cuda", "--comm", "nccl", "--calibrate", bench])
         self.assertEqual(alone["step_ms"], on_gpu["step_ms"])
 
+    def test_a_calibration_run_plans_the_update_as_the_loop_runs_it(self):
+        """A calibration run's metrics (mlptrain --metrics, its summary) carry rank 0's update
+        time and the parameters it updated (all of them alone, its shard under ZeRO); given to
+        --calibrate beside layerbench's rows, the update is planned at that rate, not the bench's
+        AdamW. A GPU plan keeps the bench's: a GPU's update time on the host is its launch."""
+        model = ["--layers", 3, "--hidden", 64, "--input-dim", 16, "--output-dim", 8, "--global-batch", 32,
+                 "--dataset", "mixture", "--steps", 4]
+        steps, summary, _ = self.train("alone", model)
+        _, shard, _ = self.train("sharded", model + ["--zero", 1], ranks=2)
+        self.assertGreater(summary["update_ms"], 0)
+        self.assertTrue(all(step["update_ms"] > 0 for step in steps))
+        self.assertEqual(summary["updated_parameters"], summary["parameters"])
+        self.assertLess(shard["updated_parameters"], 0.6 * shard["parameters"])
+        cpu = {"dtype": "fp32", "gemm_gflops": 50.0, "kernels": "test; 1 GEMM thread(s)", "adamw_ms": 2.0,
+               "gelu_forward_ms": 0.5, "rows": 100, "in": 99, "out": 100}
+        gpu = dict(cpu, device="cuda", kernels="cuBLAS", devices=1)
+        run_row = {"summary": True, "update_ms": 4.0, "updated_parameters": 1000, "param_dtype": "fp32"}
+        bench = self.write_rows("bench.jsonl", [cpu, gpu])
+        with_run = self.write_rows("with_run.jsonl", [cpu, gpu, run_row])
+        parameters = sum(i * o + o for i, o in [(16, 32), (32, 32), (32, 32), (32, 8)])
+        by_bench, by_run = (plan_json(SMALL + ["--world", 1, "--calibrate", path])["step_ms"] for path in (bench, with_run))
+        self.assertAlmostEqual(by_bench["compute_parts"]["optimizer"], 1e3 * parameters / ((99 * 100 + 100) / 2e-3),
+                               delta=1e-9)
+        self.assertAlmostEqual(by_run["compute_parts"]["optimizer"], 1e3 * parameters / (1000 / 4e-3), delta=1e-9)
+        self.assertEqual(by_bench["compute_parts"]["forward"], by_run["compute_parts"]["forward"])
+        on_gpu = [plan_json(SMALL + ["--world", 1, "--device", "cuda", "--calibrate", path])["step_ms"]
+                  for path in (bench, with_run)]
+        self.assertEqual(on_gpu[0], on_gpu[1])
+
     def test_a_cpu_hides_no_reduction_behind_backward_a_gpu_does(self):
         """MPI on a CPU has no progress thread: a data-parallel reduction advances only in the
         ranks' own calls between kernels, so a calibrated CPU plans it whole after backward (its
