@@ -81,9 +81,10 @@ struct Plan {
 
 // The heuristic's first algorithm for a plan whose description and layouts are set (D laid out
 // as C), with the operands' alignments in bytes, split-K partial sums reduced in fp32 only, and,
-// for a 16-bit output, no split-K at all: on an H200 (cuBLAS 13.1) an algorithm that split a
-// 64 x 96 x 257 bf16 GEMM rounded the sum to bf16 before adding the bias (257 + 0.5 gave 256,
-// 257 + 2 gave 258), where the contract rounds once (tests/kernels/test_cuda_training_kernels.cpp).
+// for a 16-bit output, no split-K at all: on an H200 (cuBLAS 13.1) the heuristic's first
+// algorithm for a 64 x 96 x 257 bf16 GEMM rounded the sum to bf16 before adding the bias (257 +
+// 0.5 gave 256, 257 + 2 gave 258), where the contract rounds once; a split of k reduced apart
+// from the epilogue is the suspected cause (tests/kernels/test_cuda_training_kernels.cpp).
 // Sets plan.usable; where no algorithm qualifies the caller takes its other path.
 inline void choose_algorithm(cublasLtHandle_t handle, Plan& plan, std::size_t workspace_bytes, int a_alignment,
                              int b_alignment, int c_alignment, bool sixteen_bit_output) {

@@ -165,6 +165,14 @@ def quiet_rounds(values, shares, least=0.85):
     return kept, [index for index, share in enumerate(shares) if share < least * best]
 
 
+def slowed(speed, reference, least=0.9):
+    """Whether the machine ran markedly slower than when `reference` was taken ({rate: value} of
+    the same short workload, e.g. when a round was calibrated): any rate of `speed` below `least`
+    of the reference's. A host's neighbours can slow its memory and cores without taking them,
+    which the CPU share does not show."""
+    return any(speed[name] < least * value for name, value in reference.items())
+
+
 def program_list(what):
     """A list the programs know (`mlpplan --list WHAT --json`: schedules, strategies, datasets,
     devices, presets, options), one dict an entry: scripts read names from the code that defines

@@ -12,8 +12,13 @@ Each of --rounds interleaved rounds calibrates, then measures every layout's med
 two warm-up steps); a round's plan is held against its own measurement, and the figure is the
 median of those ratios over the quiet rounds: each round records the share of the machine's
 cores its processes got, and a round with less than 0.85 of the layout's best share waited for
-the host's other tenants (a round that waited ran up to 4.6x slower on a shared host), so it is
-set aside and said so; every round's plan, measurement and ratio are written beside the figure.
+the host's other tenants (a round that waited ran up to 4.6x slower on a shared host); and a
+short probe (one layer's GEMMs and AdamW, run as the layout's ranks run) times the machine just
+before and after each run against the same probe when the round was calibrated, and a run
+between probes below 0.9 of it ran on a slower machine than the plan's (a host's neighbours can
+slow memory and cores without taking them). Both are set aside and said so (where every round
+is, the one the machine ran fastest in stands); every round's plan, measurement, CPU share and
+speed are written beside the figure.
 Ranks beyond the cores share them; the rows say when they do. Writes results/plan_vs_measured.json
 and .png.
 
@@ -139,6 +144,17 @@ def expert_split(layout):
     return degree("--ep") * degree("--tp")
 
 
+def machine_speed(ranks):
+    """The machine's speed now: a short fixed layerbench (one layer of the model at 256 rows),
+    run as `ranks` ranks run (side by side up to the cores, on their share of the threads), its
+    slowest process's GEMM rate and AdamW bandwidth."""
+    cores = os.cpu_count() or 1
+    output = run(launch(min(ranks, cores)) + [LAYERBENCH, 256, 1024, 1024, 3, "--dtype", "fp32"],
+                 environment=dict(ENVIRONMENT, OMP_NUM_THREADS=str(max(1, cores // ranks))))
+    rows = [json.loads(line) for line in output.splitlines() if line.startswith("{")]
+    return {rate: min(row[rate] for row in rows) for rate in ("gemm_gflops", "adamw_gbytes_per_s")}
+
+
 def measure(ranks, arguments, steps, scratch):
     """(the median step after two warm-up steps, the summary record, the share of the cores the
     run got)."""
@@ -234,15 +250,24 @@ def main():
     # measurements (the host's neighbours move a calibration as much as a run: GEMMs of one row
     # count timed at half the rate of the next in one calibration, whole in the next).
     shares = {index: [] for index in range(len(layouts))}
-    calibrations = []
+    speeds = {index: [] for index in range(len(layouts))}  # the slower probe's rates over the round's reference
+    calibrations, references = [], []
+    worlds = sorted({ranks for ranks, _, _ in layouts})
 
     def calibrate_round(round_index):
         directory = os.path.join(scratch, f"round_{round_index + 1}")
         os.makedirs(directory, exist_ok=True)
-        calibrations.append(calibrate(directory, sorted({ranks for ranks, _, _ in layouts})))
+        calibrations.append(calibrate(directory, worlds))
+        references.append({ranks: machine_speed(ranks) for ranks in worlds})
 
     def measure_round(index, entry):
+        # The machine's speed just before and after the run, against its speed when the round
+        # was calibrated: a run between slower probes is not the machine the plan was made for.
+        before = machine_speed(entry[0])
         time_ms, summary, share = measure(entry[0], entry[1] + entry[2], args.steps, scratch)
+        after = machine_speed(entry[0])
+        reference = references[-1][entry[0]]
+        speeds[index].append({rate: min(before[rate], after[rate]) / value for rate, value in reference.items()})
         shares[index].append(share)
         return time_ms, summary
 
@@ -250,11 +275,19 @@ def main():
         args.rounds, {index: entry for index, entry in enumerate(layouts)}, measure_round, calibrate_round)
     rows = []
     for index, (ranks, model, layout) in enumerate(layouts):
-        _, set_aside = benchlib.quiet_rounds(step_ms[index], shares[index])
+        _, waited = benchlib.quiet_rounds(step_ms[index], shares[index])
+        slowed = [r for r, speed in enumerate(speeds[index]) if benchlib.slowed(speed, dict.fromkeys(speed, 1.0))]
+        set_aside = sorted(set(waited) | set(slowed))
+        if len(set_aside) == args.rounds:  # no quiet round: the one the machine ran fastest in stands
+            fastest = max(range(args.rounds), key=lambda r: min(speeds[index][r].values()))
+            set_aside.remove(fastest)
         rounds = [(step_ms[index][r], calibrations[r][ranks], r not in set_aside) for r in range(args.rounds)]
         row = compare(ranks, model, layout, rounds, summaries[index], imbalance)
         row.update(measured_step_ms_by_round=step_ms[index], cpu_share_by_round=[round(s, 3) for s in shares[index]],
-                   rounds_set_aside=set_aside, measured_spread_ms=[min(step_ms[index]), max(step_ms[index])])
+                   machine_speed_by_round=[{rate: round(value, 3) for rate, value in speed.items()}
+                                           for speed in speeds[index]],
+                   rounds_set_aside=set_aside, rounds_waited=waited, rounds_slowed=slowed,
+                   measured_spread_ms=[min(step_ms[index]), max(step_ms[index])])
         rows.append(row)
         print(f"plan_vs_measured: {index + 1}/{len(layouts)} {ranks} rank(s) {' '.join(row['layout'])}"
               f"{' (MoE)' if row['moe'] else ''}: step planned {row['planned_step_ms']['total']:.1f} ms, measured "
@@ -272,6 +305,8 @@ def main():
                "step_time_ratios_ranks_within_cores": sorted(round(r["step_time_ratio"], 3) for r in fitting),
                "mean_absolute_error_ranks_within_cores": statistics.fmean(abs(r["step_time_ratio"] - 1) for r in fitting),
                "rounds_set_aside": sum(len(r["rounds_set_aside"]) for r in rows),
+               "rounds_slowed": sum(len(r["rounds_slowed"]) for r in rows),
+               "rounds_waited": sum(len(r["rounds_waited"]) for r in rows),
                "expert_imbalance_by_split": imbalance}
     print(json.dumps(summary, indent=1))
     benchlib.write_result(args.output, {"summary": summary, "rows": rows})

@@ -3,6 +3,7 @@
 // GELU in packs, column sums of many rows fused with GELU's backward (exact where every order of
 // sums is), AdamW over more ranges than a launch takes, and the built-in samples the CPU makes,
 // bit for bit. (Part of test_cuda_kernels, which skips without a GPU.)
+#include <cstdio>
 #include <numeric>
 
 #include "core/half_float.hpp"
@@ -20,8 +21,10 @@ namespace {
 // to 258 in bf16; rounded twice (257 to 256, then 256.5 to 256) it would be 256, as it would
 // without the bias. With a bias of 2, 259 rounds once to 260, twice to 258, and without the
 // bias to 256: the two biases tell the three apart. The rows are padded to 16 bytes so that
-// cuBLASLt's epilogue takes it (asserted); the kernels' call with the bias one element off its
-// alignment takes the other path and must give the same.
+// cuBLASLt's epilogue can take it (the backend declines algorithms that split k for a 16-bit
+// output, the suspected cause of the twice-rounded 256 an H200 gave here; where only such are
+// offered the test says so); the kernels' call, and with the bias one element off its alignment
+// their other path, must give the same.
 TEST_F(CudaKernelsTest, BiasedGemmRoundsOnceAfterAddingTheBias) {
   const std::int64_t m = 64, n = 96, k = 257, leading = 264;
   const DataType type = DataType::bfloat16;
@@ -45,8 +48,11 @@ TEST_F(CudaKernelsTest, BiasedGemmRoundsOnceAfterAddingTheBias) {
       const lt::Context context(nullptr);
       BiasedMatmul epilogue(context, false);
       DeviceArray<std::uint8_t> dc(std::vector<std::uint8_t>(static_cast<std::size_t>(m * n) * size_of(type)));
-      ASSERT_TRUE(epilogue.run(gemm(dc.get(), 0))) << "cuBLASLt offered no algorithm with the bias epilogue";
-      EXPECT_EQ(widened(*cpu, dc.host(), type), expected) << "epilogue, bias " << bias_value;
+      if (epilogue.run(gemm(dc.get(), 0)))
+        EXPECT_EQ(widened(*cpu, dc.host(), type), expected) << "epilogue, bias " << bias_value;
+      else
+        std::printf("cuBLASLt offered no algorithm for the bias epilogue that leaves k whole at this shape: the "
+                    "kernels take their other path\n");
     }
     for (std::int64_t bias_offset : {0, 1}) {
       DeviceArray<std::uint8_t> dc(std::vector<std::uint8_t>(static_cast<std::size_t>(m * n) * size_of(type)));
