@@ -1,6 +1,6 @@
-// The kernel interface on a GPU (see kernels.hpp): cuBLAS for the GEMMs (cuBLASLt where the bias
-// goes into the epilogue, and for fp8, fp8_kernels.hpp), one kernel per op for the rest, the
-// built-in samples generated here, all on the backend's compute stream. The numerics follow the CPU
+// The kernel interface on a GPU (see kernels.hpp): the GEMMs through cuBLAS and cuBLASLt
+// (cuda_gemms.hpp; fp8's in fp8_kernels.hpp), one kernel per op for the rest, the built-in samples
+// generated here, all on the backend's compute stream. The numerics follow the CPU
 // backend: GELU in its erf form, softmax and loss sums in double, AdamW's scalars formed in double
 // as torch.optim.AdamW forms them. Two things differ by design: reductions over many elements sum
 // per block in double and combine blocks with atomics (the order varies, the double sum does not
@@ -8,7 +8,6 @@
 // order than the CPU's. (fmt's compile-time format strings do not build under nvcc: messages are
 // plain strings.) Ops that return a value to the host (losses, AdamW's squared-gradient sum)
 // synchronize the stream; the others only queue work.
-#include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -19,27 +18,19 @@
 #include <memory>
 #include <optional>
 #include <span>
-#include <stdexcept>
 #include <string>
 
 #include "core/error.hpp"
-#include "kernels/cuda/biased_matmul.hpp"
 #include "kernels/cuda/column_sums.hpp"
 #include "kernels/cuda/cuda_backend.hpp"
 #include "kernels/cuda/cuda_check.hpp"
+#include "kernels/cuda/cuda_gemms.hpp"
 #include "kernels/cuda/device_kernels.cuh"
 #include "kernels/cuda/fp8_kernels.hpp"
 #include "kernels/cuda/layer_kernels.cuh"
 #include "kernels/cuda/sample_kernels.hpp"
 
 namespace mlptrain {
-
-// Beside check(cudaError_t) of cuda_check.hpp, as an overload of it.
-inline void check(cublasStatus_t status, const char* what) {
-  if (status != CUBLAS_STATUS_SUCCESS)
-    throw RuntimeFailure(std::string("cuBLAS: ") + what + " failed (status " +
-                         std::to_string(static_cast<int>(status)) + ")");
-}
 
 namespace {
 
@@ -48,37 +39,27 @@ class CudaKernels final : public Kernels {
   using Kernels::gelu_forward, Kernels::bias_add, Kernels::gelu_backward, Kernels::column_sums,
       Kernels::gather_rows, Kernels::sum_token_rows, Kernels::row_dots, Kernels::adamw,
       Kernels::sum_of_squares, Kernels::scale, Kernels::fill, Kernels::add;
-  CudaKernels(int device, bool tf32) : tf32_(tf32) {
+  CudaKernels(int device, bool tf32) {
     check(cudaSetDevice(device), "cudaSetDevice");
     check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
-    check(cublasCreate(&blas_), "cublasCreate");
-    check(cublasSetStream(blas_, stream_), "cublasSetStream");
-    // fp32 unless asked: results then compare with the CPU backend's. Split-K partial sums stay
-    // in fp32 (a 16-bit output is rounded once, DESIGN.md §2.7), never in the output's type.
-    const auto math = static_cast<cublasMath_t>((tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH) |
-                                                CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION);
-    check(cublasSetMathMode(blas_, math), "cublasSetMathMode");
     check(cudaMalloc(&totals_device_, 2 * sizeof(double)), "cudaMalloc");
     check(cudaMallocHost(&totals_host_, 2 * sizeof(double)), "cudaMallocHost");
     int multiprocessors = 1;
     check(cudaDeviceGetAttribute(&multiprocessors, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
     scratch_.emplace(stream_);
     column_sums_.emplace(ColumnSums{.stream = stream_, .scratch = *scratch_, .multiprocessors = multiprocessors});
-    lt_.emplace(stream_);
-    biased_ = std::make_unique<BiasedMatmul>(*lt_, tf32);
-    fp8_.emplace(*lt_, *scratch_, [this](const Gemm& product) { gemm(product); });
+    gemms_.emplace(stream_, *scratch_, tf32);
+    fp8_.emplace(gemms_->lt(), *scratch_, [this](const Gemm& product) { gemm(product); });
   }
   ~CudaKernels() override {
     cudaStreamSynchronize(stream_);  // before the GEMMs' workspace goes
-    biased_.reset();
     fp8_.reset();
-    lt_.reset();
+    gemms_.reset();
     column_sums_.reset();
     scratch_.reset();
     cudaStreamSynchronize(stream_);
     cudaFreeHost(totals_host_);
     cudaFree(totals_device_);
-    cublasDestroy(blas_);
     cudaStreamDestroy(stream_);
   }
   CudaKernels(const CudaKernels&) = delete;
@@ -87,38 +68,9 @@ class CudaKernels final : public Kernels {
   Device device() const override { return Device::cuda; }
   cudaStream_t stream() const { return stream_; }
 
-  std::string description() const override {
-    int version = 0;
-    cublasGetVersion(blas_, &version);
-    return "cuBLAS " + std::to_string(version) + (tf32_ ? ", fp32 GEMMs on TF32 tensor cores" : "");
-  }
+  std::string description() const override { return gemms_->description(); }
 
-  void gemm(const Gemm& gemm) override {
-    if (gemm.m == 0 || gemm.n == 0) return;
-    if (gemm.bias == nullptr) {
-      gemm_into(gemm, gemm.c, gemm.output, gemm.ldc);
-      return;
-    }
-    if (gemm.beta != 0.0f) throw std::logic_error("a GEMM's bias is for beta = 0");
-    if (biased_->run(gemm)) return;
-    // Where cuBLASLt has no epilogue for it: the fp32 result first (in place for an fp32
-    // output), then one pass adds the bias in fp32 and rounds once into the output.
-    float* sums = static_cast<float*>(gemm.c);
-    std::int64_t sums_leading = gemm.ldc;
-    if (gemm.output != DataType::float32) {
-      sums = static_cast<float*>(scratch_->reserve(static_cast<std::size_t>(gemm.m * gemm.n) * sizeof(float)));
-      sums_leading = gemm.n;
-    }
-    gemm_into(gemm, sums, DataType::float32, sums_leading);
-    with_device_element(gemm.input, [&](auto bias_element) {
-      with_device_element(gemm.output, [&](auto out_element) {
-        using B = decltype(bias_element);
-        using Out = decltype(out_element);
-        launch(bias_round_kernel<B, Out>, gemm.m * gemm.n, static_cast<const float*>(sums), sums_leading,
-               static_cast<const Stored<B>*>(gemm.bias), static_cast<Stored<Out>*>(gemm.c), gemm.ldc, gemm.m, gemm.n);
-      });
-    });
-  }
+  void gemm(const Gemm& gemm) override { gemms_->run(gemm); }
 
   void convert(const void* source, DataType source_type, void* destination, DataType destination_type,
                std::size_t count) override {
@@ -334,24 +286,6 @@ class CudaKernels final : public Kernels {
   }
 
  private:
-  // c = op(a) op(b) (alpha, beta as given) into `c` of `output` elements, leading dimension `ldc`.
-  void gemm_into(const Gemm& gemm, void* c, DataType output, std::int64_t ldc) {
-    // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: swap the operands.
-    const auto operation = [](Transpose t) { return t == Transpose::yes ? CUBLAS_OP_T : CUBLAS_OP_N; };
-    // Products accumulate in fp32 whatever the inputs; fp32 inputs may use TF32 when asked.
-    const cublasComputeType_t compute = gemm.input == DataType::float32 && tf32_
-                                            ? CUBLAS_COMPUTE_32F_FAST_TF32
-                                            : CUBLAS_COMPUTE_32F;
-    check(cublasGemmEx(blas_, operation(gemm.transpose_b), operation(gemm.transpose_a),
-                       static_cast<int>(gemm.n), static_cast<int>(gemm.m), static_cast<int>(gemm.k),
-                       &gemm.alpha, gemm.b, library_type(gemm.input), static_cast<int>(gemm.ldb), gemm.a,
-                       library_type(gemm.input), static_cast<int>(gemm.lda), &gemm.beta, c,
-                       library_type(output), static_cast<int>(ldc), compute, CUBLAS_GEMM_DEFAULT),
-          "cublasGemmEx");
-  }
-
-
-
   // Launches `kernel` over `count` work items (elements, rows or columns) on the compute stream.
   template <typename... Parameters, typename... Arguments>
   void launch(void (*kernel)(Parameters...), std::int64_t count, Arguments... arguments) {
@@ -367,25 +301,14 @@ class CudaKernels final : public Kernels {
     return totals_host_;
   }
 
-  static cudaDataType_t library_type(DataType type) {
-    switch (type) {
-      case DataType::bfloat16: return CUDA_R_16BF;
-      case DataType::float16: return CUDA_R_16F;
-      default: return CUDA_R_32F;
-    }
-  }
-
-  bool tf32_ = false;
   cudaStream_t stream_ = nullptr;
-  cublasHandle_t blas_ = nullptr;
   double* totals_device_ = nullptr;  // the reductions' sums
   double* totals_host_ = nullptr;    // pinned, for reading them back
   // The scratch first: the column sums use it (and go before it).
   std::optional<DeviceScratch> scratch_;
   std::optional<ColumnSums> column_sums_;
-  std::optional<lt::Context> lt_;         // cuBLASLt's handle and workspace, for the two below
-  std::unique_ptr<BiasedMatmul> biased_;  // biased GEMMs through cuBLASLt's epilogue
-  std::optional<CudaFp8> fp8_;            // fp8 operands and GEMMs (uses the scratch)
+  std::optional<CudaGemms> gemms_;  // the GEMMs (use the scratch), and the cuBLASLt context fp8's borrow
+  std::optional<CudaFp8> fp8_;      // fp8 operands and GEMMs (use the scratch)
 };
 
 }  // namespace

@@ -276,7 +276,7 @@ def main():
     rows = []
     for index, (ranks, model, layout) in enumerate(layouts):
         _, waited = benchlib.quiet_rounds(step_ms[index], shares[index])
-        slowed = [r for r, speed in enumerate(speeds[index]) if benchlib.slowed(speed, dict.fromkeys(speed, 1.0))]
+        slowed = [r for r, speed in enumerate(speeds[index]) if benchlib.slowed(speed)]
         set_aside = sorted(set(waited) | set(slowed))
         if len(set_aside) == args.rounds:  # no quiet round: the one the machine ran fastest in stands
             fastest = max(range(args.rounds), key=lambda r: min(speeds[index][r].values()))
