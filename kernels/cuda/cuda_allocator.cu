@@ -26,8 +26,9 @@ void synchronized(const char* what, Operation&& operation) {
   check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
 }
 
-// Freed blocks kept by size for reuse: a training step allocates the same buffers every step,
-// and CUDA's allocation calls are slow and synchronize the device.
+// Freed blocks kept by size class for reuse: a training step allocates the same buffers every
+// step (an MoE layer's of sizes near last step's), and CUDA's allocation calls are slow and
+// synchronize the device.
 class BlockCache {
  public:
   explicit BlockCache(cudaError_t (*free_block)(void*)) : free_block_(free_block) {}
@@ -37,27 +38,28 @@ class BlockCache {
   }
   BlockCache(const BlockCache&) = delete;
   BlockCache& operator=(const BlockCache&) = delete;
-  // A kept block of exactly `bytes`, or null.
+  // A kept block of `bytes`' size class (cached_block_bytes), or null.
   void* take(std::size_t bytes) {
-    auto found = blocks_.find(bytes);
+    auto found = blocks_.find(cached_block_bytes(bytes));
     if (found == blocks_.end() || found->second.empty()) return nullptr;
     void* block = found->second.back();
     found->second.pop_back();
     return block;
   }
-  void keep(void* block, std::size_t bytes) { blocks_[bytes].push_back(block); }
+  void keep(void* block, std::size_t bytes) { blocks_[cached_block_bytes(bytes)].push_back(block); }
 
  private:
   cudaError_t (*free_block_)(void*);
   std::map<std::size_t, std::vector<void*>> blocks_;
 };
 
-// A block from the cache, else from `allocate`; a failed allocation is std::bad_alloc.
+// A block from the cache, else from `allocate` at its size class's bytes; a failed allocation
+// is std::bad_alloc.
 template <typename Allocate>
 void* cached_or_new(BlockCache& cache, std::size_t bytes, Allocate&& allocate) {
   if (void* block = cache.take(bytes)) return block;
   void* block = nullptr;
-  if (allocate(&block, bytes) != cudaSuccess) {
+  if (allocate(&block, cached_block_bytes(bytes)) != cudaSuccess) {
     cudaGetLastError();  // clear the error state a failed allocation leaves
     throw std::bad_alloc();
   }

@@ -118,7 +118,11 @@ class AsyncCopier {
   int lanes_;
 };
 
-// 64-byte aligned host memory, cached by size.
+// The bytes a cached block for a request of `bytes` is made with and kept under: requests of
+// near sizes share blocks (the host's and a GPU's caching allocators alike).
+std::size_t cached_block_bytes(std::size_t bytes);
+
+// 64-byte aligned host memory, cached by size class (cached_block_bytes).
 class HostAllocator : public Allocator {
  public:
   using Allocator::Allocator;

@@ -1,6 +1,7 @@
 // Core room: memory ledger, caching allocator, counter RNG and the vectorizable math functions.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -44,6 +45,33 @@ TEST(HostAllocator, BuffersChargeTheirStateAndReuseBlocks) {
   EXPECT_EQ(again.floats(), first_block);  // served from the cache
   EXPECT_EQ(ledger.peak(MemoryState::grads), 4000);
   EXPECT_TRUE(allocator.allocate(MemoryState::workspace, 0).empty());
+}
+
+TEST(HostAllocator, SizesThatVaryEveryStepShareAFewBlocks) {
+  // An MoE layer's exchanged rows change with each step's routing: 400 to 650 rows of 1,024
+  // floats here, 200 steps of different row counts. Blocks kept by size class serve the later
+  // steps from the cache, a few blocks at most 1/8 larger than asked; kept by page, every new
+  // row count made a new block, which the cache kept for ever.
+  MemoryLedger ledger;
+  HostAllocator allocator(ledger);
+  std::size_t cache_halfway = 0;
+  const std::size_t row_floats = 1024;
+  for (std::size_t step = 0; step < 200; ++step) {
+    const std::size_t rows = 400 + (step * 97) % 251;
+    {
+      Buffer exchanged = allocator.allocate_floats(MemoryState::workspace, rows * row_floats);
+      exchanged.floats()[rows * row_floats - 1] = 1.0f;  // the whole request is usable
+    }
+    if (step == 99) cache_halfway = allocator.cached_bytes();
+  }
+  EXPECT_EQ(allocator.cached_bytes(), cache_halfway);  // nothing new in the last 100 steps
+  const std::size_t largest_request = 650 * row_floats * sizeof(float);
+  EXPECT_LE(allocator.cached_bytes(), 8 * largest_request);  // eight classes cover the range
+  for (std::size_t bytes : {std::size_t{1}, std::size_t{65535}, std::size_t{65536}, std::size_t{1000000},
+                            largest_request, std::size_t{3} << 30}) {
+    EXPECT_GE(cached_block_bytes(bytes), bytes);
+    EXPECT_LE(cached_block_bytes(bytes), bytes + std::max<std::size_t>(64, bytes / 8));
+  }
 }
 
 TEST(Philox, MatchesTheRandom123KnownAnswer) {
