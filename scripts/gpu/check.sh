@@ -150,15 +150,16 @@ for phase in "${phases[@]}"; do
       fi
       ;;
     planner)
-      # mlpplan calibrated on this GPU (layerbench's rows at the benchmark's layer, TF32's too;
+      # mlpplan calibrated on this GPU (layerbench's rows at the benchmark's layer, TF32's too,
+      # with the GEMMs of a 16-layer step's sequence back to back, whose rate the plan takes;
       # one rank needs no commbench rows), then its plan of bench.py's step in each precision:
       # results/planner_<precision>.json, and against bench.py's measured step.json
       # results/plan_vs_measured.json (scripts/gpu/plan_vs_step.py).
       mkdir -p "$output/results"
       rows="$output/results/planner_calibration.jsonl"
       check planner_calibration sh -c "build-gpu/layerbench 8192 8192 8192 5 --device cuda --dtype fp32,bf16 \
-          --optimizer-parameters 268435456 > '$rows' && build-gpu/layerbench 8192 8192 8192 5 --device cuda \
-          --dtype fp32 --tf32 --optimizer-parameters 268435456 >> '$rows'"
+          --sequence 16 --optimizer-parameters 268435456 > '$rows' && build-gpu/layerbench 8192 8192 8192 5 \
+          --device cuda --dtype fp32 --tf32 --sequence 16 --optimizer-parameters 268435456 >> '$rows'"
       for precision in fp32 tf32 bf16; do
         flags=""
         [ "$precision" = tf32 ] && flags="--tf32"

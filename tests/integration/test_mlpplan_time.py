@@ -26,6 +26,17 @@ class MlpplanTime(TrainingTestCase):
             lines = result.stdout.splitlines()
             self.assertEqual([json.loads(line)["dtype"] for line in lines], ["fp32", "fp32", "bf16", "bf16"])
 
+    def test_layerbench_times_a_steps_sequence_of_gemms_on_a_device(self):
+        """--sequence on a device (the loopback device: host memory reached as a GPU's is) times
+        the device's own GEMMs in a step's order, the rate a GPU's calibration then plans with."""
+        layerbench = os.path.join(os.path.dirname(MLPPLAN), "layerbench")
+        for device in ("cpu", "loopback"):
+            result = subprocess.run([layerbench, "16", "32", "32", "2", "--device", device, "--sequence", "3"],
+                                    capture_output=True, text=True, timeout=120, check=True)
+            row = json.loads(result.stdout.splitlines()[0])
+            self.assertEqual(row["sequence_layers"], 3, device)
+            self.assertGreater(row["library_sequence_gemm_ms"], 0, device)
+
     def test_step_time_from_a_calibration(self):
         """The step's arithmetic on one rank from rates written here: GEMMs at 6 multiply-adds'
         FLOPs per parameter-sample, the bias/GELU passes three times per output element, the
