@@ -107,6 +107,15 @@ Trainer::UpdateOutcome Trainer::update(std::int64_t step, double learning_rate, 
   Kernels& kernels = *run_.device.kernels;
   AdamW& optimizer = *run_.model->optimizer;
   const StatePlacement& placement = run_.model->placement;
+  // The optimizer's own update, timed apart from the norm's reductions around it; returns the
+  // square sum of the gradients its pass read.
+  UpdateOutcome outcome;
+  const auto timed_update = [&](float grad_scale) {
+    const double start_ms = now_ms();
+    const double square_sum = optimizer.update(kernels, placement, learning_rate, ++optimizer_step_, grad_scale);
+    outcome.update_ms = now_ms() - start_ms;
+    return square_sum;
+  };
   if (config_.training.grad_clip > 0 || config_.training.on_nan == OnNonFinite::skip || scaler_.scales()) {
     // The norm first: clipping scales by it, and a non-finite one skips the update. Gradients of
     // a scaled loss are scaled: the norm and the update divide the scale out (in fp32).
@@ -125,22 +134,17 @@ Trainer::UpdateOutcome Trainer::update(std::int64_t step, double learning_rate, 
     }
     const double coefficient =
         config_.training.grad_clip > 0 ? clip_coefficient(config_.training.grad_clip, std::sqrt(totals.grad_square_sum)) : 1.0;
-    const double start_ms = now_ms();
-    optimizer.update(kernels, placement, learning_rate, ++optimizer_step_,
-                     static_cast<float>(unscale * std::min(coefficient, 1.0)));
-    const double update_ms = now_ms() - start_ms;
+    timed_update(static_cast<float>(unscale * std::min(coefficient, 1.0)));
     scaler_.finite_step();
-    return {.update_ms = update_ms};
+    return outcome;
   }
   // Without clipping the norm comes free from the update's own pass over the gradients. A
   // non-finite one then stops the run after the update, which never reaches a checkpoint.
-  const double start_ms = now_ms();
-  totals.grad_square_sum = optimizer.update(kernels, placement, learning_rate, ++optimizer_step_);
-  const double update_ms = now_ms() - start_ms;
+  totals.grad_square_sum = timed_update(1.0f);
   totals.sum_over(run_.world());
   stop_on_read_problem(totals.read_problems);
   if (!totals.finite()) stop_unless_skipping(step, totals);
-  return {.update_ms = update_ms};
+  return outcome;
 }
 
 StepRecord Trainer::train_step(std::int64_t step) {
