@@ -2,22 +2,24 @@
 """mlpplan against measured runs on this machine: for every layout of the placement test's list
 (data, tensor, pipeline and expert parallelism, ZeRO 1-3, recompute, MoE, at 1, 2 and 4 ranks)
 and the interleaved and zero-bubble (H1, V) pipeline schedules,
-mlpplan calibrated on this machine (layerbench and commbench output made here, at the start of
-every round) is held against mlptrain's own ledger and step times: parameters, gradients,
+mlpplan calibrated on this machine (layerbench and commbench output made here, just before
+every measured run) is held against mlptrain's own ledger and step times: parameters, gradients,
 optimizer state and communication buffers equal, activations within 5 % (an upper bound with MoE
 layers, whose rows follow the routing), bytes per operation within 1 % (MoE exchanges follow the
 routing), and the step time against the measured step (goal: within 10 %). MoE layouts are
 planned with the routing's --expert-imbalance, from a 20-step calibration run of one process.
-Each of --rounds interleaved rounds calibrates, then measures every layout's median step (after
-two warm-up steps); a round's plan is held against its own measurement, and the figure is the
+Each of --rounds interleaved rounds measures every layout's median step (after two warm-up
+steps), each run right after a calibration of its own world, whose plan it is held against
+(a host's neighbours move its speed by a quarter within minutes: a calibration at the start of
+a round planned the round's later runs from another machine than theirs); the figure is the
 median of those ratios over the quiet rounds: each round records the share of the machine's
 cores its processes got, and a round with less than 0.85 of the layout's best share waited for
 the host's other tenants (a round that waited ran up to 4.6x slower on a shared host); and a
 short probe (one layer's GEMMs and AdamW, run as the layout's ranks run) times the machine just
-before and after each run against the same probe when the round was calibrated, and a run
-between probes below 0.9 of it ran on a slower machine than the plan's (a host's neighbours can
-slow memory and cores without taking them). Both are set aside and said so (where every round
-is, the one the machine ran fastest in stands); every round's plan, measurement, CPU share and
+after the calibration and just after the run, and a run after which the probe fell below 0.9
+of its speed before ran on a slower machine than the plan's (a host's neighbours can slow
+memory and cores without taking them). Both are set aside and said so (where every round is,
+the one the machine ran fastest in stands); every round's plan, measurement, CPU share and
 speed are written beside the figure.
 Ranks beyond the cores share them; the rows say when they do. Writes results/plan_vs_measured.json
 and .png.
@@ -78,40 +80,36 @@ def launch(ranks):
     return ["mpiexec.mpich", "-n", ranks] + bound
 
 
-def calibrate(scratch, worlds):
-    """The files mlpplan --calibrate reads, by world: layerbench at the model's shape, run as that
-    world's ranks run (as many processes side by side, up to the cores, each on its share of
-    the cores' GEMM threads: mlpplan scales the bench's rate per thread to the cores, and GEMMs
-    on several threads do not run quite that many times faster; memory-bound kernels of ranks
-    side by side share the memory), its GEMMs also timed in a step's sequence at several row
-    counts (a micro-batch's, an MoE expert's) and AdamW over more parameters than the caches
-    hold, as a rank's update is; commbench at that world; and a calibration run (the dense
-    model at another batch, data parallel over as many processes as layerbench ran, 12 steps)
-    whose metrics give the optimizer's update as the loop runs it."""
+def calibrate(directory, world):
+    """The files mlpplan --calibrate reads for a world of `world` ranks, written to `directory`:
+    layerbench at the model's shape, run as that world's ranks run (as many processes side by
+    side, up to the cores, each on its share of the cores' GEMM threads: mlpplan scales the
+    bench's rate per thread to the cores, and GEMMs on several threads do not run quite that
+    many times faster; memory-bound kernels of ranks side by side share the memory), its GEMMs
+    also timed in a step's sequence at several row counts (a micro-batch's, an MoE expert's) and
+    AdamW over more parameters than the caches hold, as a rank's update is; commbench at that
+    world; and a calibration run (the dense model at another batch, data parallel over as many
+    processes as layerbench ran, 12 steps) whose metrics give the optimizer's update as the loop
+    runs it."""
     cores = os.cpu_count() or 1
-    files = {}
-    for world in worlds:
-        ranks, threads = min(world, cores), max(1, cores // world)
-        layer = os.path.join(scratch, f"layerbench_{ranks}_ranks_{threads}_threads.jsonl")
-        if not os.path.exists(layer):
-            with open(layer, "w") as handle:
-                for rows in CALIBRATED_ROWS:
-                    update = ["--optimizer-parameters", 8_000_000] if rows == 256 else []
-                    handle.write(run(launch(ranks) + [LAYERBENCH, rows, 1024, 1024, 10, "--dtype", "fp32",
-                                                      "--sequence", 6] + update,
-                                     environment=dict(ENVIRONMENT, OMP_NUM_THREADS=str(threads))))
-        comm = os.path.join(scratch, f"commbench_{world}.jsonl")
-        with open(comm, "w") as handle:
-            handle.write(run(launch(max(world, 2)) + [COMMBENCH, "--json", "--max-bytes", "32M",
-                                                      "--step-factor", 4, "--collectives",
-                                                      "all_reduce,reduce_scatter,all_gather,all_to_all,broadcast,"
-                                                      "send_recv"]))
-        loop = os.path.join(scratch, f"calibration_run_{ranks}_ranks.jsonl")
-        if not os.path.exists(loop):
-            run(launch(ranks) + [benchlib.PROGRAM] + CALIBRATION_RUN +
-                ["--dp", ranks, "--steps", 12, "--log-every", 0, "--metrics", loop])
-        files[world] = [layer, comm, loop]
-    return files
+    ranks, threads = min(world, cores), max(1, cores // world)
+    layer = os.path.join(directory, f"layerbench_{ranks}_ranks_{threads}_threads.jsonl")
+    with open(layer, "w") as handle:
+        for rows in CALIBRATED_ROWS:
+            update = ["--optimizer-parameters", 8_000_000] if rows == 256 else []
+            handle.write(run(launch(ranks) + [LAYERBENCH, rows, 1024, 1024, 10, "--dtype", "fp32",
+                                              "--sequence", 6] + update,
+                             environment=dict(ENVIRONMENT, OMP_NUM_THREADS=str(threads))))
+    comm = os.path.join(directory, f"commbench_{world}.jsonl")
+    with open(comm, "w") as handle:
+        handle.write(run(launch(max(world, 2)) + [COMMBENCH, "--json", "--max-bytes", "32M",
+                                                  "--step-factor", 4, "--collectives",
+                                                  "all_reduce,reduce_scatter,all_gather,all_to_all,broadcast,"
+                                                  "send_recv"]))
+    loop = os.path.join(directory, f"calibration_run_{ranks}_ranks.jsonl")
+    run(launch(ranks) + [benchlib.PROGRAM] + CALIBRATION_RUN +
+        ["--dp", ranks, "--steps", 12, "--log-every", 0, "--metrics", loop])
+    return [layer, comm, loop]
 
 
 def expert_imbalance(scratch, splits):
@@ -246,33 +244,29 @@ def main():
                                                   if model is MOE}))
     print(f"plan_vs_measured: expert imbalance by ranks splitting the experts: {imbalance}", flush=True)
     # Every layout once a round, the rounds one after another, so the machine's drift falls on
-    # every layout alike; each round calibrates first, and its plans are held against its own
-    # measurements (the host's neighbours move a calibration as much as a run: GEMMs of one row
-    # count timed at half the rate of the next in one calibration, whole in the next).
+    # every layout alike; each run right after a calibration of its own, which plans it (the
+    # host's neighbours move a calibration as much as a run: GEMMs of one row count timed at half
+    # the rate of the next in one calibration, whole in the next).
     shares = {index: [] for index in range(len(layouts))}
-    speeds = {index: [] for index in range(len(layouts))}  # the slower probe's rates over the round's reference
-    calibrations, references = [], []
-    worlds = sorted({ranks for ranks, _, _ in layouts})
-
-    def calibrate_round(round_index):
-        directory = os.path.join(scratch, f"round_{round_index + 1}")
-        os.makedirs(directory, exist_ok=True)
-        calibrations.append(calibrate(directory, worlds))
-        references.append({ranks: machine_speed(ranks) for ranks in worlds})
+    speeds = {index: [] for index in range(len(layouts))}  # the probe after the run over the one before
+    calibrations = {index: [] for index in range(len(layouts))}  # each round's calibration files
 
     def measure_round(index, entry):
-        # The machine's speed just before and after the run, against its speed when the round
-        # was calibrated: a run between slower probes is not the machine the plan was made for.
-        before = machine_speed(entry[0])
-        time_ms, summary, share = measure(entry[0], entry[1] + entry[2], args.steps, scratch)
-        after = machine_speed(entry[0])
-        reference = references[-1][entry[0]]
-        speeds[index].append({rate: min(before[rate], after[rate]) / value for rate, value in reference.items()})
+        ranks = entry[0]
+        directory = os.path.join(scratch, f"round_{len(shares[index]) + 1}", f"layout_{index + 1}")
+        os.makedirs(directory)
+        calibrations[index].append(calibrate(directory, ranks))
+        # The machine's speed after the calibration and after the run: a run that ended on a
+        # slower machine is not the one the plan was made for.
+        before = machine_speed(ranks)
+        time_ms, summary, share = measure(ranks, entry[1] + entry[2], args.steps, scratch)
+        after = machine_speed(ranks)
+        speeds[index].append({rate: after[rate] / value for rate, value in before.items()})
         shares[index].append(share)
         return time_ms, summary
 
     step_ms, summaries = benchlib.interleaved_rounds(
-        args.rounds, {index: entry for index, entry in enumerate(layouts)}, measure_round, calibrate_round)
+        args.rounds, {index: entry for index, entry in enumerate(layouts)}, measure_round)
     rows = []
     for index, (ranks, model, layout) in enumerate(layouts):
         _, waited = benchlib.quiet_rounds(step_ms[index], shares[index])
@@ -281,7 +275,7 @@ def main():
         if len(set_aside) == args.rounds:  # no quiet round: the one the machine ran fastest in stands
             fastest = max(range(args.rounds), key=lambda r: min(speeds[index][r].values()))
             set_aside.remove(fastest)
-        rounds = [(step_ms[index][r], calibrations[r][ranks], r not in set_aside) for r in range(args.rounds)]
+        rounds = [(step_ms[index][r], calibrations[index][r], r not in set_aside) for r in range(args.rounds)]
         row = compare(ranks, model, layout, rounds, summaries[index], imbalance)
         row.update(measured_step_ms_by_round=step_ms[index], cpu_share_by_round=[round(s, 3) for s in shares[index]],
                    machine_speed_by_round=[{rate: round(value, 3) for rate, value in speed.items()}
