@@ -113,17 +113,14 @@ def valid_layouts(world, model, micro_batch_choices=()):
     return [json.loads(line)["layout"] for line in result.stdout.splitlines() if line.startswith("{")]
 
 
-def interleaved_rounds(rounds, layouts, run, before_round=None):
+def interleaved_rounds(rounds, layouts, run):
     """Runs `run(name, flags)` -> (step_ms, summary) for every layout of `layouts` ({name:
-    flags}), one round after another, so that the machine's drift falls on every layout alike
-    (`before_round(index)` first, where given: what the round's figures are set against).
+    flags}), one round after another, so that the machine's drift falls on every layout alike.
     Returns ({name: step_ms of each round}, {name: the last round's summary})."""
     step_ms = {name: [] for name in layouts}
     summaries = {}
     for round_index in range(rounds):
         print(f"bench: round {round_index + 1} of {rounds}", flush=True)
-        if before_round is not None:
-            before_round(round_index)
         for name, flags in layouts.items():
             time_ms, summaries[name] = run(name, flags)
             step_ms[name].append(time_ms)
