@@ -180,12 +180,14 @@ for phase in "${phases[@]}"; do
         continue
       fi
       mkdir -p "$output/results"
-      # A device copy's rate beside it (layerbench's kernel table), then the third step's kernels.
+      # A device copy's rate beside it (layerbench's kernel table), then a window of launches
+      # from the second step on: a step of 16 layers launches about 110 kernels, so 250 hold two
+      # updates, and the table covers the launches between them, one whole step.
       check copy_rate sh -c "build-gpu/layerbench 8192 8192 8192 3 --device cuda --dtype bf16 > '$output/layerbench_bf16.json'"
       check profile sh -c "ncu --clock-control none --csv --print-units base \
           --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \
-          --launch-skip ${PROFILE_SKIP:-200} --launch-count ${PROFILE_COUNT:-100} build-gpu/mlptrain --dataset mixture \
-          --layers 16 --hidden 8192 --input-dim 8192 --output-dim 10 --global-batch 8192 --steps 3 \
+          --launch-skip ${PROFILE_SKIP:-200} --launch-count ${PROFILE_COUNT:-250} build-gpu/mlptrain --dataset mixture \
+          --layers 16 --hidden 8192 --input-dim 8192 --output-dim 10 --global-batch 8192 --steps 5 \
           --param-dtype bf16 --device cuda --log-every 0 > '$output/profile.csv'"
       copy_gbps=$("${python:-python3}" -c "import json, sys; rows = json.load(open(sys.argv[1]))['kernel_table']
 print(next(r['gbytes_per_s'] / r['of_copy_rate'] for r in rows if r['kernel'] == 'gelu_forward'))" "$output/layerbench_bf16.json")

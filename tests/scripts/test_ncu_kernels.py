@@ -23,7 +23,38 @@ def row(launch, kernel, metric, value):
            f'"Command line profiler metrics","{metric}","unit","{value}"'
 
 
+ADAMW = "void mlptrain::(anonymous namespace)::adamw_kernel(float *, const float *, long)"
+
+
+def kernel_table(lines):
+    """The script's table of a profile of `lines`, and its standard error."""
+    with tempfile.TemporaryDirectory() as directory:
+        profile, output = os.path.join(directory, "profile.csv"), os.path.join(directory, "table.json")
+        with open(profile, "w") as handle:
+            handle.write("\n".join(lines) + "\n")
+        result = subprocess.run([sys.executable, SCRIPT, profile, "--copy-gbps", "4000", "--output", output],
+                                capture_output=True, text=True)
+        if result.returncode != 0:
+            raise AssertionError(result.stderr)
+        with open(output) as handle:
+            return json.load(handle), result.stderr
+
+
 class NcuKernels(unittest.TestCase):
+    def test_the_table_covers_one_whole_step(self):
+        # A window from the middle of one step (a GEMM, its update) through a whole step to the
+        # start of the next: the table holds the whole step's launches only, the IDs in their order
+        # whatever the rows' order.
+        order = [(4, GEMM), (0, GEMM), (1, ADAMW), (2, GELU), (3, GEMM), (5, ADAMW), (6, GELU), (7, GEMM)]
+        lines = ["==PROF== Connected to process", HEADER]
+        # Each launch takes 1 us more than the one before: the sum says which launches are in.
+        lines += [row(launch, kernel, "gpu__time_duration.sum", f"{1000 * (launch + 1):,}") for launch, kernel in order]
+        table, _ = kernel_table(lines)
+        self.assertTrue(table["whole_step"])
+        self.assertEqual({entry["kernel"]: entry["calls"] for entry in table["kernels"]},
+                         {GEMM: 2, "gelu_forward_kernel": 1, "adamw_kernel": 1})
+        self.assertAlmostEqual(table["gpu_ms"], (3 + 4 + 5 + 6) / 1000)
+
     def test_launches_become_one_row_a_kernel(self):
         lines = ["==PROF== Connected to process", HEADER]
         for launch in (0, 2):  # two GELU launches of 128 MiB read and written in 70 us each
@@ -31,15 +62,10 @@ class NcuKernels(unittest.TestCase):
                       row(launch, GELU, "dram__bytes_write.sum", "134,217,728"),
                       row(launch, GELU, "gpu__time_duration.sum", "70,000")]
         lines += [row(1, GEMM, "gpu__time_duration.sum", "1,400,000"), row(1, GEMM, "dram__bytes_read.sum", "0")]
-        with tempfile.TemporaryDirectory() as directory:
-            profile, output = os.path.join(directory, "profile.csv"), os.path.join(directory, "table.json")
-            with open(profile, "w") as handle:
-                handle.write("\n".join(lines) + "\n")
-            result = subprocess.run([sys.executable, SCRIPT, profile, "--copy-gbps", "4000", "--output", output],
-                                    capture_output=True, text=True)
-            self.assertEqual(result.returncode, 0, result.stderr)
-            with open(output) as handle:
-                table = json.load(handle)
+        table, errors = kernel_table(lines)
+        # No update in the window: every launch, and a word that it is not one step.
+        self.assertFalse(table["whole_step"])
+        self.assertIn("not one whole step", errors)
         kernels = {entry["kernel"]: entry for entry in table["kernels"]}
         self.assertEqual(set(kernels), {"gelu_forward_kernel", GEMM})
         gelu = kernels["gelu_forward_kernel"]
