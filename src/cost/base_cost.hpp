@@ -14,11 +14,14 @@
 namespace mlptrain {
 
 // What a run has seen of its MoE routing (the routing decides how many rows reach the experts):
-// nothing yet predicts balanced routing.
+// nothing yet predicts balanced routing, or the imbalance a plan is given.
 struct RoutingSeen {
   // Per model chunk: the most a training micro-batch's MoE layers kept (empty, or 0 for a
   // chunk: predicted from the layers' shapes).
   std::vector<std::int64_t> largest_moe_activation_bytes;
+  // Where nothing was seen: the rows of a rank's share of a layer's experts over the balanced
+  // share (mlpplan's --expert-imbalance, the busiest rank's), which its activations follow.
+  double expert_imbalance = 1.0;
 };
 
 // The activation bytes one training micro-batch of the rank's model chunk `chunk` allocates and frees.

@@ -237,9 +237,12 @@ Buffer MoeLayer::through_router(const MoeRowMoves& moves, const Buffer& probabil
 }
 
 std::int64_t moe_activation_bytes(const LayerSpec& spec, int local_experts, int expert_ranks, std::int64_t rows,
-                                  DataType row_type) {
+                                  DataType row_type, double expert_share) {
   const std::int64_t hidden = spec.out_features;
-  const std::int64_t assignments = rows * spec.top_k * local_experts * expert_ranks / spec.experts;
+  const std::int64_t balanced = rows * spec.top_k * local_experts * expert_ranks / spec.experts;
+  // A rank that holds every expert gets every assignment, however the router spreads them.
+  const std::int64_t assignments =
+      local_experts < spec.experts ? std::llround(static_cast<double>(balanced) * expert_share) : balanced;
   const auto row_bytes = static_cast<std::int64_t>(size_of(row_type));
   // Probabilities (fp32), three rows of activations per assignment, its token and weight, and with
   // experts on other ranks the two reorderings of the received rows (int32 each).

@@ -42,9 +42,11 @@ struct MoeActivations {
 // Bytes one micro-batch of `rows` tokens keeps for backward in an MoE layer of which this rank
 // holds `local_experts` experts in an expert-parallel group of `expert_ranks`, rows of
 // `row_type`, when its routing is balanced (k rows per token reach the experts, a tensor slice
-// its share of them; the actual figure follows the routing).
+// its share of them; the actual figure follows the routing), or where the rank holds some of
+// the layer's experts and their rows are `expert_share` times the balanced share (a plan of the
+// busiest rank).
 std::int64_t moe_activation_bytes(const LayerSpec& spec, int local_experts, int expert_ranks, std::int64_t rows,
-                                  DataType row_type);
+                                  DataType row_type, double expert_share = 1.0);
 
 // Where an MoE layer's parameters are read and its gradients written (this rank's experts).
 struct MoeParameters {

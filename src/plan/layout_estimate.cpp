@@ -110,7 +110,10 @@ class StageModel {
     const int rank = rank_of(in.shape, 0, 0, pipeline_stage);
     const RankLayout layout =
         rank_layout(in.strategies, in.config, in.model, in.shape, coordinates_of(in.shape, rank), in.loss_kind);
-    StageWork work{.rank = rank, .prediction = predict_rank(in.strategies, layout), .schedule = layout.schedule};
+    // The busiest expert rank's activations, as its time below.
+    const RoutingSeen planned_routing{.expert_imbalance = in.expert_imbalance};
+    StageWork work{.rank = rank, .prediction = predict_rank(in.strategies, layout, planned_routing),
+                   .schedule = layout.schedule};
     for (MemoryState state : placed_states) work.memory_total += work.prediction.state(state).bytes;
     compute_times(layout, work);
     communication_times(layout, work);

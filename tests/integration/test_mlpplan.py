@@ -74,6 +74,29 @@ class Mlpplan(TrainingTestCase):
                 for op, entry in predicted["comm_per_step"].items():
                     self.assertEqual(row["comm_bytes_per_step"][op], entry["predicted_bytes"], op)
 
+    def test_expert_imbalance_plans_the_busiest_ranks_moe_activations(self):
+        """--expert-imbalance F: where a rank holds some of an MoE layer's experts, its experts'
+        rows, and what a micro-batch keeps of them for backward, are F times the balanced share.
+        From the layer's contract: a rank of ep 2 holding 2 of 4 experts, top-2 routing, gets half
+        of the expert group's 2 x rows x 2 assignments balanced; each keeps its expert input,
+        pre-activation and output rows (three rows of hidden fp32 values), its token and weight,
+        and the two reorderings of the received rows (int32 each). Where every rank holds every
+        expert (--dp 2) the routing moves no rows between ranks, and F changes nothing."""
+        hidden, rows = 256, 512  # the rank's rows: a global batch of 1024 over 2 ranks
+        moe = ["--world", 2, "--layers", 4, "--hidden", hidden, "--global-batch", 1024, "--input-dim", 64,
+               "--output-dim", 16, "--moe-every", 1, "--experts", 4, "--top-k", 2]  # hidden layers 1 and 2
+
+        def activations(flags, factor):
+            return plan_json(moe + flags + ["--expert-imbalance", factor])["memory_bytes"]["activations"]
+
+        balanced_assignments = 2 * rows * 2 // 2
+        bytes_per_assignment = 3 * hidden * 4 + 4 * (2 + 2)
+        for factor in (1.5, 2):
+            with self.subTest(factor=factor):
+                self.assertEqual(activations(["--ep", 2], factor) - activations(["--ep", 2], 1),
+                                 2 * round(balanced_assignments * (factor - 1)) * bytes_per_assignment)
+        self.assertEqual(activations(["--dp", 2], 1), activations(["--dp", 2], 2))
+
     def test_the_largest_rank_of_a_pipeline(self):
         row = plan_json(SMALL + ["--pp", 2, "--micro-batches", 4, "--world", 2])
         metrics = self.path("pipeline.jsonl")
