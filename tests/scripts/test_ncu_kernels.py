@@ -1,7 +1,8 @@
 """scripts/gpu/ncu_kernels.py, the profile's kernel table: Nsight Compute's CSV (one row per
 kernel launch and metric, numbers with thousands separators) becomes one row per kernel with its
-calls, time, DRAM bytes, rate against the copy rate and share of the GPU's time; cuBLAS's kernels
-count as GEMMs and template arguments leave the names."""
+calls, time, DRAM bytes, rate against the copy rate and share of the GPU's time, over the
+launches of one whole step where the window holds two updates; cuBLAS's kernels count as GEMMs and
+template arguments leave the names."""
 import json
 import os
 import subprocess
