@@ -20,7 +20,7 @@ struct RoutingSeen {
   // chunk: predicted from the layers' shapes).
   std::vector<std::int64_t> largest_moe_activation_bytes;
   // Where nothing was seen: the rows of a rank's share of a layer's experts over the balanced
-  // share (mlpplan's --expert-imbalance, the busiest rank's), which its activations follow.
+  // share (mlpplan's --expert-peak-imbalance, the busiest rank's), which its activations follow.
   double expert_imbalance = 1.0;
 };
 

@@ -25,9 +25,10 @@ struct PlanInputs {
   const Cluster& cluster;
   bool data_held_in_memory = false;  // an hdf5 file's arrays fit under --data-memory-mb
   // An MoE layer's rows on the busiest of the ranks that split its experts, over the mean: that
-  // rank's experts set the layer's pace (the exchanges wait for it) and its activations. 1:
-  // balanced routing.
+  // rank's experts set the layer's pace (the exchanges wait for it). 1: balanced routing.
   double expert_imbalance = 1.0;
+  // The same at the routing's most uneven step: a rank's peak activations are that step's.
+  double expert_peak_imbalance = 1.0;
 };
 
 // Bus bytes per step (nccl-tests' size times the bus factor) by the links they cross: a group's

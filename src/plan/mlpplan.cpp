@@ -42,7 +42,8 @@ PlannedLayout plan_layout(const Config& config, const std::vector<LayerSpec>& mo
                .cluster = cluster,
                // As the trainer decides: the file's arrays under the cap are held in memory.
                .data_held_in_memory = held_in_memory(data, config.data.memory_bytes()),
-               .expert_imbalance = request.expert_imbalance})};
+               .expert_imbalance = request.expert_imbalance,
+               .expert_peak_imbalance = request.expert_peak_imbalance.value_or(request.expert_imbalance)})};
 }
 
 void plan(int argc, char** argv) {

@@ -25,6 +25,8 @@ const char* const plan_options_help =
     "  --top K                  rows --layouts all prints (default 10; 0: all)\n"
     "  --expert-imbalance F     an MoE layer's rows on the busiest of the ranks that split its experts,\n"
     "                           over the mean (default 1: balanced routing; a run's expert_load says)\n"
+    "  --expert-peak-imbalance P  the same at the routing's most uneven step, which the busiest\n"
+    "                           rank's activations follow (default: F)\n"
     "  --json                   one JSON object per layout (with --list: per entry)\n"
     "  --list WHAT              print a list the programs know, one name a line, and exit: schedules,\n"
     "                           strategies, datasets, devices, presets or options\n";
@@ -116,6 +118,8 @@ PlanRequest parse_plan_request(int argc, char** argv) {
       request.top = positive_number(argument, next(), 0);
     } else if (argument == "--expert-imbalance") {
       request.expert_imbalance = factor_of_at_least_one(argument, next());
+    } else if (argument == "--expert-peak-imbalance") {
+      request.expert_peak_imbalance = factor_of_at_least_one(argument, next());
     } else if (argument == "--micro-batch-choices") {
       request.micro_batch_choices = number_list(argument, next(), 1);
     } else if (argument == "--virtual-stage-choices") {

@@ -20,6 +20,8 @@ struct PlanRequest {
   LayoutChoice layouts = LayoutChoice::given;
   int top = 10;                                // rows printed with --layouts all
   double expert_imbalance = 1.0;               // busiest expert rank's MoE rows over the mean
+  // The same at the routing's most uneven step, which its activations follow; default: the mean's.
+  std::optional<double> expert_peak_imbalance;
   std::vector<int> micro_batch_choices;        // --layouts all; default: the trainer's value
   std::vector<int> virtual_stage_choices;      // --layouts all; default: 2, 4 and the trainer's value
   bool json = false;

@@ -77,7 +77,9 @@ class Mlpplan(TrainingTestCase):
 
     def test_expert_imbalance_plans_the_busiest_ranks_moe_activations(self):
         """--expert-imbalance F: where a rank holds some of an MoE layer's experts, its experts'
-        rows, and what a micro-batch keeps of them for backward, are F times the balanced share.
+        rows, and what a micro-batch keeps of them for backward, are F times the balanced share;
+        --expert-peak-imbalance P, where given, sets what they keep instead (the most uneven
+        step's rows, which a rank's peak follows), F then leaving it alone.
         From the layer's contract: a rank of ep 2 holding 2 of 4 experts, top-2 routing, gets half
         of the expert group's 2 x rows x 2 assignments balanced; each keeps its expert input,
         pre-activation and output rows (three rows of hidden fp32 values), its token and weight,
@@ -87,15 +89,18 @@ class Mlpplan(TrainingTestCase):
         moe = ["--world", 2, "--layers", 4, "--hidden", hidden, "--global-batch", 1024, "--input-dim", 64,
                "--output-dim", 16, "--moe-every", 1, "--experts", 4, "--top-k", 2]  # hidden layers 1 and 2
 
-        def activations(flags, factor):
-            return plan_json(moe + flags + ["--expert-imbalance", factor])["memory_bytes"]["activations"]
+        def activations(flags, factor, peak=None):
+            peak_flags = [] if peak is None else ["--expert-peak-imbalance", peak]
+            return plan_json(moe + flags + ["--expert-imbalance", factor] + peak_flags)["memory_bytes"]["activations"]
 
         balanced_assignments = 2 * rows * 2 // 2
         bytes_per_assignment = 3 * hidden * 4 + 4 * (2 + 2)
         for factor in (1.5, 2):
             with self.subTest(factor=factor):
-                self.assertEqual(activations(["--ep", 2], factor) - activations(["--ep", 2], 1),
-                                 2 * round(balanced_assignments * (factor - 1)) * bytes_per_assignment)
+                more = 2 * round(balanced_assignments * (factor - 1)) * bytes_per_assignment
+                self.assertEqual(activations(["--ep", 2], factor) - activations(["--ep", 2], 1), more)
+                self.assertEqual(activations(["--ep", 2], 1, peak=factor) - activations(["--ep", 2], 1), more)
+                self.assertEqual(activations(["--ep", 2], 3, peak=factor), activations(["--ep", 2], 1, peak=factor))
         self.assertEqual(activations(["--dp", 2], 1), activations(["--dp", 2], 2))
 
     def test_the_largest_rank_of_a_pipeline(self):

@@ -295,8 +295,9 @@ class MlpplanTime(TrainingTestCase):
         """--expert-imbalance F plans the busiest expert rank's MoE work (its experts' GEMMs, the
         rows it moves, its exchanges' transfer) at F times the balanced share, linearly in F;
         where one rank holds every expert (no expert or tensor split) the rows all land on it
-        whatever the routing, and a dense model has no experts: neither plan moves. F below 1 is
-        refused with one line."""
+        whatever the routing, and a dense model has no experts: neither plan moves. The most
+        uneven step's factor (--expert-peak-imbalance, the activations') leaves the time alone.
+        F below 1 is refused with one line."""
         moe = ["--world", 2, "--layers", 4, "--hidden", 1024, "--global-batch", 1024, "--input-dim", 256,
                "--output-dim", 16, "--moe-every", 2, "--experts", 4, "--top-k", 2]
 
@@ -309,6 +310,7 @@ class MlpplanTime(TrainingTestCase):
             self.assertGreater(first, 0, part)
             self.assertAlmostEqual(first, second, delta=1e-9 * steps[2][part])
         self.assertEqual(step(["--dp", 2], 1), step(["--dp", 2], 2))
+        self.assertEqual(steps[1], step(["--ep", 2, "--expert-peak-imbalance", 3], 2))
         dense = moe[:-6]
         self.assertEqual(plan_json(dense + ["--dp", 2])["step_ms"],
                          plan_json(dense + ["--dp", 2, "--expert-imbalance", 2])["step_ms"])
