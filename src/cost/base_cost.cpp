@@ -65,7 +65,7 @@ ActivationProfile activation_profile(const RankLayout& layout, const RoutingSeen
     if (specs[local].gelu) allocate(output[local] = layer_bytes(local));
     if (specs[local].moe() && moe_seen == 0)
       allocate(moe_activation_bytes(specs[local], local_experts(layout, specs[local].index), layout.shape.ep, rows,
-                                    row_type, routing.expert_imbalance));
+                                    row_type, routing.expert_peak_imbalance));
     if (specs[local].gelu && !plan.keeps_pre(local, true)) free(pre[local]);
     if (!plan.keeps_input(local, true)) {
       free(output[local - 1]);

@@ -21,7 +21,7 @@ struct RoutingSeen {
   std::vector<std::int64_t> largest_moe_activation_bytes;
   // Where nothing was seen: the rows of a rank's share of a layer's experts over the balanced
   // share (mlpplan's --expert-peak-imbalance, the busiest rank's), which its activations follow.
-  double expert_imbalance = 1.0;
+  double expert_peak_imbalance = 1.0;
 };
 
 // The activation bytes one training micro-batch of the rank's model chunk `chunk` allocates and frees.

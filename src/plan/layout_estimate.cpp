@@ -112,7 +112,7 @@ class StageModel {
         rank_layout(in.strategies, in.config, in.model, in.shape, coordinates_of(in.shape, rank), in.loss_kind);
     // The busiest expert rank's activations at the routing's most uneven step (its time below
     // follows the mean step's).
-    const RoutingSeen planned_routing{.expert_imbalance = in.expert_peak_imbalance};
+    const RoutingSeen planned_routing{.expert_peak_imbalance = in.expert_peak_imbalance};
     StageWork work{.rank = rank, .prediction = predict_rank(in.strategies, layout, planned_routing),
                    .schedule = layout.schedule};
     for (MemoryState state : placed_states) work.memory_total += work.prediction.state(state).bytes;

@@ -3,10 +3,10 @@ N_d = 64, bf16 parameters and gradients with fp32 Adam: 16, 4 + 12/N_d, 2 + 14/N
 per parameter) within 1 %, and its traffic (plain DP's 2 Psi against ZeRO-3's 3 Psi bus bytes); for
 layouts at 2 and 4 ranks, exactly what mlptrain --predict gives (the same functions, no launch);
 bus bytes on the links the rank grid and --ranks-per-node put them on; the busiest expert
-rank's MoE activations at --expert-imbalance; sequence parallelism's split rows; every layout of
-a world ranked; a million ranks answered; bad input (flags, presets, cluster and calibration
-files) one line and exit 2, a layout mlptrain refuses refused with mlptrain's line. The step
-time's model: test_mlpplan_time.py."""
+rank's MoE activations at --expert-imbalance and --expert-peak-imbalance; sequence parallelism's
+split rows; every layout of a world ranked; a million ranks answered; bad input (flags, presets,
+cluster and calibration files) one line and exit 2, a layout mlptrain refuses refused with
+mlptrain's line. The step time's model: test_mlpplan_time.py."""
 import json
 import os
 import subprocess
