@@ -162,14 +162,6 @@ def quiet_rounds(values, shares, least=0.85):
     return kept, [index for index, share in enumerate(shares) if share < least * best]
 
 
-def slowed(speed, least=0.9):
-    """Whether the machine ran markedly slower than at a reference time: `speed` holds a short
-    workload's rates over the same workload's rates then ({rate: ratio}, e.g. against when a
-    round was calibrated), and any below `least` is. A host's neighbours can slow its memory and
-    cores without taking them, which the CPU share does not show."""
-    return any(ratio < least for ratio in speed.values())
-
-
 def program_list(what):
     """A list the programs know (`mlpplan --list WHAT --json`: schedules, strategies, datasets,
     devices, presets, options), one dict an entry: scripts read names from the code that defines
