@@ -211,14 +211,16 @@ def compare(ranks, model, layout, rounds, summary, imbalance):
         ratios = [p["step_ms"]["total"] / statistic(steps) for p, (steps, _, _) in zip(plans, rounds)]
         return ratios, statistics.median(ratios[index] for index in quiet)
     ratios, ratio = ratios_at(lower_quartile)
+    measured_by_round = [lower_quartile(steps) for steps, _, _ in rounds]
     middle = min(quiet, key=lambda index: abs(ratios[index] - ratio))  # the round the figure falls on
     return {"ranks": ranks, "moe": moe, "layout": [str(a) for a in layout],
             "expert_imbalance": imbalance[expert_split(layout)] if moe else {"mean": 1.0, "peak": 1.0},
             "oversubscribed": ranks > (os.cpu_count() or 1),
             "memory_and_bytes_agree": not problems, "problems": problems,
             "planned_step_ms": plans[middle]["step_ms"],
-            "measured_step_ms": statistics.median(lower_quartile(rounds[index][0]) for index in quiet),
-            "measured_step_ms_by_round": [lower_quartile(steps) for steps, _, _ in rounds],
+            "measured_step_ms": statistics.median(measured_by_round[index] for index in quiet),
+            "measured_step_ms_by_round": measured_by_round,
+            "measured_spread_ms": [min(measured_by_round), max(measured_by_round)],
             "measured_steps_ms_by_round": [steps for steps, _, _ in rounds],
             "planned_step_ms_by_round": [p["step_ms"]["total"] for p in plans],
             "step_time_ratio_by_round": ratios,
@@ -283,8 +285,7 @@ def main():
         _, set_aside = benchlib.quiet_rounds(step_ms[index], shares[index])  # the best share's round stays
         rounds = [(steps[index][r], calibrations[index][r], r not in set_aside) for r in range(args.rounds)]
         row = compare(ranks, model, layout, rounds, summaries[index], imbalance)
-        row.update(cpu_share_by_round=[round(s, 3) for s in shares[index]], rounds_set_aside=set_aside,
-                   measured_spread_ms=[min(step_ms[index]), max(step_ms[index])])
+        row.update(cpu_share_by_round=[round(s, 3) for s in shares[index]], rounds_set_aside=set_aside)
         rows.append(row)
         print(f"plan_vs_measured: {index + 1}/{len(layouts)} {ranks} rank(s) {' '.join(row['layout'])}"
               f"{' (MoE)' if row['moe'] else ''}: step planned {row['planned_step_ms']['total']:.1f} ms, measured "
