@@ -14,7 +14,8 @@
 # one rank, offloaded update, checkpoints across devices), offload, commbench (mpi-staged and
 # NCCL, exact results), precision_reference and fp8_reference (bf16 and fp8 layouts on the GPU
 # against the NumPy references), bench (scripts/gpu/bench.py), planner (mlpplan calibrated on the
-# GPU, against bench's step). A failing check does not stop
+# GPU, against bench's step and against layouts at two ranks sharing the GPU,
+# scripts/gpu/plan_vs_layouts.py). A failing check does not stop
 # the others.
 #
 # usage: scripts/gpu/check.sh [--output DIR] [PHASE...]
@@ -173,6 +174,10 @@ for phase in "${phases[@]}"; do
       if [ -f "$output/results/step.json" ]; then
         check plan_vs_step "${python:-python3}" scripts/gpu/plan_vs_step.py "$output/results"
       fi
+      # Layouts of one process and of two ranks sharing the GPU over host-staged MPI, each
+      # planned from a calibration of its own shapes and held against its measured step.
+      MLPTRAIN="$top/build-gpu/mlptrain" check plan_vs_layouts "${python:-python3}" scripts/gpu/plan_vs_layouts.py \
+        --output-dir "$output/results"
       ;;
     profile)
       if ! command -v ncu >/dev/null; then

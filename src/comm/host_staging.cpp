@@ -68,20 +68,13 @@ HostStaging::HostStaging(Allocator& device, std::size_t chunk_bytes)
     : device_(device),
       chunk_bytes_(std::max<std::size_t>(chunk_bytes, 64)),
       copier_(device.make_async_copier(staging_slots)),
-      copier_slots_(staging_slots),
-      plain_slots_(staging_slots) {}
+      slots_(staging_slots) {}
 
 std::byte* HostStaging::slot(int index, std::size_t bytes) {
   bytes = std::max<std::size_t>(bytes, 1);  // never a null slot, even for an empty message
-  if (copier_) {
-    Buffer& buffer = copier_slots_[static_cast<std::size_t>(index)];
-    if (buffer.bytes() < bytes)
-      buffer = copier_->host_memory().allocate(MemoryState::comm_buffers, bytes);
-    return buffer.as<std::byte>();
-  }
-  std::vector<std::byte>& plain = plain_slots_[static_cast<std::size_t>(index)];
-  if (plain.size() < bytes) plain.resize(bytes);
-  return plain.data();
+  Buffer& buffer = slots_[static_cast<std::size_t>(index)];
+  if (buffer.bytes() < bytes) buffer = host_memory().allocate(MemoryState::comm_buffers, bytes);
+  return buffer.as<std::byte>();
 }
 
 bool HostStaging::stages(const Operation& operation) const {
@@ -174,16 +167,18 @@ std::shared_ptr<StagedOperation> HostStaging::stage(const Operation& operation, 
   }
   auto staged = std::make_shared<StagedOperation>();
   staged->device_ = &device_;
-  staged->send_.resize(send_bytes);
-  staged->receive_.resize(in_place ? 0 : receive_bytes);
+  // Blocks of the host memory's cache, their bytes as the last user left them: every byte the
+  // operation reads is copied up or received first.
+  staged->send_ = host_memory().allocate(MemoryState::comm_buffers, send_bytes);
+  staged->receive_ = host_memory().allocate(MemoryState::comm_buffers, in_place ? 0 : receive_bytes);
   staged->host_ = operation;
   // A broadcast and a recv have no send side: their one buffer is the receive buffer.
   const bool one_buffer = in_place || operation.op == CommOp::broadcast;
-  std::byte* send_host = staged->send_.data();
+  std::byte* send_host = staged->send_.as<std::byte>();
   staged->host_.send = operation.send == nullptr ? nullptr : send_host;
   staged->host_.receive = operation.receive == nullptr ? nullptr
                           : one_buffer                 ? send_host
-                                                       : staged->receive_.data();
+                                                       : staged->receive_.as<std::byte>();
   const void* source = operation.op == CommOp::broadcast ? operation.receive : operation.send;
   if (up_bytes > 0)
     device_.copy_any_to_host(send_host + up_offset, static_cast<const std::byte*>(source) + up_offset,

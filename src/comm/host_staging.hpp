@@ -1,10 +1,14 @@
 // Collectives on device memory through host memory, for MPI, which reads and writes host memory
-// only. An all-reduce goes in chunks through the pipeline of staging.hpp: where the device has
-// background copies (Allocator::make_async_copier) its slots are the copier's host memory (pinned
-// on a GPU) and the copies overlap MPI; elsewhere they are synchronous. The rest is staged whole: in
-// reduce-scatter, all-gather and all-to-all every rank's block takes part in every step, and
-// broadcast, send and recv must post the messages their peers expect whatever memory those use. Host-side buffers of an operation are used as they are. Every rank
-// of a group stages an all-reduce alike (all on device memory, or all on host memory).
+// only. A blocking all-reduce goes in chunks through the pipeline of staging.hpp: where the device
+// has background copies (Allocator::make_async_copier) the copies overlap MPI; elsewhere they are
+// synchronous. The rest is staged whole: in reduce-scatter, all-gather and all-to-all every rank's
+// block takes part in every step, broadcast, send and recv must post the messages their peers
+// expect whatever memory those use, and a non-blocking operation runs while the host goes on.
+// All host memory here is the copier's (pinned on a GPU: its copy engines reach pageable memory
+// only through the driver's own bounce buffers) or else the host's, cached by size class, so a
+// step's operations reuse the blocks of the last one rather than fault in fresh pages. Host-side
+// buffers of an operation are used as they are. Every rank of a group stages an all-reduce alike
+// (all on device memory, or all on host memory).
 #pragma once
 
 #include <cstddef>
@@ -28,7 +32,7 @@ class StagedOperation {
   friend class HostStaging;
   Allocator* device_ = nullptr;
   Operation host_;
-  std::vector<std::byte> send_, receive_;
+  Buffer send_, receive_;
   void* destination_ = nullptr;  // where the received bytes [offset, offset + bytes) go
   std::size_t down_offset_ = 0, down_bytes_ = 0;
 };
@@ -48,14 +52,16 @@ class HostStaging {
   void all_reduce(const Operation& operation, const std::function<void(const Operation&)>& run_host);
 
  private:
-  // The pipeline's chunk slots, at least `bytes` each: from the copier's host memory, or plain.
+  // The pipeline's chunk slots, at least `bytes` each.
   std::byte* slot(int index, std::size_t bytes);
+  Allocator& host_memory() { return copier_ ? copier_->host_memory() : own_host_memory_; }
 
   Allocator& device_;
   std::size_t chunk_bytes_;
+  MemoryLedger own_ledger_;  // the host memory staged through where the device has no copier
+  HostAllocator own_host_memory_{own_ledger_};
   std::unique_ptr<AsyncCopier> copier_;  // null: synchronous copies
-  std::vector<Buffer> copier_slots_;      // before the copier goes: its memory holds them
-  std::vector<std::vector<std::byte>> plain_slots_;
+  std::vector<Buffer> slots_;             // after the memory that holds them, so they go first
 };
 
 }  // namespace mlptrain

@@ -221,9 +221,12 @@ class StageModel {
     work.forward_comm = (blocking / 2 + statistics) / micro_batches;
     work.backward_comm = blocking / 2 / micro_batches;
     // Reductions the backward can hide all but a layer's share of.
-    // Where the cluster's collectives advance only in the ranks' own calls between kernels (MPI
-    // on CPUs: no progress thread, shared-memory sums done by the ranks' cores), nothing hides.
-    const bool overlaps = inputs_.cluster.overlaps_communication;
+    // Where the collectives advance only in the ranks' own calls between kernels, nothing hides:
+    // MPI on CPUs (no progress thread, shared-memory sums done by the ranks' cores), and MPI
+    // staged through host memory between GPUs, whose host thread waits in each staging copy for
+    // the kernels queued before it while the started reductions wait for its next MPI call (on
+    // an H200, two ranks' data-parallel step took longer than its reductions back to back).
+    const bool overlaps = inputs_.cluster.overlaps_communication && !host_staged(inputs_.config.device);
     const auto hidden = [&](double seconds, double window) {
       if (!overlaps) return seconds;
       return seconds > 0 ? std::max(seconds - window * (layers - 1) / layers, seconds / layers) : 0.0;

@@ -1,7 +1,8 @@
 // Host staging at whatever world size mpiexec gives: every collective the strategies use, on
 // loopback device memory (which the host cannot read directly) through a staged communicator,
 // gives exactly what the same collective gives on host memory; blocking and started, in place
-// and not, an all-reduce over many pipeline chunks, and receives posted before their sends.
+// and not, an all-reduce over many pipeline chunks, receives posted before their sends, and
+// operations that reuse the host blocks the last ones left behind.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -201,4 +202,34 @@ TEST_F(HostStagingTest, StartedOperationsReturnTheirResultOnCompletion) {
   EXPECT_EQ(from_device<float>(together, total), gathered);
   // Staging changes where bytes go, not what the ledger counts.
   EXPECT_EQ(ledger.run().bytes_of(CommOp::recv), static_cast<std::int64_t>(count * 4));
+}
+
+// Staged operations take host blocks from a cache, holding what the last operation of their size
+// left there: each result is this operation's alone.
+TEST_F(HostStagingTest, ReusedHostBlocksCarryNothingOver) {
+  const std::size_t block = 7, total = block * static_cast<std::size_t>(size);
+  for (int salt : {9, 10, 11}) {
+    SCOPED_TRACE("salt " + std::to_string(salt));
+    std::vector<float> gathered(total), shard(block);
+    host.all_gather(values(block, salt).data(), gathered.data(), block);
+    host.reduce_scatter(values(total, salt).data(), shard.data(), block);
+    Buffer mine = on_device(values(block, salt)), all = on_device(std::vector<float>(total));
+    staged.all_gather(mine.floats(), all.floats(), block);
+    EXPECT_EQ(from_device<float>(all, total), gathered);
+    Buffer in_place = on_device(values(total, salt));
+    Request started = staged.reduce_scatter_in_place_async(in_place.floats(), block, DataType::float32);
+    started.wait();
+    const std::vector<float> after = from_device<float>(in_place, total);
+    EXPECT_EQ(std::vector<float>(after.begin() + rank * block, after.begin() + (rank + 1) * block), shard);
+    // A receive into a block that held another message: only the sent values arrive.
+    const int next = (rank + 1) % size, previous = (rank + size - 1) % size;
+    Buffer incoming = on_device(std::vector<float>(total, -1.0f)), outgoing = on_device(values(total, salt));
+    Request receive = staged.start({.op = CommOp::recv, .receive = incoming.as<void>(), .count = total, .peer = previous});
+    staged.run({.op = CommOp::send, .send = outgoing.as<void>(), .count = total, .peer = next});
+    receive.wait();
+    std::vector<float> from_previous(total);
+    for (std::size_t i = 0; i < total; ++i)
+      from_previous[i] = static_cast<float>((i * 7 + static_cast<std::size_t>(salt) * 13 + previous * 31) % 97);
+    EXPECT_EQ(from_device<float>(incoming, total), from_previous);
+  }
 }

@@ -1,0 +1,153 @@
+#!/usr/bin/python3
+"""mlpplan's plans of GPU layouts against their measured steps: one process, and two ranks
+sharing the GPU over host-staged MPI (--comm mpi: each message copied to pinned host memory, MPI
+on the host, copied back), data, tensor and pipeline parallel and ZeRO-3, in fp32 and bf16.
+
+The planner is calibrated on the same GPU just before: layerbench --device cuda at the rows a
+rank's GEMMs get (the batch, a data-parallel rank's half of it, a micro-batch's), each with a
+step's GEMMs in sequence and AdamW over the model's parameters, and commbench's host-staged
+collectives at two ranks. Each layout's figure is the median of its steps after two warm-up
+steps (the GPU's steps vary little; the host's staging does the varying); its memory states
+(parameters, gradients, optimizer state) and bytes per step are held against the run's own
+ledger (exact, and within 1 %).
+
+Writes OUTPUT_DIR/plan_vs_layouts.json, the calibration's rows beside it. With --device loopback
+the same code runs without a GPU (the test suite does: mlptrain on the device path's loopback,
+the plan calibrated as the CPU): that checks the script and measures nothing about a GPU."""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))  # benchlib
+from benchlib import ENVIRONMENT, PLANNER, PROGRAM, ROOT, read_records, run_json, train, write_result  # noqa: E402
+
+PROGRAMS = os.path.dirname(os.path.abspath(PROGRAM))
+
+# (ranks, layout options): one process, then two ranks sharing the GPU.
+LAYOUTS = [(1, []), (2, ["--dp", "2"]), (2, ["--dp", "2", "--zero", "3"]), (2, ["--tp", "2"]),
+           (2, ["--pp", "2", "--micro-batches", "4"])]
+PRECISIONS = {"fp32": [], "bf16": ["--param-dtype", "bf16"]}
+# The states whose bytes the plan and the ledger both count exactly.
+EXACT_STATES = ("params", "grads", "optimizer")
+
+
+def device_options(device):
+    """(mlptrain's, layerbench's, commbench's and mlpplan's device options): on loopback the
+    plan is the CPU's, calibrated by benches on the host."""
+    if device == "cuda":
+        return (["--device", "cuda"], ["--device", "cuda"], ["--path", "mpi-staged", "--device", "cuda"],
+                ["--device", "cuda", "--comm", "mpi"])
+    return ["--device", "loopback"], ["--device", "cpu"], ["--path", "mpi-host"], ["--device", "cpu"]
+
+
+def model_options(args):
+    """The model every layout trains (mlptrain's and mlpplan's options alike)."""
+    return ["--dataset", "mixture", "--layers", args.layers, "--hidden", args.hidden, "--input-dim", args.hidden,
+            "--output-dim", 10, "--global-batch", args.batch]
+
+
+def calibrate(args, folder):
+    """The files mlpplan --calibrate reads: layerbench at each row count a rank's GEMMs get, and
+    commbench at two ranks."""
+    _, bench_device, comm_path, _ = device_options(args.device)
+    parameters = args.layers * (args.hidden * args.hidden + args.hidden)
+    layers = os.path.join(folder, "calibration_layerbench.jsonl")
+    with open(layers, "w") as handle:
+        for rows in sorted({args.batch, args.batch // 2, args.batch // 4}):
+            command = [os.path.join(PROGRAMS, "layerbench"), rows, args.hidden, args.hidden, 5, "--dtype", "fp32,bf16",
+                       "--sequence", args.layers, "--optimizer-parameters", parameters] + bench_device
+            for row in run_json([str(part) for part in command]):
+                handle.write(json.dumps(row) + "\n")
+    comm = os.path.join(folder, "calibration_commbench.jsonl")
+    with open(comm, "w") as handle:
+        for collective in ("all_reduce", "reduce_scatter", "all_gather", "send_recv"):
+            command = ["mpiexec.mpich", "-n", "2", os.path.join(PROGRAMS, "commbench"), "--json", "--max-bytes",
+                       args.max_bytes, "--step-factor", "4", "--collectives", collective]
+            for row in run_json(command + comm_path):
+                handle.write(json.dumps(row) + "\n")
+            handle.flush()
+            print(f"plan_vs_layouts: commbench {collective} done", flush=True)
+    return [layers, comm]
+
+
+def planned(args, ranks, options, files):
+    _, _, _, plan_device = device_options(args.device)
+    command = [PLANNER, "--world", ranks, "--calibrate"] + files + plan_device + model_options(args) + options + ["--json"]
+    output = subprocess.run([str(part) for part in command], capture_output=True, text=True, env=ENVIRONMENT)
+    if output.returncode != 0:
+        sys.exit(f"plan_vs_layouts: mlpplan {' '.join(map(str, options))} failed: {output.stderr.strip()}")
+    return json.loads(output.stdout.splitlines()[0])
+
+
+def disagreements(plan, summary):
+    """Where the plan's exact states and bytes per step differ from the run's ledger."""
+    problems = []
+    for state in EXACT_STATES:
+        measured = summary["placement"][state]["measured_bytes"]
+        if plan["memory_bytes"][state] != measured:
+            problems.append(f"{state}: planned {plan['memory_bytes'][state]}, measured {measured}")
+    for op, entry in summary["comm_per_step"].items():
+        if abs(plan["comm_bytes_per_step"][op] - entry["measured_bytes"]) > 0.01 * max(entry["measured_bytes"], 1):
+            problems.append(f"{op}: planned {plan['comm_bytes_per_step'][op]} bytes, measured {entry['measured_bytes']}")
+    return problems
+
+
+def gpu_name():
+    """The GPU's name and driver, as nvidia-smi gives them."""
+    query = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                           capture_output=True, text=True)
+    return query.stdout.strip().splitlines()[0] if query.returncode == 0 and query.stdout.strip() else "cuda"
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", choices=["cuda", "loopback"], default="cuda")
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--hidden", type=int, default=4096, help="hidden and input width")
+    parser.add_argument("--batch", type=int, default=8192, help="global batch")
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--max-bytes", default="64M", help="commbench's largest message")
+    parser.add_argument("--output-dir", default=os.path.join(ROOT, "results", "gpu"))
+    args = parser.parse_args()
+    os.makedirs(args.output_dir, exist_ok=True)
+    files = calibrate(args, args.output_dir)
+    train_device = device_options(args.device)[0]
+    rows = []
+    for precision, precision_options in PRECISIONS.items():
+        for ranks, layout in LAYOUTS:
+            options = layout + precision_options
+            arguments = model_options(args) + options + train_device + ["--steps", args.steps]
+            name = f"plan-vs-layouts-{precision}-{ranks}-{'-'.join(layout) or 'one-process'}"
+            step_ms, summary = train(ranks, arguments, name)
+            # Each collective's time a step (median over the same steps): a started operation's
+            # runs from its start to its completion, so they overlap and may sum past the step.
+            steps = [record for record in read_records(name) if not record.get("summary")][2:]
+            comm_ms = {op: statistics.median(step["comm_ms"][op] for step in steps) for op in steps[0]["comm_ms"]}
+            plan = planned(args, ranks, options, files)
+            problems = disagreements(plan, summary)
+            rows.append({"precision": precision, "ranks": ranks, "layout": layout, "measured_step_ms": step_ms,
+                         "planned_step_ms": plan["step_ms"],
+                         "measured_comm_ms": {op: ms for op, ms in comm_ms.items() if ms > 0},
+                         "step_time_ratio": plan["step_ms"]["total"] / step_ms,
+                         "memory_and_bytes_agree": not problems, "problems": problems})
+            print(f"plan_vs_layouts: {precision} {ranks} rank(s) {' '.join(layout)}: planned "
+                  f"{plan['step_ms']['total']:.1f} ms (exposed communication {plan['step_ms']['exposed_comm']:.1f}), "
+                  f"measured {step_ms:.1f} ms ({rows[-1]['step_time_ratio']:.2f}; collectives' own times "
+                  f"{sum(comm_ms.values()):.1f}); "
+                  f"{'memory and bytes agree' if not problems else '; '.join(problems)}", flush=True)
+    ratios = [row["step_time_ratio"] for row in rows]
+    summary = {"device": gpu_name() if args.device == "cuda" else "loopback (no GPU)", "layouts": len(rows),
+               "within_10_percent": sum(abs(ratio - 1) <= 0.10 for ratio in ratios),
+               "mean_absolute_error": statistics.fmean(abs(ratio - 1) for ratio in ratios),
+               "memory_and_bytes_agree": sum(row["memory_and_bytes_agree"] for row in rows)}
+    print(json.dumps(summary))
+    write_result(os.path.join(args.output_dir, "plan_vs_layouts.json"),
+                 {"model": {"layers": args.layers, "hidden": args.hidden, "batch": args.batch, "steps": args.steps},
+                  "calibration": [os.path.basename(path) for path in files], "summary": summary, "rows": rows})
+
+
+if __name__ == "__main__":
+    main()
