@@ -162,6 +162,22 @@ def quiet_rounds(values, shares, least=0.85):
     return kept, [index for index, share in enumerate(shares) if share < least * best]
 
 
+def ledger_disagreements(plan, summary, states, routed_ops=()):
+    """Where mlpplan's plan (its --json line) differs from a run's ledger (mlptrain's summary
+    record): each of `states`' bytes exactly, each operation's bytes per step within 1 % (25 % for
+    `routed_ops`, whose bytes follow the routing). One line per difference."""
+    problems = []
+    for state in states:
+        measured = summary["placement"][state]["measured_bytes"]
+        if plan["memory_bytes"][state] != measured:
+            problems.append(f"{state}: planned {plan['memory_bytes'][state]}, measured {measured}")
+    for op, entry in summary["comm_per_step"].items():
+        planned, measured = plan["comm_bytes_per_step"][op], entry["measured_bytes"]
+        if abs(planned - measured) > (0.25 if op in routed_ops else 0.01) * max(measured, 1):
+            problems.append(f"{op}: planned {planned} bytes, measured {measured}")
+    return problems
+
+
 def program_list(what):
     """A list the programs know (`mlpplan --list WHAT --json`: schedules, strategies, datasets,
     devices, presets, options), one dict an entry: scripts read names from the code that defines

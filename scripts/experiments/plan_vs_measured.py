@@ -182,13 +182,9 @@ def compare(ranks, model, layout, rounds, summary, imbalance):
     plans = [planned(ranks, model, layout, files, imbalance) for _, files, _ in rounds]
     plan = plans[0]
     problems = []
-    placement = summary["placement"]
     if plan["memory_rank"] != 0:
         problems.append(f"the planner's largest rank is {plan['memory_rank']}, the summary's rank 0")
-    for state in STATES_EXACT:
-        if plan["memory_bytes"][state] != placement[state]["measured_bytes"]:
-            problems.append(f"{state}: planned {plan['memory_bytes'][state]}, measured "
-                            f"{placement[state]['measured_bytes']}")
+    problems += benchlib.ledger_disagreements(plan, summary, STATES_EXACT, ("all_to_all",) if moe else ())
     # An MoE layout's plan is its busiest rank's at the routing's most uneven step: held against
     # the largest rank's peak, from above (a bound on what a rank needs).
     planned_activations = plan["memory_bytes"]["activations"]
@@ -196,15 +192,10 @@ def compare(ranks, model, layout, rounds, summary, imbalance):
         actual = max(peaks["activations"] for peaks in summary["peak_mem_bytes_by_rank"])
         off = not actual <= planned_activations <= 1.25 * actual
     else:
-        actual = placement["activations"]["measured_bytes"]
+        actual = summary["placement"]["activations"]["measured_bytes"]
         off = abs(planned_activations - actual) > 0.05 * actual
     if off:
         problems.append(f"activations: planned {planned_activations}, measured {actual}")
-    for op, entry in summary["comm_per_step"].items():
-        planned_bytes, actual = plan["comm_bytes_per_step"][op], entry["measured_bytes"]
-        routed = moe and op == "all_to_all"
-        if abs(planned_bytes - actual) > (0.25 if routed else 0.01) * max(actual, 1):
-            problems.append(f"{op}: planned {planned_bytes} bytes, measured {actual}")
     quiet = [index for index, (_, _, kept) in enumerate(rounds) if kept]
 
     def ratios_at(statistic):

@@ -8,8 +8,8 @@ rank's GEMMs get (the batch, a data-parallel rank's half of it, a micro-batch's)
 step's GEMMs in sequence and AdamW over the model's parameters, and commbench's host-staged
 collectives at two ranks. Each layout's figure is the median of its steps after two warm-up
 steps (the GPU's steps vary little; the host's staging does the varying); its memory states
-(parameters, gradients, optimizer state) and bytes per step are held against the run's own
-ledger (exact, and within 1 %).
+(parameters, gradients, optimizer state, communication buffers) and bytes per step are held
+against the run's own ledger (exact, and within 1 %).
 
 Writes OUTPUT_DIR/plan_vs_layouts.json, the calibration's rows beside it. With --device loopback
 the same code runs without a GPU (the test suite does: mlptrain on the device path's loopback,
@@ -22,7 +22,8 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))  # benchlib
-from benchlib import ENVIRONMENT, PLANNER, PROGRAM, ROOT, read_records, run_json, train, write_result  # noqa: E402
+from benchlib import (ENVIRONMENT, PLANNER, PROGRAM, ROOT, ledger_disagreements, read_records, run_json,  # noqa: E402
+                      train, write_result)
 
 PROGRAMS = os.path.dirname(os.path.abspath(PROGRAM))
 
@@ -31,7 +32,7 @@ LAYOUTS = [(1, []), (2, ["--dp", "2"]), (2, ["--dp", "2", "--zero", "3"]), (2, [
            (2, ["--pp", "2", "--micro-batches", "4"])]
 PRECISIONS = {"fp32": [], "bf16": ["--param-dtype", "bf16"]}
 # The states whose bytes the plan and the ledger both count exactly.
-EXACT_STATES = ("params", "grads", "optimizer")
+EXACT_STATES = ("params", "grads", "optimizer", "comm_buffers")
 
 
 def device_options(device):
@@ -82,19 +83,6 @@ def planned(args, ranks, options, files):
     return json.loads(output.stdout.splitlines()[0])
 
 
-def disagreements(plan, summary):
-    """Where the plan's exact states and bytes per step differ from the run's ledger."""
-    problems = []
-    for state in EXACT_STATES:
-        measured = summary["placement"][state]["measured_bytes"]
-        if plan["memory_bytes"][state] != measured:
-            problems.append(f"{state}: planned {plan['memory_bytes'][state]}, measured {measured}")
-    for op, entry in summary["comm_per_step"].items():
-        if abs(plan["comm_bytes_per_step"][op] - entry["measured_bytes"]) > 0.01 * max(entry["measured_bytes"], 1):
-            problems.append(f"{op}: planned {plan['comm_bytes_per_step'][op]} bytes, measured {entry['measured_bytes']}")
-    return problems
-
-
 def gpu_name():
     """The GPU's name and driver, as nvidia-smi gives them."""
     query = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
@@ -127,7 +115,7 @@ def main():
             steps = [record for record in read_records(name) if not record.get("summary")][2:]
             comm_ms = {op: statistics.median(step["comm_ms"][op] for step in steps) for op in steps[0]["comm_ms"]}
             plan = planned(args, ranks, options, files)
-            problems = disagreements(plan, summary)
+            problems = ledger_disagreements(plan, summary, EXACT_STATES)
             rows.append({"precision": precision, "ranks": ranks, "layout": layout, "measured_step_ms": step_ms,
                          "planned_step_ms": plan["step_ms"],
                          "measured_comm_ms": {op: ms for op, ms in comm_ms.items() if ms > 0},

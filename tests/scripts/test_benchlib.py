@@ -33,5 +33,23 @@ class CpuShare(unittest.TestCase):
         self.assertEqual((kept, set_aside), ([5.0, 6.0], []))
 
 
+class LedgerDisagreements(unittest.TestCase):
+    PLAN = {"memory_bytes": {"params": 100, "grads": 100}, "comm_bytes_per_step": {"all_reduce": 1000, "all_to_all": 800}}
+
+    def summary(self, grads, all_reduce, all_to_all):
+        return {"placement": {"params": {"measured_bytes": 100}, "grads": {"measured_bytes": grads}},
+                "comm_per_step": {"all_reduce": {"measured_bytes": all_reduce},
+                                  "all_to_all": {"measured_bytes": all_to_all}}}
+
+    def test_states_exact_bytes_within_one_percent_routed_within_a_quarter(self):
+        states = ("params", "grads")
+        self.assertEqual(benchlib.ledger_disagreements(self.PLAN, self.summary(100, 1005, 800), states), [])
+        self.assertEqual(benchlib.ledger_disagreements(self.PLAN, self.summary(101, 1000, 800), states),
+                         ["grads: planned 100, measured 101"])
+        self.assertEqual(len(benchlib.ledger_disagreements(self.PLAN, self.summary(100, 1020, 700), states)), 2)
+        self.assertEqual(benchlib.ledger_disagreements(self.PLAN, self.summary(100, 1000, 700), states,
+                                                       routed_ops=("all_to_all",)), [])
+
+
 if __name__ == "__main__":
     unittest.main()
