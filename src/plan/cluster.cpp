@@ -43,12 +43,42 @@ double Cluster::gemm_rows_share(double rows) const {
   return below->second + position * (above->second - below->second);
 }
 
-LinkRates Cluster::staged_link(LinkClass link, CommOp op) const {
+namespace {
+
+// A rank's bytes copied down to host memory and back up for a staged operation, as shares of its
+// size (nccl-tests': the larger of its buffers) on the operation's path: a reduce-scatter sends
+// everything and keeps its block, an all-gather the reverse; a broadcast's root, and a send's
+// sender, copy down what the others copy up after the exchange.
+struct StagedCopies {
+  double down = 1;
+  double up = 1;
+};
+
+StagedCopies staged_copies(CommOp op, int ranks) {
+  const double block = 1.0 / std::max(ranks, 1);
+  switch (op) {
+    case CommOp::reduce_scatter:
+    case CommOp::scatter: return {.down = 1, .up = block};
+    case CommOp::all_gather:
+    case CommOp::gather: return {.down = block, .up = 1};
+    default: return {};
+  }
+}
+
+}  // namespace
+
+LinkRates Cluster::staged_link(LinkClass link, CommOp op, int ranks, Issue issue) const {
   const LinkRates& direct = this->link(link, op);
   if (host_copy_bytes_per_s <= 0) return direct;
   const double network = link == LinkClass::intra_node ? host_intra_node.bus_bytes_per_s : direct.bus_bytes_per_s;
+  // Seconds per byte of the operation's size, stage by stage.
+  const StagedCopies copies = staged_copies(op, ranks);
+  const double exchange = bus_factor(op, ranks) / network;
+  const double down = copies.down / host_copy_bytes_per_s, up = copies.up / host_copy_bytes_per_s;
+  const bool chunked = op == CommOp::all_reduce && issue == Issue::blocking;
+  const double seconds_per_byte = chunked ? std::max({down, up, exchange}) : down + exchange + up;
   return {.latency_s = (link == LinkClass::intra_node ? 0.0 : direct.latency_s) + host_intra_node.latency_s,
-          .bus_bytes_per_s = std::min(host_copy_bytes_per_s, network)};
+          .bus_bytes_per_s = bus_factor(op, ranks) / seconds_per_byte};
 }
 
 double Cluster::sample_values_per_s(DatasetKind dataset, bool held_in_memory) const {

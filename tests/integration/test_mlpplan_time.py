@@ -292,8 +292,8 @@ class MlpplanTime(TrainingTestCase):
 
     def test_a_presets_gpus_communicate_host_staged_or_through_nccl(self):
         """On a preset, --device cuda with --comm mpi plans the host-staged path (the tensor
-        group's sums at min(PCIe copy, the host's MPI) within the node: 4.75 GB/s here against
-        NVLink's 450 for NCCL); --comm nccl and a plan without --device cuda take the preset's
+        group's sums at the host's MPI within the node, the PCIe copies beside it: 4.75 GB/s here
+        against NVLink's 450 for NCCL); --comm nccl and a plan without --device cuda take the preset's
         GPU-direct links. The same bytes travel either way."""
         layout = ["--world", 8, "--tp", 8, "--layers", 4, "--hidden", 4096, "--global-batch", 64, "--input-dim", 4096,
                   "--output-dim", 16, "--param-dtype", "bf16"]
@@ -304,6 +304,42 @@ class MlpplanTime(TrainingTestCase):
         self.assertEqual(staged["bus_bytes_per_step"], nccl["bus_bytes_per_step"])
         # Sums of a few MB each: the exposed time grows by most of the ratio of the rates.
         self.assertGreater(staged["step_ms"]["exposed_comm"], 10 * nccl["step_ms"]["exposed_comm"])
+
+    def test_host_staging_adds_a_whole_operations_stages_and_overlaps_a_blocking_all_reduces(self):
+        """Host-staged MPI (--device cuda --comm mpi) as the trainer stages it: a started operation
+        (data parallelism's buckets, ZeRO's shards) is copied down, exchanged and copied up, one
+        stage after the other; a blocking all-reduce (tensor parallelism's sums) goes in chunks,
+        its copies beside the exchange, at its slowest stage. A rank copies down what it sends and
+        up what it keeps: an all-reduce its whole buffer both ways, a reduce-scatter of 2 ranks the
+        whole down and half up, an all-gather the reverse. Two ranks in one node, nothing hidden
+        on the staged path; latencies a picosecond, so the seconds are the bytes' alone."""
+        copy, host = 2e9, 5e9  # a direction's copies, the host MPI's bus bandwidth (bytes/s)
+        rates = {"latency_us": 1e-6, "bus_gb_per_s": 100}
+        cluster = self.path("staging.json")
+        with open(cluster, "w") as handle:
+            json.dump({"name": "staging", "devices_per_node": 8, "device_memory_gb": 80,
+                       "gemm_tflops": {"fp32": 10, "bf16": 100, "fp16": 100}, "memory_gb_per_s": 1000,
+                       "intra_node": rates, "inter_node": rates,
+                       "host_staging": {"copy_gb_per_s": copy / 1e9,
+                                        "intra_node": {"latency_us": 1e-6, "bus_gb_per_s": host / 1e9}}}, handle)
+        # Seconds per byte of each operation's size: (down + up) / copy + bus factor / host, whole.
+        whole = {"all_reduce": 2 / copy + 1 / host, "reduce_scatter": 1.5 / copy + 0.5 / host,
+                 "all_gather": 1.5 / copy + 0.5 / host}
+        model = ["--layers", 4, "--hidden", 1024, "--input-dim", 256, "--output-dim", 16, "--global-batch", 256,
+                 "--world", 2, "--device", "cuda", "--cluster", cluster]
+        chunked = {"all_reduce": max(1 / copy, 1 / host)}
+        # Every layout also sums the step's loss over the world, blocking: 48 bytes, chunked (under
+        # --dp 2 in the buckets' count, 5e-6 of it).
+        for layout, seconds_per_byte in [(["--dp", 2], {"all_reduce": whole["all_reduce"]}),
+                                         (["--dp", 2, "--zero", 2], dict(chunked, reduce_scatter=whole["reduce_scatter"],
+                                                                         all_gather=whole["all_gather"])),
+                                         (["--tp", 2], chunked)]:
+            with self.subTest(layout=layout):
+                plan = plan_json(model + layout)
+                moved = {op: size for op, size in plan["comm_bytes_per_step"].items() if size > 0}
+                self.assertEqual(sorted(moved), sorted(seconds_per_byte))
+                expected = sum(size * seconds_per_byte[op] for op, size in moved.items())
+                self.assertAlmostEqual(plan["step_ms"]["exposed_comm"] / 1e3 / expected, 1, delta=1e-3)
 
     def test_fp8_plans_dense_gemms_at_the_devices_fp8_rate(self):
         """On the H100 preset (989.4 bf16, 1978.9 fp8 dense TFLOP/s) --fp8 takes the dense layers'
