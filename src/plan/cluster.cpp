@@ -55,7 +55,7 @@ struct StagedCopies {
 };
 
 StagedCopies staged_copies(CommOp op, int ranks) {
-  const double block = 1.0 / std::max(ranks, 1);
+  const double block = 1.0 / ranks;
   switch (op) {
     case CommOp::reduce_scatter:
     case CommOp::scatter: return {.down = 1, .up = block};

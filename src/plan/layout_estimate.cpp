@@ -210,17 +210,18 @@ class StageModel {
     const int zero = inputs_.config.strategies.get<ZeroOptions>().stage;
     const double per_pass = micro_batches * layers;
     // Waited for inside forward and backward, per micro-batch.
-    constexpr Issue waits = Issue::blocking;
-    const double blocking = collective(work, GroupKind::tensor, CommOp::all_reduce, waits, 2 * per_pass) +
-                            collective(work, GroupKind::tensor, CommOp::reduce_scatter, waits, 2 * per_pass) +
-                            collective(work, GroupKind::tensor, CommOp::all_gather, waits, 3 * per_pass) +
-                            collective(work, GroupKind::expert, CommOp::all_to_all, waits, 4 * per_pass,
-                                       inputs_.expert_imbalance) +
-                            collective(work, GroupKind::pipeline, CommOp::send, waits,
-                                       2 * micro_batches * static_cast<double>(layout.layers.chunks.size()));
-    collective(work, GroupKind::pipeline, CommOp::recv, waits, 0);  // counted on the link, timed as the send
+    const double blocking =
+        collective(work, GroupKind::tensor, CommOp::all_reduce, Issue::blocking, 2 * per_pass) +
+        collective(work, GroupKind::tensor, CommOp::reduce_scatter, Issue::blocking, 2 * per_pass) +
+        collective(work, GroupKind::tensor, CommOp::all_gather, Issue::blocking, 3 * per_pass) +
+        collective(work, GroupKind::expert, CommOp::all_to_all, Issue::blocking, 4 * per_pass,
+                   inputs_.expert_imbalance) +
+        collective(work, GroupKind::pipeline, CommOp::send, Issue::blocking,
+                   2 * micro_batches * static_cast<double>(layout.layers.chunks.size()));
+    // Counted on the link, timed as the send.
+    collective(work, GroupKind::pipeline, CommOp::recv, Issue::blocking, 0);
     const double statistics =
-        zero == 0 ? collective(work, GroupKind::data, CommOp::all_gather, waits, per_pass) : 0;
+        zero == 0 ? collective(work, GroupKind::data, CommOp::all_gather, Issue::blocking, per_pass) : 0;
     work.forward_comm = (blocking / 2 + statistics) / micro_batches;
     work.backward_comm = blocking / 2 / micro_batches;
     // Reductions the backward can hide all but a layer's share of.
