@@ -6,7 +6,8 @@
 #include "core/hdf5_handle.hpp"
 
 int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
+  int provided = MPI_THREAD_SINGLE;  // as the programs ask (comm/mpi_program.cpp)
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
   mlptrain::silence_hdf5_errors();
   ::testing::InitGoogleTest(&argc, argv);
   int rank = 0;

@@ -120,7 +120,8 @@ class CudaCopier final : public AsyncCopier {
     bind_thread();
     check(cudaEventRecord(ready_, compute_stream_), "cudaEventRecord");
     check(cudaStreamWaitEvent(down_, ready_, 0), "cudaStreamWaitEvent");
-    check(cudaMemcpyAsync(host, device, bytes, cudaMemcpyDeviceToHost, down_), "cudaMemcpyAsync");
+    // A zero-byte copy only marks the compute stream's work so far.
+    if (bytes > 0) check(cudaMemcpyAsync(host, device, bytes, cudaMemcpyDeviceToHost, down_), "cudaMemcpyAsync");
     check(cudaEventRecord(to_host_[lane_index(lane)], down_), "cudaEventRecord");
   }
   void start_to_device(int lane, void* device, const void* host, std::size_t bytes) override {
@@ -134,6 +135,8 @@ class CudaCopier final : public AsyncCopier {
   void wait_to_device(int lane) override {
     check(cudaEventSynchronize(to_device_[lane_index(lane)]), "cudaEventSynchronize");
   }
+  bool test_to_host(int lane) override { return done(to_host_[lane_index(lane)]); }
+  bool test_to_device(int lane) override { return done(to_device_[lane_index(lane)]); }
   void order_device_after_to_device(int lane) override {
     bind_thread();
     check(cudaStreamWaitEvent(compute_stream_, to_device_[lane_index(lane)], 0), "cudaStreamWaitEvent");
@@ -142,6 +145,13 @@ class CudaCopier final : public AsyncCopier {
  private:
   // The calling thread's current device is the copier's (a thread of its own starts on device 0).
   void bind_thread() const { check(cudaSetDevice(device_), "cudaSetDevice"); }
+  // An event never recorded counts as done, as cudaEventQuery says.
+  static bool done(cudaEvent_t event) {
+    const cudaError_t status = cudaEventQuery(event);
+    if (status == cudaErrorNotReady) return false;
+    check(status, "cudaEventQuery");
+    return true;
+  }
 
   int device_ = 0;
   cudaStream_t compute_stream_;

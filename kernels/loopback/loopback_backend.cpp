@@ -3,11 +3,15 @@
 #include "kernels/loopback/loopback_backend.hpp"
 
 #include <array>
+#include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <future>
+#include <deque>
+#include <mutex>
+#include <thread>
 #include <vector>
 
 namespace mlptrain {
@@ -39,7 +43,68 @@ T* untagged(T* pointer) {
   return pointer;
 }
 
-// Background copies on threads of their own, so host staging's pipeline really overlaps its
+// One direction's background copies: a thread that copies in the order the copies were
+// started, as a GPU's copy stream does. Copy n is done once `done_` reaches n.
+class CopyQueue {
+ public:
+  CopyQueue() : thread_([this] { run(); }) {}
+  ~CopyQueue() {
+    {
+      const std::lock_guard lock(mutex_);
+      stopping_ = true;
+    }
+    wake_.notify_all();
+    thread_.join();
+  }
+  CopyQueue(const CopyQueue&) = delete;
+  CopyQueue& operator=(const CopyQueue&) = delete;
+
+  std::uint64_t start(void* destination, const void* source, std::size_t bytes) {
+    std::uint64_t number = 0;
+    {
+      const std::lock_guard lock(mutex_);
+      pending_.push_back({destination, source, bytes});
+      number = ++started_;
+    }
+    wake_.notify_all();
+    return number;
+  }
+  bool done(std::uint64_t number) const { return done_.load(std::memory_order_acquire) >= number; }
+  void wait(std::uint64_t number) {
+    std::unique_lock lock(mutex_);
+    finished_.wait(lock, [&] { return done(number); });
+  }
+
+ private:
+  struct Copy {
+    void* destination;
+    const void* source;
+    std::size_t bytes;
+  };
+  void run() {
+    std::unique_lock lock(mutex_);
+    for (;;) {
+      wake_.wait(lock, [&] { return stopping_ || !pending_.empty(); });
+      if (pending_.empty()) return;
+      const Copy copy = pending_.front();
+      pending_.pop_front();
+      lock.unlock();
+      if (copy.bytes > 0) std::memcpy(copy.destination, copy.source, copy.bytes);
+      lock.lock();
+      done_.fetch_add(1, std::memory_order_release);
+      finished_.notify_all();
+    }
+  }
+  std::mutex mutex_;
+  std::condition_variable wake_, finished_;
+  std::deque<Copy> pending_;
+  std::uint64_t started_ = 0;
+  std::atomic<std::uint64_t> done_{0};
+  bool stopping_ = false;
+  std::thread thread_;  // last: it starts on a complete queue
+};
+
+// Background copies on a thread per direction, so host staging's pieces really overlap their
 // copies with MPI here too, and a missing wait shows up as a wrong result.
 class LoopbackCopier final : public AsyncCopier {
  public:
@@ -47,26 +112,23 @@ class LoopbackCopier final : public AsyncCopier {
       : AsyncCopier(lanes), to_host_(static_cast<std::size_t>(lanes)), to_device_(to_host_.size()) {}
   Allocator& host_memory() override { return host_memory_; }
   void start_to_host(int lane, void* destination, const void* device, std::size_t bytes) override {
-    to_host_[lane_index(lane)] = copy(untagged(destination), host(device), bytes);
+    to_host_[lane_index(lane)] = down_.start(untagged(destination), host(device), bytes);
   }
   void start_to_device(int lane, void* device, const void* source, std::size_t bytes) override {
-    to_device_[lane_index(lane)] = copy(host(device), untagged(source), bytes);
+    to_device_[lane_index(lane)] = up_.start(host(device), untagged(source), bytes);
   }
-  void wait_to_host(int lane) override { finish(to_host_[lane_index(lane)]); }
-  void wait_to_device(int lane) override { finish(to_device_[lane_index(lane)]); }
+  void wait_to_host(int lane) override { down_.wait(to_host_[lane_index(lane)]); }
+  void wait_to_device(int lane) override { up_.wait(to_device_[lane_index(lane)]); }
+  bool test_to_host(int lane) override { return down_.done(to_host_[lane_index(lane)]); }
+  bool test_to_device(int lane) override { return up_.done(to_device_[lane_index(lane)]); }
   // The host runs the loopback device's work, so it waits itself.
   void order_device_after_to_device(int lane) override { wait_to_device(lane); }
 
  private:
-  static std::future<void> copy(void* destination, const void* source, std::size_t bytes) {
-    return std::async(std::launch::async, [=] { std::memcpy(destination, source, bytes); });
-  }
-  static void finish(std::future<void>& copy) {
-    if (copy.valid()) copy.get();
-  }
   MemoryLedger ledger_;  // staging memory is the host's, not the device's
   HostAllocator host_memory_{ledger_};
-  std::vector<std::future<void>> to_host_, to_device_;
+  std::vector<std::uint64_t> to_host_, to_device_;  // each lane's latest copy's number
+  CopyQueue down_, up_;
 };
 
 class LoopbackAllocator final : public HostAllocator {

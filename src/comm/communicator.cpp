@@ -31,6 +31,8 @@ std::int64_t Operation::ledger_bytes(int group_size) const {
   return 0;
 }
 
+double PendingOperation::completed_at_ms() const { return now_ms(); }
+
 Request::Request(std::unique_ptr<PendingOperation> pending, CommLedger* ledger, std::string group,
                  CommOp op, std::int64_t bytes, DataType type, std::uint64_t sequence, double start_ms)
     : pending_(std::move(pending)), ledger_(ledger), group_(std::move(group)), op_(op),
@@ -70,9 +72,9 @@ void Request::wait() {
 }
 
 void Request::finish() {
+  const double end_ms = pending_->completed_at_ms();
   pending_.reset();
-  if (ledger_ != nullptr)
-    ledger_->record_completed(sequence_, op_, group_, bytes_, type_, start_ms_, now_ms());
+  if (ledger_ != nullptr) ledger_->record_completed(sequence_, op_, group_, bytes_, type_, start_ms_, end_ms);
 }
 
 void Communicator::run(const Operation& operation) {

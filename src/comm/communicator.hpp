@@ -52,6 +52,9 @@ class PendingOperation {
   virtual ~PendingOperation() = default;
   virtual bool test() = 0;  // true once complete
   virtual void wait() = 0;
+  // When it completed (core/timer.hpp's clock), once test() or wait() said so: where a thread of
+  // the backend's own saw it complete, that time, else now.
+  virtual double completed_at_ms() const;
 };
 
 // Handle to a non-blocking operation; completing it (test() true, or wait()) records its time in

@@ -1,80 +1,162 @@
-// Host staging of collectives on device memory (see host_staging.hpp).
+// Host staging's pipeline of pieces (see host_staging.hpp).
 #include "comm/host_staging.hpp"
 
 #include <algorithm>
-#include <array>
-#include <numeric>
+#include <stdexcept>
 
-#include "comm/staging.hpp"
+#include "comm/staging_plan.hpp"
 
 namespace mlptrain {
 
 namespace {
 
-std::size_t sum(const std::vector<std::size_t>& counts) {
-  return std::accumulate(counts.begin(), counts.end(), std::size_t{0});
-}
-
-// The pipeline's copies of one all-reduce between its device buffers and the slots: in the
-// background on the device's copier (one lane per slot) where there is one, else at once (a
-// chunk's copy is then complete when its start returns).
-class SlotCopier final : public ChunkCopier {
- public:
-  SlotCopier(Allocator& device, AsyncCopier* background, const Operation& operation,
-             std::size_t chunk_bytes, std::array<std::byte*, staging_slots> slots)
-      : device_(device), background_(background), operation_(operation), chunk_bytes_(chunk_bytes),
-        total_bytes_(operation.count * size_of(operation.type)), slots_(slots) {}
-
-  void start_to_host(std::size_t chunk, int slot) override {
-    const auto* source = static_cast<const std::byte*>(operation_.send) + first(chunk);
-    if (background_ != nullptr) {
-      background_->start_to_host(slot, slots_[slot], source, bytes(chunk));
-    } else {
-      device_.copy_any_to_host(slots_[slot], source, bytes(chunk));
-    }
-  }
-  void wait_to_host(std::size_t chunk) override {
-    if (background_ != nullptr) background_->wait_to_host(lane(chunk));
-  }
-  void start_to_device(std::size_t chunk, int slot) override {
-    auto* destination = static_cast<std::byte*>(operation_.receive) + first(chunk);
-    if (background_ != nullptr) {
-      background_->start_to_device(slot, destination, slots_[slot], bytes(chunk));
-    } else {
-      device_.copy_host_to_any(destination, slots_[slot], bytes(chunk));
-    }
-  }
-  void wait_to_device(std::size_t chunk) override {
-    if (background_ != nullptr) background_->wait_to_device(lane(chunk));
-  }
-
- private:
-  static int lane(std::size_t chunk) { return static_cast<int>(chunk % staging_slots); }
-  std::size_t first(std::size_t chunk) const { return chunk * chunk_bytes_; }
-  std::size_t bytes(std::size_t chunk) const {
-    return std::min(chunk_bytes_, total_bytes_ - first(chunk));
-  }
-
-  Allocator& device_;
-  AsyncCopier* background_;
-  const Operation& operation_;
-  std::size_t chunk_bytes_, total_bytes_;
-  std::array<std::byte*, staging_slots> slots_;
-};
+// Copies in flight at once, per direction: enough for 256 pieces' worth of a rank's operations
+// (a GiB at the default chunk size), few enough that a GPU's events for them cost nothing.
+constexpr int copier_lanes = 256;
 
 }  // namespace
 
-HostStaging::HostStaging(Allocator& device, std::size_t chunk_bytes)
-    : device_(device),
-      chunk_bytes_(std::max<std::size_t>(chunk_bytes, 64)),
-      copier_(device.make_async_copier(staging_slots)),
-      slots_(staging_slots) {}
+// One staged operation: its pieces, and where each stands.
+class StagedTask final : public EngineTask {
+ public:
+  StagedTask(HostStaging& staging, const Operation& operation, int rank, int ranks, IssueChannel channel,
+             HostStarter start_host)
+      : EngineTask(channel), staging_(staging), start_host_(std::move(start_host)) {
+    const StagingPlan plan(operation, rank, ranks, staging.chunk_bytes());
+    Allocator& host_memory = staging.copier_->host_memory();
+    // At least a byte each: an empty message still names a buffer.
+    send_ = host_memory.allocate(MemoryState::comm_buffers, std::max<std::size_t>(plan.host_bytes().send, 1));
+    if (plan.host_bytes().receive > 0)
+      receive_ = host_memory.allocate(MemoryState::comm_buffers, plan.host_bytes().receive);
+    source_ = static_cast<const std::byte*>(plan.source());
+    destination_ = static_cast<std::byte*>(plan.destination());
+    for (StagedPiece& planned : plan.pieces(send_.as<std::byte>(), receive_.as<std::byte>())) {
+      Piece piece{.operations = std::move(planned.operations)};
+      for (const CopySpan& span : planned.down) piece.down.push_back({.span = span});
+      for (const CopySpan& span : planned.up) piece.up.push_back({.span = span});
+      pieces_.push_back(std::move(piece));
+    }
+    start_copies_down();
+  }
 
-std::byte* HostStaging::slot(int index, std::size_t bytes) {
-  bytes = std::max<std::size_t>(bytes, 1);  // never a null slot, even for an empty message
-  Buffer& buffer = slots_[static_cast<std::size_t>(index)];
-  if (buffer.bytes() < bytes) buffer = host_memory().allocate(MemoryState::comm_buffers, bytes);
-  return buffer.as<std::byte>();
+  TaskProgress advance(bool may_issue) override {
+    bool moved = start_copies_down();
+    moved = finish(mark_, true) || moved;
+    for (Piece& piece : pieces_)
+      for (Copy& copy : piece.down) moved = finish(copy, true) || moved;
+    // Issue in order: a piece's operations once its copies landed, after every earlier piece's.
+    while (may_issue && issued_ < pieces_.size() && landed(pieces_[issued_])) {
+      Piece& piece = pieces_[issued_++];
+      for (const Operation& operation : piece.operations) piece.in_flight.push_back(start_host_(operation));
+      moved = true;
+    }
+    bool complete = mark_.done;
+    for (std::size_t index = 0; index < issued_; ++index) {
+      Piece& piece = pieces_[index];
+      moved = communicate(piece) || moved;
+      if (piece.communicated && mark_.done) {
+        for (Copy& copy : piece.up) {
+          moved = start_up(copy) || moved;
+          moved = finish(copy, false) || moved;
+        }
+      }
+      complete = complete && piece.communicated && std::all_of(piece.up.begin(), piece.up.end(), [](const Copy& copy) { return copy.done; });
+    }
+    complete = complete && issued_ == pieces_.size();
+    return {.moved = moved, .issued_all = issued_ == pieces_.size(), .complete = complete};
+  }
+
+ private:
+  struct Copy {
+    CopySpan span;
+    int lane = -1;  // while in flight
+    bool started = false;
+    bool done = false;
+  };
+  struct Piece {
+    std::vector<Copy> down;
+    std::vector<Operation> operations;
+    std::vector<Copy> up;
+    std::vector<std::unique_ptr<PendingOperation>> in_flight;
+    bool communicated = false;
+  };
+
+  static bool landed(const Piece& piece) {
+    return std::all_of(piece.down.begin(), piece.down.end(), [](const Copy& copy) { return copy.done; });
+  }
+  // Queues the copies down that find lanes, in order (a copy that finds none, and all after it,
+  // wait for a later round).
+  bool start_copies_down() {
+    bool moved = false;
+    if (!start_down(mark_)) return false;
+    for (Piece& piece : pieces_)
+      for (Copy& copy : piece.down) {
+        if (copy.started) continue;
+        if (!start_down(copy)) return moved;
+        moved = true;
+      }
+    return moved;
+  }
+  bool start_down(Copy& copy) {
+    if (copy.started) return true;
+    const std::optional<int> lane = staging_.take_lane(true);
+    if (!lane) return false;
+    staging_.copier_->start_to_host(*lane, send_.as<std::byte>() + copy.span.host_offset,
+                                    source_ + copy.span.device_offset, copy.span.bytes);
+    copy.lane = *lane;
+    copy.started = true;
+    return true;
+  }
+  bool start_up(Copy& copy) {
+    if (copy.started) return false;
+    const std::optional<int> lane = staging_.take_lane(false);
+    if (!lane) return false;
+    // An all-to-all receives into a host buffer of its own; everything else works in place.
+    const std::byte* host = (receive_.empty() ? send_ : receive_).as<std::byte>() + copy.span.host_offset;
+    staging_.copier_->start_to_device(*lane, destination_ + copy.span.device_offset, host, copy.span.bytes);
+    copy.lane = *lane;
+    copy.started = true;
+    return true;
+  }
+  // Whether a copy in flight just finished (its lane then goes back to the pool).
+  bool finish(Copy& copy, bool to_host) {
+    if (!copy.started || copy.done) return false;
+    AsyncCopier& copier = *staging_.copier_;
+    if (!(to_host ? copier.test_to_host(copy.lane) : copier.test_to_device(copy.lane))) return false;
+    copy.done = true;
+    staging_.give_lane(to_host, copy.lane);
+    copy.lane = -1;
+    return true;
+  }
+  // Tests the piece's operations; whether the last of them just completed.
+  static bool communicate(Piece& piece) {
+    if (piece.communicated) return false;
+    for (auto& operation : piece.in_flight)
+      if (operation && operation->test()) operation.reset();
+    piece.communicated = std::all_of(piece.in_flight.begin(), piece.in_flight.end(),
+                                     [](const auto& operation) { return operation == nullptr; });
+    return piece.communicated;
+  }
+
+  HostStaging& staging_;
+  HostStarter start_host_;
+  Buffer send_, receive_;
+  const std::byte* source_ = nullptr;
+  std::byte* destination_ = nullptr;
+  std::vector<Piece> pieces_;
+  // An empty copy down, queued before the task's others: done once the compute stream's work
+  // queued before the operation is, which the copies up wait for (it may read the destination).
+  Copy mark_;
+  std::size_t issued_ = 0;     // pieces whose operations are started
+};
+
+HostStaging::HostStaging(Allocator& device, std::size_t chunk_bytes)
+    : device_(device), chunk_bytes_(std::max<std::size_t>(chunk_bytes, 64)), copier_(device.make_async_copier(copier_lanes)) {
+  if (!copier_) throw std::logic_error("host staging needs a device with background copies");
+  for (int lane = copier_lanes - 1; lane >= 0; --lane) {
+    free_to_host_.push_back(lane);
+    free_to_device_.push_back(lane);
+  }
 }
 
 bool HostStaging::stages(const Operation& operation) const {
@@ -82,111 +164,23 @@ bool HostStaging::stages(const Operation& operation) const {
          (operation.receive != nullptr && device_.is_device_memory(operation.receive));
 }
 
-void StagedOperation::finish() {
-  device_->copy_host_to_any(static_cast<std::byte*>(destination_) + down_offset_,
-                            static_cast<const std::byte*>(host_.receive) + down_offset_, down_bytes_);
+std::unique_ptr<EngineTask> HostStaging::task(const Operation& operation, int rank, int ranks, IssueChannel channel,
+                                              HostStarter start_host) {
+  return std::make_unique<StagedTask>(*this, operation, rank, ranks, channel, std::move(start_host));
 }
 
-void HostStaging::all_reduce(const Operation& operation,
-                             const std::function<void(const Operation&)>& run_host) {
-  const std::size_t element = size_of(operation.type);
-  const std::size_t per_chunk = chunk_bytes_ / element;
-  const std::size_t chunks = chunk_count(operation.count, per_chunk);
-  // Background copies need both buffers on the device (the copier's lanes move device memory).
-  const bool background = copier_ && device_.is_device_memory(operation.send) &&
-                          device_.is_device_memory(operation.receive);
-  std::array<std::byte*, staging_slots> slots{};
-  for (int index = 0; index < staging_slots; ++index)
-    slots[static_cast<std::size_t>(index)] = slot(index, std::min(operation.count, per_chunk) * element);
-  SlotCopier copier(device_, background ? copier_.get() : nullptr, operation, per_chunk * element, slots);
-  run_staged_pipeline(chunks, copier, [&](std::size_t chunk, int slot_index) {
-    Operation part = operation;
-    part.count = std::min(per_chunk, operation.count - chunk * per_chunk);
-    part.send = part.receive = slots[static_cast<std::size_t>(slot_index)];  // in place on the slot
-    run_host(part);
-  });
+std::optional<int> HostStaging::take_lane(bool to_host) {
+  const std::lock_guard lock(lanes_mutex_);
+  std::vector<int>& free = to_host ? free_to_host_ : free_to_device_;
+  if (free.empty()) return std::nullopt;
+  const int lane = free.back();
+  free.pop_back();
+  return lane;
 }
 
-std::shared_ptr<StagedOperation> HostStaging::stage(const Operation& operation, int rank,
-                                                    int group_size) {
-  const std::size_t element = size_of(operation.type);
-  const auto ranks = static_cast<std::size_t>(group_size);
-  const bool in_place = operation.send == operation.receive;
-  const std::size_t block = operation.count * element;
-  // Bytes of the send and the receive side, and what of them moves: an in-place reduce-scatter
-  // only brings back this rank's block, an in-place all-gather only takes it up.
-  std::size_t send_bytes = 0, receive_bytes = 0, up_offset = 0, up_bytes = 0, down_offset = 0,
-              down_bytes = 0;
-  switch (operation.op) {
-    case CommOp::all_reduce:
-      send_bytes = receive_bytes = up_bytes = down_bytes = block;
-      break;
-    case CommOp::reduce_scatter:
-      send_bytes = up_bytes = block * ranks;
-      receive_bytes = in_place ? send_bytes : block;
-      down_offset = in_place ? block * static_cast<std::size_t>(rank) : 0;
-      down_bytes = block;
-      break;
-    case CommOp::all_gather:
-      send_bytes = in_place ? block * ranks : block;
-      receive_bytes = down_bytes = block * ranks;
-      up_offset = in_place ? block * static_cast<std::size_t>(rank) : 0;
-      up_bytes = block;
-      break;
-    case CommOp::broadcast:  // the data leaves the root and lands everywhere else
-      send_bytes = receive_bytes = block;
-      (operation.peer == rank ? up_bytes : down_bytes) = block;
-      break;
-    case CommOp::reduce:  // the sum lands at the root only
-      send_bytes = receive_bytes = up_bytes = block;
-      down_bytes = operation.peer == rank ? block : 0;
-      break;
-    case CommOp::gather:  // as all_gather, with only the root receiving
-      send_bytes = in_place ? block * ranks : block;
-      receive_bytes = block * ranks;
-      up_offset = in_place ? block * static_cast<std::size_t>(rank) : 0;
-      up_bytes = block;
-      down_bytes = operation.peer == rank ? block * ranks : 0;
-      break;
-    case CommOp::scatter:  // as reduce_scatter, with only the root sending
-      send_bytes = block * ranks;
-      up_bytes = operation.peer == rank ? send_bytes : 0;
-      receive_bytes = in_place ? send_bytes : block;
-      down_offset = in_place ? block * static_cast<std::size_t>(rank) : 0;
-      down_bytes = block;
-      break;
-    case CommOp::send: send_bytes = up_bytes = block; break;
-    case CommOp::recv: receive_bytes = down_bytes = block; break;
-    case CommOp::all_to_all:
-      send_bytes = up_bytes =
-          (operation.send_counts.empty() ? operation.count * ranks : sum(operation.send_counts)) * element;
-      receive_bytes = down_bytes =
-          (operation.receive_counts.empty() ? operation.count * ranks : sum(operation.receive_counts)) *
-          element;
-      break;
-  }
-  auto staged = std::make_shared<StagedOperation>();
-  staged->device_ = &device_;
-  // Blocks of the host memory's cache, their bytes as the last user left them: every byte the
-  // operation reads is copied up or received first.
-  staged->send_ = host_memory().allocate(MemoryState::comm_buffers, send_bytes);
-  staged->receive_ = host_memory().allocate(MemoryState::comm_buffers, in_place ? 0 : receive_bytes);
-  staged->host_ = operation;
-  // A broadcast and a recv have no send side: their one buffer is the receive buffer.
-  const bool one_buffer = in_place || operation.op == CommOp::broadcast;
-  std::byte* send_host = staged->send_.as<std::byte>();
-  staged->host_.send = operation.send == nullptr ? nullptr : send_host;
-  staged->host_.receive = operation.receive == nullptr ? nullptr
-                          : one_buffer                 ? send_host
-                                                       : staged->receive_.as<std::byte>();
-  const void* source = operation.op == CommOp::broadcast ? operation.receive : operation.send;
-  if (up_bytes > 0)
-    device_.copy_any_to_host(send_host + up_offset, static_cast<const std::byte*>(source) + up_offset,
-                             up_bytes);
-  staged->destination_ = operation.receive;
-  staged->down_offset_ = down_offset;
-  staged->down_bytes_ = down_bytes;
-  return staged;
+void HostStaging::give_lane(bool to_host, int lane) {
+  const std::lock_guard lock(lanes_mutex_);
+  (to_host ? free_to_host_ : free_to_device_).push_back(lane);
 }
 
 }  // namespace mlptrain

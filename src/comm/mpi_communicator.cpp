@@ -4,6 +4,7 @@
 
 #include <climits>
 #include <cstring>
+#include <exception>
 #include <functional>
 #include <stdexcept>
 #include <string>
@@ -39,6 +40,46 @@ class MpiPending final : public PendingOperation {
 };
 
 namespace {
+
+// An operation on host memory as an engine task: started when its channel allows, then tested.
+class HostTask final : public EngineTask {
+ public:
+  HostTask(IssueChannel channel, std::function<std::unique_ptr<PendingOperation>()> start)
+      : EngineTask(channel), start_(std::move(start)) {}
+  TaskProgress advance(bool may_issue) override {
+    bool moved = false;
+    if (start_) {
+      if (!may_issue) return {.issued_all = false};
+      pending_ = std::exchange(start_, nullptr)();
+      moved = true;
+    }
+    const bool complete = pending_->test();
+    return {.moved = moved || complete, .complete = complete};
+  }
+
+ private:
+  std::function<std::unique_ptr<PendingOperation>()> start_;  // until started
+  std::unique_ptr<PendingOperation> pending_;
+};
+
+// A started operation the engine runs. Dropped before it completed (an error on the way out),
+// its task goes to the engine, which MPI may still need it from.
+class EnginePending final : public PendingOperation {
+ public:
+  EnginePending(CommEngine& engine, std::unique_ptr<EngineTask> task) : engine_(engine), task_(std::move(task)) {}
+  ~EnginePending() override {
+    if (!task_->complete()) engine_.keep(std::move(task_));
+  }
+  EnginePending(const EnginePending&) = delete;
+  EnginePending& operator=(const EnginePending&) = delete;
+  bool test() override { return engine_.test(*task_); }
+  void wait() override { engine_.wait(*task_); }
+  double completed_at_ms() const override { return task_->completed_at_ms(); }
+
+ private:
+  CommEngine& engine_;
+  std::unique_ptr<EngineTask> task_;
+};
 
 bool in_place(const Operation& operation) { return operation.send == operation.receive; }
 
@@ -97,29 +138,38 @@ class WindowAllocator final : public Allocator {
 }  // namespace
 
 MpiCommunicator::MpiCommunicator(MPI_Comm comm, std::string group, CommLedger& ledger,
-                                 bool shared_memory, HostStaging* staging)
-    : Communicator(std::move(group), ledger), comm_(comm), staging_(staging) {
+                                 bool shared_memory, CommEngine* engine, HostStaging* staging)
+    : Communicator(std::move(group), ledger), comm_(comm), engine_(engine), staging_(staging) {
+  if (staging_ != nullptr && engine_ == nullptr) throw std::logic_error("host staging runs on a communication engine");
   MPI_Comm_rank(comm_, &rank_);
   MPI_Comm_size(comm_, &size_);
   shared_memory_ = shared_memory && size_ > 1;
 }
 
 MpiCommunicator::~MpiCommunicator() {
-  window_allocators_.clear();
-  windows_.clear();
   int finalized = 0;
   MPI_Finalized(&finalized);
+  // Nothing of this group may be in flight when its windows and communicator go; but waiting
+  // needs the other ranks: not while unwinding from an error they may not share.
+  if (engine_ != nullptr && !finalized && std::uncaught_exceptions() == 0) engine_->drain();
+  window_allocators_.clear();
+  windows_.clear();
   const bool predefined = comm_ == MPI_COMM_WORLD || comm_ == MPI_COMM_SELF || comm_ == MPI_COMM_NULL;
   if (!finalized && !predefined) MPI_Comm_free(&comm_);
 }
 
-void MpiCommunicator::barrier() { MPI_Barrier(comm_); }
+void MpiCommunicator::barrier() {
+  if (engine_ != nullptr) engine_->drain();  // the group's earlier collectives are issued first
+  MPI_Barrier(comm_);
+}
 
 Buffer MpiCommunicator::allocate_collective_memory(Allocator& fallback, MemoryState state,
                                                    std::size_t bytes) {
   // Every rank decides alike, so the collective calls match. Windows are host memory: a
   // device's buffers stay on the device.
   if (!shared_memory_ || fallback.device() != Device::cpu) return fallback.allocate(state, bytes);
+  // The calls below are collectives of this group outside the engine: after its tasks.
+  if (engine_ != nullptr) engine_->drain();
   // Asked once, on first use: finding the node's ranks is slow when ranks outnumber cores, and
   // most groups never ask.
   if (!shares_node_) shares_node_ = group_shares_node(comm_);
@@ -157,14 +207,10 @@ std::unique_ptr<PendingOperation> MpiCommunicator::start_shared(const Operation&
 }
 
 void MpiCommunicator::run_backend(const Operation& operation) {
-  if (staging_ != nullptr && staging_->stages(operation)) {
-    if (operation.op == CommOp::all_reduce) {
-      staging_->all_reduce(operation, [&](const Operation& host) { run_host(host); });
-    } else {
-      const auto staged = staging_->stage(operation, rank_, size_);
-      run_host(staged->host());
-      staged->finish();
-    }
+  if (engine_ != nullptr) {
+    const std::unique_ptr<EngineTask> running = task(operation);
+    engine_->submit(*running);
+    engine_->wait(*running);
     return;
   }
   if (auto pending = start_shared(operation)) {
@@ -172,6 +218,21 @@ void MpiCommunicator::run_backend(const Operation& operation) {
     return;
   }
   run_host(operation);
+}
+
+std::unique_ptr<EngineTask> MpiCommunicator::task(const Operation& operation) {
+  IssueChannel channel{.comm = comm_};
+  if (operation.op == CommOp::send) channel = {.comm = comm_, .kind = IssueChannel::Kind::send, .peer = operation.peer};
+  if (operation.op == CommOp::recv) channel = {.comm = comm_, .kind = IssueChannel::Kind::receive, .peer = operation.peer};
+  if (staging_ != nullptr && staging_->stages(operation))
+    return staging_->task(operation, rank_, size_, channel,
+                          [this](const Operation& host) -> std::unique_ptr<PendingOperation> { return start_host(host); });
+  return std::make_unique<HostTask>(channel, [this, operation] { return start_on_host(operation); });
+}
+
+std::unique_ptr<PendingOperation> MpiCommunicator::start_on_host(const Operation& operation) {
+  if (auto shared = start_shared(operation)) return shared;
+  return start_host(operation);
 }
 
 void MpiCommunicator::run_host(const Operation& operation) {
@@ -219,18 +280,10 @@ void MpiCommunicator::run_host(const Operation& operation) {
 }
 
 std::unique_ptr<PendingOperation> MpiCommunicator::start_backend(const Operation& operation) {
-  if (staging_ != nullptr && staging_->stages(operation)) {
-    // The host copy goes through MPI's non-blocking call; the result returns on completion.
-    std::shared_ptr<StagedOperation> staged = staging_->stage(operation, rank_, size_);
-    auto pending = start_host(staged->host());
-    pending->on_completion = [then = std::move(pending->on_completion), staged] {
-      if (then) then();
-      staged->finish();
-    };
-    return pending;
-  }
-  if (auto shared = start_shared(operation)) return shared;
-  return start_host(operation);
+  if (engine_ == nullptr) return start_on_host(operation);
+  std::unique_ptr<EngineTask> started = task(operation);
+  engine_->submit(*started);
+  return std::make_unique<EnginePending>(*engine_, std::move(started));
 }
 
 std::unique_ptr<MpiPending> MpiCommunicator::start_host(const Operation& operation) {

@@ -18,7 +18,9 @@ constexpr std::chrono::seconds kFinalizeGrace{10};
 
 int run_mpi_program(int& argc, char**& argv, const char* program,
                     const std::function<void(MpiCommunicator& world)>& body) {
-  MPI_Init(&argc, &argv);
+  // Threads: the communication engine's thread calls MPI beside the program's (comm_engine.hpp).
+  int provided = MPI_THREAD_SINGLE;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   int exit_code = 0;

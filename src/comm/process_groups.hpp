@@ -9,8 +9,8 @@
 #include <memory>
 #include <string>
 
+#include "comm/comm_engine.hpp"
 #include "comm/communicator.hpp"
-#include "comm/host_staging.hpp"
 #include "core/process_grid.hpp"
 
 namespace mlptrain {
@@ -20,10 +20,10 @@ using CommunicatorFactory = std::function<std::unique_ptr<Communicator>(MPI_Comm
 
 class ProcessGroups {
  public:
-  // MPI communicators. `shared_memory`: let node-local groups run collectives in shared memory;
-  // `staging`: stage operations on device memory through host memory (null: host memory only).
-  ProcessGroups(MPI_Comm world, const GridShape& shape, CommLedger& ledger, bool shared_memory = true,
-                HostStaging* staging = nullptr);
+  // MPI communicators on host memory, their operations run by `engine` (null: on the calling
+  // thread). `shared_memory`: let node-local groups run collectives in shared memory.
+  ProcessGroups(MPI_Comm world, const GridShape& shape, CommLedger& ledger, CommEngine* engine,
+                bool shared_memory = true);
   // Communicators from `make`, called for the groups in the same order on every rank.
   ProcessGroups(MPI_Comm world, const GridShape& shape, const CommunicatorFactory& make);
 

@@ -90,12 +90,15 @@ class Allocator {
 };
 
 // A device's background copies, in lanes: each lane has at most one copy each way in flight,
-// started after all the device's work queued before it and waited for by lane. The host side of
-// every copy should be page-locked memory, from host_memory() or another pinned allocator (on a
-// GPU its copy engines reach only that at full speed). Host staging's chunk pipeline runs one
-// lane per slot; the offloaded optimizer update one per piece of the state. Copies to the device
-// may be started and ordered from another thread than the one starting copies to the host, one
-// thread per lane at a time.
+// waited for (or tested) by lane. Copies to the host start after all the device's work queued
+// before them; copies of one direction run in the order they were started (a GPU's copy stream,
+// the loopback device's copy thread), so a later copy done means every earlier one of its
+// direction is done too. The host side of every copy should be page-locked memory, from
+// host_memory() or another pinned allocator (on a GPU its copy engines reach only that at full
+// speed). Host staging takes lanes from a pool per copy; the offloaded optimizer update one per
+// piece of the state. Copies may be started, tested and ordered from another thread than the
+// one starting copies to the host, one thread per lane at a time; a zero-byte copy to the host
+// marks the device's work queued so far.
 class AsyncCopier {
  public:
   explicit AsyncCopier(int lanes) : lanes_(lanes) {}
@@ -106,6 +109,9 @@ class AsyncCopier {
   virtual void start_to_device(int lane, void* device, const void* host, std::size_t bytes) = 0;
   virtual void wait_to_host(int lane) = 0;
   virtual void wait_to_device(int lane) = 0;
+  // Whether the lane's latest copy that way is done (true for a lane that never copied).
+  virtual bool test_to_host(int lane) = 0;
+  virtual bool test_to_device(int lane) = 0;
   // The device's work queued from now on runs after the lane's copy to the device. A GPU orders
   // that on its own, so the host goes on at once; elsewhere the host waits for the copy.
   virtual void order_device_after_to_device(int lane) = 0;

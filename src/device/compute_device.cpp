@@ -75,6 +75,7 @@ ComputeDevice open_compute_device(const Config& config, MPI_Comm world, MemoryLe
     device.description = "CPU";
   }
   device.reader_threads = config.device.kind == Device::cpu ? std::max(0, host_threads - gemm_threads) : host_threads;
+  device.comm_engine = std::make_unique<CommEngine>();
   return device;
 }
 
@@ -93,9 +94,10 @@ CommunicatorFactory communicator_factory(const Config& config, ComputeDevice& de
   }
   if (!make) {
     HostStaging* staging = device.staging.get();
-    make = [&ledger, shared_memory = settings.shared_memory, staging](
+    CommEngine* engine = device.comm_engine.get();
+    make = [&ledger, shared_memory = settings.shared_memory, engine, staging](
                MPI_Comm comm, std::string group) -> std::unique_ptr<Communicator> {
-      return std::make_unique<MpiCommunicator>(comm, std::move(group), ledger, shared_memory, staging);
+      return std::make_unique<MpiCommunicator>(comm, std::move(group), ledger, shared_memory, engine, staging);
     };
   }
   if (!settings.fault) return make;

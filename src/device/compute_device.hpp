@@ -1,7 +1,7 @@
 // The device a run computes on, chosen by --device: its memory (charging the run's ledger), its
-// kernels, and for a device whose memory the host cannot read, the host staging that carries
-// MPI communication to and from that memory; with --offload, the host memory and kernels that
-// keep and update the optimizer state off the device.
+// kernels, the rank's communication engine, and for a device whose memory the host cannot read,
+// the host staging that carries MPI communication to and from that memory; with --offload, the
+// host memory and kernels that keep and update the optimizer state off the device.
 #pragma once
 
 #include <mpi.h>
@@ -10,6 +10,7 @@
 #include <optional>
 #include <string>
 
+#include "comm/comm_engine.hpp"
 #include "comm/fault_injection.hpp"
 #include "comm/host_staging.hpp"
 #include "comm/process_groups.hpp"
@@ -32,6 +33,8 @@ struct ComputeDevice {
   std::unique_ptr<Allocator> memory;
   std::unique_ptr<Kernels> kernels;
   std::unique_ptr<HostStaging> staging;  // null on the CPU
+  // Runs the rank's MPI operations (after the staging, so it stops before the staging goes).
+  std::unique_ptr<CommEngine> comm_engine;
   std::optional<HostSide> offload;       // with --offload
   std::string description;               // for the run's header
   double peak_tflops = 0;                // this rank's share of the device's peak (0: unknown)
@@ -49,9 +52,9 @@ struct CommSettings {
 };
 
 // The groups' communicators for config.comm on `device` (an empty one, when it failed to open:
-// MPI on host memory, enough to agree on the failure). MPI, staged through host memory off the
-// CPU, with shared-memory windows for node-local groups unless the settings say otherwise; or
-// NCCL, ordered after the device's compute stream.
+// MPI on host memory, enough to agree on the failure). MPI on the device's communication engine,
+// staged through host memory off the CPU, with shared-memory windows for node-local groups
+// unless the settings say otherwise; or NCCL, ordered after the device's compute stream.
 CommunicatorFactory communicator_factory(const Config& config, ComputeDevice& device,
                                          CommLedger& ledger, const CommSettings& settings);
 

@@ -1,12 +1,19 @@
 // Host staging at whatever world size mpiexec gives: every collective the strategies use, on
 // loopback device memory (which the host cannot read directly) through a staged communicator,
 // gives exactly what the same collective gives on host memory; blocking and started, in place
-// and not, an all-reduce over many pipeline chunks, receives posted before their sends, and
-// operations that reuse the host blocks the last ones left behind.
+// and not, over many pieces, receives posted before their sends, many operations in flight on one
+// channel, operations that reuse the host blocks the last ones left behind, and a started
+// operation that the engine's thread completes while its caller computes.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
 #include <numeric>
+#include <thread>
 
 #include "comm/host_staging.hpp"
 #include "comm/mpi_communicator.hpp"
@@ -20,11 +27,13 @@ class HostStagingTest : public ::testing::Test {
  protected:
   MemoryLedger memory;
   std::unique_ptr<Allocator> device = make_loopback_allocator(memory);
-  // 64-byte chunks: an all-reduce of a few hundred floats goes through every pipeline slot.
+  // 64-byte pieces: an operation of a few hundred floats goes through many of them.
   HostStaging staging{*device, 64};
+  CommEngine engine;  // after the staging: it stops before the staging goes
   CommLedger ledger;
-  MpiCommunicator host{MPI_COMM_WORLD, "host", ledger, false};
-  MpiCommunicator staged{MPI_COMM_WORLD, "staged", ledger, false, &staging};
+  // Both on the engine: its tasks issue the world's collectives in the order they were asked for.
+  MpiCommunicator host{MPI_COMM_WORLD, "host", ledger, false, &engine};
+  MpiCommunicator staged{MPI_COMM_WORLD, "staged", ledger, false, &engine, &staging};
   int rank = host.rank();
   int size = host.size();
 
@@ -232,4 +241,81 @@ TEST_F(HostStagingTest, ReusedHostBlocksCarryNothingOver) {
       from_previous[i] = static_cast<float>((i * 7 + static_cast<std::size_t>(salt) * 13 + previous * 31) % 97);
     EXPECT_EQ(from_device<float>(incoming, total), from_previous);
   }
+}
+
+// Many staged operations in flight at once, several on one channel (the world's collectives, and
+// two messages to one peer with one tag), each of hundreds of pieces, so that the copier's lanes
+// run out and copies wait for lanes to come back: each result is its own, whatever order the
+// requests are waited for in.
+TEST_F(HostStagingTest, ManyOperationsInFlightOnOneChannelKeepTheirOrder) {
+  const int next = (rank + 1) % size, previous = (rank + size - 1) % size;
+  const std::size_t count = 3000, block = 700, total = block * static_cast<std::size_t>(size);
+  std::vector<float> first = values(count, 12), second = values(count, 13), shard(block);
+  host.all_reduce(first.data(), count);
+  host.all_reduce(second.data(), count);
+  host.reduce_scatter(values(total, 14).data(), shard.data(), block);
+  Buffer sum_first = on_device(values(count, 12)), sum_second = on_device(values(count, 13));
+  Buffer scattered = on_device(values(total, 14));
+  Buffer out_a = on_device(values(count, 15)), out_b = on_device(values(count, 16));
+  Buffer in_a = on_device(std::vector<float>(count)), in_b = on_device(std::vector<float>(count));
+  std::vector<Request> requests;
+  requests.push_back(staged.start({.op = CommOp::recv, .receive = in_a.as<void>(), .count = count, .peer = previous, .tag = 3}));
+  requests.push_back(staged.all_reduce_async(sum_first.floats(), count));
+  requests.push_back(staged.start({.op = CommOp::send, .send = out_a.as<void>(), .count = count, .peer = next, .tag = 3}));
+  requests.push_back(staged.reduce_scatter_in_place_async(scattered.floats(), block, DataType::float32));
+  requests.push_back(staged.start({.op = CommOp::send, .send = out_b.as<void>(), .count = count, .peer = next, .tag = 3}));
+  requests.push_back(staged.all_reduce_async(sum_second.floats(), count));
+  requests.push_back(staged.start({.op = CommOp::recv, .receive = in_b.as<void>(), .count = count, .peer = previous, .tag = 3}));
+  for (auto request = requests.rbegin(); request != requests.rend(); ++request) request->wait();
+  EXPECT_EQ(from_device<float>(sum_first, count), first);
+  EXPECT_EQ(from_device<float>(sum_second, count), second);
+  const std::vector<float> after = from_device<float>(scattered, total);
+  EXPECT_EQ(std::vector<float>(after.begin() + rank * block, after.begin() + (rank + 1) * block), shard);
+  // Messages of one tag arrive in the order they were sent.
+  const auto from = [&](int salt) {
+    std::vector<float> expected(count);
+    for (std::size_t i = 0; i < count; ++i)
+      expected[i] = static_cast<float>((i * 7 + static_cast<std::size_t>(salt) * 13 + previous * 31) % 97);
+    return expected;
+  };
+  EXPECT_EQ(from_device<float>(in_a, count), from(15));
+  EXPECT_EQ(from_device<float>(in_b, count), from(16));
+}
+
+// The engine's thread moves started operations on while their caller does not call into them:
+// one rank starts an all-reduce on host memory (a message MPI moves only while someone calls
+// into it) and a staged one, then neither tests nor waits until the other rank, whose waits need
+// this rank's share, says (through a file, outside MPI) that its waits returned.
+TEST_F(HostStagingTest, StartedOperationsProgressWhileTheCallerComputes) {
+  if (!engine.threaded()) GTEST_SKIP() << "MPI gave less than MPI_THREAD_MULTIPLE";
+  const std::size_t large = std::size_t{1} << 20, staged_count = 2000;
+  std::vector<float> expected_large = values(large, 17), expected_staged = values(staged_count, 18);
+  host.all_reduce(expected_large.data(), large);
+  host.all_reduce(expected_staged.data(), staged_count);
+  long long id = getpid();
+  MPI_Bcast(&id, 1, MPI_LONG_LONG, 0, MPI_COMM_WORLD);
+  const std::filesystem::path signal = std::filesystem::temp_directory_path() / ("mlptrain_engine_" + std::to_string(id));
+  std::vector<float> on_host = values(large, 17);
+  Buffer on_device_memory = on_device(values(staged_count, 18));
+  Request host_sum = host.all_reduce_async(on_host.data(), large);
+  Request staged_sum = staged.all_reduce_async(on_device_memory.floats(), staged_count);
+  bool seen = true;
+  if (rank == 0) {
+    // "Computing": no call into a communicator or MPI for up to 20 s.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (!std::filesystem::exists(signal) && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    seen = std::filesystem::exists(signal);
+    host_sum.wait();
+    staged_sum.wait();
+    std::filesystem::remove(signal);
+  } else {
+    host_sum.wait();
+    staged_sum.wait();
+    if (rank == 1) std::ofstream(signal) << "done\n";
+  }
+  EXPECT_TRUE(seen) << "rank 1's waits did not return while rank 0 computed";
+  EXPECT_EQ(on_host, expected_large);
+  EXPECT_EQ(from_device<float>(on_device_memory, staged_count), expected_staged);
+  MPI_Barrier(MPI_COMM_WORLD);
 }

@@ -1,5 +1,6 @@
-// The MPI communicator at whatever world size mpiexec gives: every collective, blocking and not,
-// exact results, and the ledger's sizes in nccl-tests' convention. Also the grid's groups,
+// The MPI communicator at whatever world size mpiexec gives, on the calling thread and on a
+// communication engine: every collective, blocking and not, exact results, and the ledger's sizes
+// in nccl-tests' convention. Also the grid's groups,
 // failure agreement and the rank-to-GPU placement.
 #include <gtest/gtest.h>
 #include <mpi.h>
@@ -16,10 +17,12 @@ using namespace mlptrain;
 
 namespace {
 
-class MpiCommunicatorTest : public ::testing::Test {
+// Every test twice: operations on the calling thread, and as tasks of a communication engine.
+class MpiCommunicatorTest : public ::testing::TestWithParam<bool> {
  protected:
   CommLedger ledger;
-  MpiCommunicator world{MPI_COMM_WORLD, "world", ledger};
+  std::unique_ptr<CommEngine> engine = GetParam() ? std::make_unique<CommEngine>() : nullptr;
+  MpiCommunicator world{MPI_COMM_WORLD, "world", ledger, true, engine.get()};
   int rank = world.rank();
   int size = world.size();
 
@@ -28,7 +31,7 @@ class MpiCommunicatorTest : public ::testing::Test {
 
 }  // namespace
 
-TEST_F(MpiCommunicatorTest, AllReduceSumMaxMinAcrossTypes) {
+TEST_P(MpiCommunicatorTest, AllReduceSumMaxMinAcrossTypes) {
   std::vector<float> values = {1.0f * rank, 2.0f, -1.0f * rank};
   world.all_reduce(values.data(), values.size());
   const float total = size * (size - 1) / 2.0f;
@@ -43,7 +46,7 @@ TEST_F(MpiCommunicatorTest, AllReduceSumMaxMinAcrossTypes) {
   EXPECT_EQ(ledger.run().calls[static_cast<int>(CommOp::all_reduce)], 3);
 }
 
-TEST_F(MpiCommunicatorTest, ReduceScatterAndAllGather) {
+TEST_P(MpiCommunicatorTest, ReduceScatterAndAllGather) {
   const std::size_t block = 3;
   std::vector<float> input(block * size);
   for (std::size_t i = 0; i < input.size(); ++i) input[i] = static_cast<float>(i + rank);
@@ -66,7 +69,7 @@ TEST_F(MpiCommunicatorTest, ReduceScatterAndAllGather) {
 // Reduce, gather and scatter to and from the first and the last rank, in place and not, blocking
 // and started: the root holds the sum or every block, every rank its block of the root's buffer;
 // the ledger counts nccl-tests' sizes (the buffer; the whole output; the whole input).
-TEST_F(MpiCommunicatorTest, RootedOperationsInPlaceAndNot) {
+TEST_P(MpiCommunicatorTest, RootedOperationsInPlaceAndNot) {
   const std::size_t block = 3, total = block * static_cast<std::size_t>(size);
   const auto contribution = [](int source, std::size_t i) { return static_cast<float>(source * 10 + i); };
   for (const int root : {0, size - 1}) {
@@ -109,14 +112,14 @@ TEST_F(MpiCommunicatorTest, RootedOperationsInPlaceAndNot) {
   }
 }
 
-TEST_F(MpiCommunicatorTest, BroadcastFromTheLastRank) {
+TEST_P(MpiCommunicatorTest, BroadcastFromTheLastRank) {
   std::vector<double> data(5, rank == size - 1 ? 3.25 : 0.0);
   world.broadcast(data.data(), data.size(), size - 1);
   EXPECT_EQ(data, std::vector<double>(5, 3.25));
   EXPECT_EQ(bytes_of(CommOp::broadcast), 40);
 }
 
-TEST_F(MpiCommunicatorTest, AllToAllEqualAndVariable) {
+TEST_P(MpiCommunicatorTest, AllToAllEqualAndVariable) {
   std::vector<std::int64_t> send(2 * size), receive(2 * size);
   for (int r = 0; r < size; ++r) send[2 * r] = send[2 * r + 1] = 100 * rank + r;
   world.all_to_all(send.data(), receive.data(), 2);
@@ -140,7 +143,7 @@ TEST_F(MpiCommunicatorTest, AllToAllEqualAndVariable) {
   EXPECT_EQ(bytes_of(CommOp::all_to_all) - before, static_cast<std::int64_t>(packed.size() * 4));
 }
 
-TEST_F(MpiCommunicatorTest, SendAndReceiveAroundARing) {
+TEST_P(MpiCommunicatorTest, SendAndReceiveAroundARing) {
   const int next = (rank + 1) % size, previous = (rank + size - 1) % size;
   std::vector<float> outgoing(4, static_cast<float>(rank)), incoming(4, -1.0f);
   Request receive = world.start({.op = CommOp::recv, .receive = incoming.data(), .count = 4,
@@ -152,7 +155,7 @@ TEST_F(MpiCommunicatorTest, SendAndReceiveAroundARing) {
   EXPECT_EQ(bytes_of(CommOp::recv), 16);
 }
 
-TEST_F(MpiCommunicatorTest, NonBlockingCollectivesCompleteAndAreRecorded) {
+TEST_P(MpiCommunicatorTest, NonBlockingCollectivesCompleteAndAreRecorded) {
   std::vector<float> a(1000, 1.0f), b(1000, 2.0f), gathered(size), shard(1), scatter_input(size, 1.0f);
   float one = static_cast<float>(rank);
   Request first = world.all_reduce_async(a.data(), a.size());
@@ -177,10 +180,10 @@ TEST_F(MpiCommunicatorTest, NonBlockingCollectivesCompleteAndAreRecorded) {
   world.barrier();
 }
 
-TEST_F(MpiCommunicatorTest, GridGroupsSumOverTheirOwnRanks) {
+TEST_P(MpiCommunicatorTest, GridGroupsSumOverTheirOwnRanks) {
   if (size % 2 != 0) GTEST_SKIP() << "needs an even world size";
   const GridShape shape{.world = size, .tp = 2, .dp = size / 2, .pp = 1, .ep = 1};
-  ProcessGroups groups(MPI_COMM_WORLD, shape, ledger);
+  ProcessGroups groups(MPI_COMM_WORLD, shape, ledger, engine.get());
   std::int64_t value = rank;
   groups.group(GroupKind::tensor).all_reduce(&value, 1);
   const int tp_first = rank - rank % 2;
@@ -194,7 +197,7 @@ TEST_F(MpiCommunicatorTest, GridGroupsSumOverTheirOwnRanks) {
   EXPECT_GT(ledger.by_group().at("tp").bytes_of(CommOp::all_reduce), 0);
 }
 
-TEST_F(MpiCommunicatorTest, ReductionMemoryIsSummedInPlaceWithManyOperationsInFlight) {
+TEST_P(MpiCommunicatorTest, ReductionMemoryIsSummedInPlaceWithManyOperationsInFlight) {
   MemoryLedger memory;
   HostAllocator allocator(memory);
   const std::size_t total = 100003;  // several chunks, not a multiple of any of them
@@ -224,7 +227,7 @@ TEST_F(MpiCommunicatorTest, ReductionMemoryIsSummedInPlaceWithManyOperationsInFl
   EXPECT_EQ(bytes_of(CommOp::all_reduce), static_cast<std::int64_t>(4 * total * 4 + 16));
 }
 
-TEST_F(MpiCommunicatorTest, InPlaceReduceScatterAndAllGatherInAndOutOfSharedMemory) {
+TEST_P(MpiCommunicatorTest, InPlaceReduceScatterAndAllGatherInAndOutOfSharedMemory) {
   MemoryLedger memory;
   HostAllocator allocator(memory);
   const std::size_t block = 40001;  // several chunks per block, not a multiple of any
@@ -250,7 +253,7 @@ TEST_F(MpiCommunicatorTest, InPlaceReduceScatterAndAllGatherInAndOutOfSharedMemo
   EXPECT_EQ(bytes_of(CommOp::all_gather), static_cast<std::int64_t>(2 * total * 4));
 }
 
-TEST_F(MpiCommunicatorTest, MoreSharedOperationsInFlightThanSlots) {
+TEST_P(MpiCommunicatorTest, MoreSharedOperationsInFlightThanSlots) {
   MemoryLedger memory;
   HostAllocator allocator(memory);
   const std::size_t operations = 1100, each = 20000;  // two chunks each
@@ -265,7 +268,7 @@ TEST_F(MpiCommunicatorTest, MoreSharedOperationsInFlightThanSlots) {
   for (std::size_t i = 0; i < operations * each; i += 997) ASSERT_EQ(data[i], static_cast<float>(size));
 }
 
-TEST_F(MpiCommunicatorTest, EveryRankAgreesOnTheLowestRanksError) {
+TEST_P(MpiCommunicatorTest, EveryRankAgreesOnTheLowestRanksError) {
   const auto problem = first_problem(world, rank == size - 1 ? std::optional<std::string>("last")
                                                               : std::nullopt);
   ASSERT_TRUE(problem.has_value());
@@ -281,6 +284,9 @@ TEST_F(MpiCommunicatorTest, EveryRankAgreesOnTheLowestRanksError) {
     EXPECT_EQ(error.code(), ExitCode::usage);
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Engine, MpiCommunicatorTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& info) { return info.param ? "Engine" : "CallingThread"; });
 
 TEST(GpuPlacement, RanksOfOneNodeShareItsGpusRoundRobin) {
   // mpiexec starts every rank on this node: the split finds them all.

@@ -28,6 +28,7 @@ struct Replica {
   MemoryLedger memory;
   HostAllocator allocator{memory};
   CommLedger ledger;
+  CommEngine engine;  // the trainer's runs its groups' operations
   std::unique_ptr<Kernels> kernels = make_cpu_kernels();
   Config config;
   std::unique_ptr<ProcessGroups> groups;
@@ -42,7 +43,7 @@ struct Replica {
     MPI_Comm_size(comm, &size);
     config.grid.dp = size / (config.grid.tp * config.grid.pp);
     const GridShape shape{.world = size, .tp = config.grid.tp, .dp = config.grid.dp, .pp = config.grid.pp, .ep = config.grid.ep};
-    groups = std::make_unique<ProcessGroups>(comm, shape, ledger);
+    groups = std::make_unique<ProcessGroups>(comm, shape, ledger, &engine);
     strategies = own ? *own : wanted_strategies(config, shape);
     model = std::make_unique<RankModel>(
         config, *groups, *kernels, allocator,
