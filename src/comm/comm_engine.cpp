@@ -14,10 +14,12 @@ namespace mlptrain {
 namespace {
 
 // Rounds that moved nothing before the engine's thread sleeps between rounds rather than
-// yielding: a short wait (a peer a few microseconds behind) stays quick, and a long one (a peer
-// still computing) leaves the cores to the ranks' computation.
+// yielding, and its sleeps, doubling while nothing moves: a short wait (a copy about to land, a
+// peer a few microseconds behind) stays quick, and a long one (a peer still computing its
+// backward) costs the ranks' computation a few thousand wake-ups a second, not fifty thousand.
 constexpr int yielding_rounds = 64;
-constexpr std::chrono::microseconds idle_sleep{20};
+constexpr std::chrono::microseconds first_sleep{10};
+constexpr std::chrono::microseconds longest_sleep{200};
 
 bool mpi_allows_threads() {
   int level = MPI_THREAD_SINGLE;
@@ -44,13 +46,24 @@ CommEngine::~CommEngine() {
     if (!task->complete()) static_cast<void>(task.release());
 }
 
+void CommEngine::enqueue(EngineTask& task) {
+  const std::lock_guard lock(submitted_mutex_);
+  submitted_.push_back(&task);
+  outstanding_.fetch_add(1, std::memory_order_relaxed);
+}
+
 void CommEngine::submit(EngineTask& task) {
-  {
-    const std::lock_guard lock(submitted_mutex_);
-    submitted_.push_back(&task);
-    outstanding_.fetch_add(1, std::memory_order_relaxed);
-  }
+  enqueue(task);
   work_.notify_one();
+}
+
+void CommEngine::run(EngineTask& task) {
+  enqueue(task);
+  wait(task);
+}
+
+bool CommEngine::thread_has_work() const {
+  return outstanding_.load(std::memory_order_relaxed) > 0 && waiting_.load(std::memory_order_relaxed) == 0;
 }
 
 void CommEngine::keep(std::unique_ptr<EngineTask> task) {
@@ -99,31 +112,46 @@ bool CommEngine::test(const EngineTask& task) {
 }
 
 void CommEngine::wait(const EngineTask& task) {
-  while (!task.complete())
-    if (!try_round()) sched_yield();
+  advance_while([&] { return !task.complete(); });
 }
 
 void CommEngine::drain() {
-  while (outstanding_.load(std::memory_order_relaxed) > 0)
+  advance_while([&] { return outstanding_.load(std::memory_order_relaxed) > 0; });
+}
+
+template <typename Condition>
+void CommEngine::advance_while(Condition&& condition) {
+  waiting_.fetch_add(1, std::memory_order_relaxed);
+  while (condition())
     if (!try_round()) sched_yield();
+  {
+    const std::lock_guard lock(submitted_mutex_);
+    waiting_.fetch_sub(1, std::memory_order_relaxed);
+  }
+  if (thread_has_work()) work_.notify_one();  // the engine's thread takes over what is in flight
 }
 
 void CommEngine::run() {
   // Sleeps as asked, not rounded up to the default 50 us of timer slack.
   prctl(PR_SET_TIMERSLACK, 1UL, 0UL, 0UL, 0UL);
   int idle_rounds = 0;
+  std::chrono::microseconds sleep = first_sleep;
   for (;;) {
     {
+      // While a waiter advances the tasks, the thread stands aside: a second poller would only
+      // take cores from the ranks.
       std::unique_lock lock(submitted_mutex_);
-      work_.wait(lock, [this] { return stopping_ || outstanding_.load(std::memory_order_relaxed) > 0; });
+      work_.wait(lock, [this] { return stopping_ || thread_has_work(); });
       if (stopping_) return;
     }
     if (try_round()) {
       idle_rounds = 0;
+      sleep = first_sleep;
     } else if (++idle_rounds < yielding_rounds) {
       sched_yield();
     } else {
-      std::this_thread::sleep_for(idle_sleep);
+      std::this_thread::sleep_for(sleep);
+      sleep = std::min(2 * sleep, longest_sleep);
     }
   }
 }

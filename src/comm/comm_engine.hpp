@@ -2,7 +2,9 @@
 // here, and a thread of the engine's own advances the tasks in flight (issues their MPI calls,
 // tests them, moves staged pieces between device and host) while the thread that launches the
 // kernels goes on. That thread blocks only where it waits for a task's result, and while it
-// waits it advances the tasks itself, so a blocking operation costs no hand-over.
+// waits it advances the tasks itself (a blocking operation costs no hand-over) and the engine's
+// thread stands aside: one thread per rank polls, not two, which matters where ranks share
+// cores.
 //
 // MPI is initialized with MPI_THREAD_MULTIPLE: the engine's thread and the caller's may both be
 // inside MPI (the caller in setup, barriers and parallel HDF5, the engine in every operation).
@@ -79,6 +81,8 @@ class CommEngine {
   // communicators (the order of submission is the order of the program). The caller keeps the
   // task alive until it is complete, or hands it over with keep().
   void submit(EngineTask& task);
+  // Queues `task` and waits for it: the caller advances it (the engine's thread is not woken).
+  void run(EngineTask& task);
   // Takes over a task whose owner is going away before it completed (a run ending on an error).
   void keep(std::unique_ptr<EngineTask> task);
   // Advances the tasks once unless the engine's thread is doing so; whether `task` is complete.
@@ -96,6 +100,13 @@ class CommEngine {
   bool advance_round();
   // Runs one round if no other thread is; whether it moved anything.
   bool try_round();
+  void enqueue(EngineTask& task);
+  // Whether the engine's thread has work: tasks in flight and no waiter advancing them.
+  bool thread_has_work() const;
+  // Advances the tasks on the calling thread while `condition` holds (the engine's thread
+  // stands aside meanwhile).
+  template <typename Condition>
+  void advance_while(Condition&& condition);
   void run();
 
   std::mutex submitted_mutex_;
@@ -105,6 +116,7 @@ class CommEngine {
   bool stopping_ = false;
   std::atomic<int> outstanding_{0};  // submitted and not complete
 
+  std::atomic<int> waiting_{0};  // callers in wait() or drain(), advancing the tasks themselves
   std::mutex advancing_;  // held by the thread running a round
   std::vector<EngineTask*> in_flight_;     // in submission order (advancing_)
   std::vector<IssueChannel> still_issuing_;             // a round's scratch (advancing_)

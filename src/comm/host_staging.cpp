@@ -5,6 +5,10 @@
 #include <stdexcept>
 
 #include "comm/staging_plan.hpp"
+#include "core/timer.hpp"
+#include <cstdio>
+#include <cstdlib>
+#include <unistd.h>
 
 namespace mlptrain {
 
@@ -36,6 +40,7 @@ class StagedTask final : public EngineTask {
       for (const CopySpan& span : planned.up) piece.up.push_back({.span = span});
       pieces_.push_back(std::move(piece));
     }
+    if (getenv("TRACE_STAGE")) fprintf(stderr, "%d %.3f submit\n", getpid(), now_ms());
     start_copies_down();
   }
 
@@ -48,6 +53,7 @@ class StagedTask final : public EngineTask {
     while (may_issue && issued_ < pieces_.size() && landed(pieces_[issued_])) {
       Piece& piece = pieces_[issued_++];
       for (const Operation& operation : piece.operations) piece.in_flight.push_back(start_host_(operation));
+      if (getenv("TRACE_STAGE")) fprintf(stderr, "%d %.3f issue %zu\n", getpid(), now_ms(), issued_-1);
       moved = true;
     }
     bool complete = mark_.done;
@@ -124,6 +130,7 @@ class StagedTask final : public EngineTask {
     AsyncCopier& copier = *staging_.copier_;
     if (!(to_host ? copier.test_to_host(copy.lane) : copier.test_to_device(copy.lane))) return false;
     copy.done = true;
+    if (getenv("TRACE_STAGE")) fprintf(stderr, "%d %.3f %s done %zu\n", getpid(), now_ms(), to_host?"down":"up", copy.span.bytes);
     staging_.give_lane(to_host, copy.lane);
     copy.lane = -1;
     return true;
@@ -135,6 +142,7 @@ class StagedTask final : public EngineTask {
       if (operation && operation->test()) operation.reset();
     piece.communicated = std::all_of(piece.in_flight.begin(), piece.in_flight.end(),
                                      [](const auto& operation) { return operation == nullptr; });
+    if (piece.communicated && getenv("TRACE_STAGE")) fprintf(stderr, "%d %.3f mpi done\n", getpid(), now_ms());
     return piece.communicated;
   }
 

@@ -208,9 +208,7 @@ std::unique_ptr<PendingOperation> MpiCommunicator::start_shared(const Operation&
 
 void MpiCommunicator::run_backend(const Operation& operation) {
   if (engine_ != nullptr) {
-    const std::unique_ptr<EngineTask> running = task(operation);
-    engine_->submit(*running);
-    engine_->wait(*running);
+    engine_->run(*task(operation));
     return;
   }
   if (auto pending = start_shared(operation)) {
