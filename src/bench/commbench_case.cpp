@@ -7,6 +7,7 @@
 
 #include "bench/commbench_options.hpp"
 #include "core/half_float.hpp"
+#include "core/timer.hpp"
 
 namespace mlptrain {
 
@@ -139,10 +140,42 @@ void CollectiveCase::fill() {
   device_->copy_to_device(receive_device_.as<void>(), receive_.data(), receive_.size());
 }
 
-void CollectiveCase::run() {
+bool CollectiveCase::can_start(const std::string& collective) {
+  return !is_device_copy(collective) && collective != "mpi_all_reduce";
+}
+
+void CollectiveCase::run(Issue issue, double compute_us) {
   void* receive = device_ != nullptr ? receive_device_.as<void>() : receive_.data();
   void* send = in_place_ ? receive : device_ != nullptr ? send_device_.as<void>() : send_.data();
   const auto bytes = static_cast<std::size_t>(bytes_);
+  const auto compute = [compute_us] {
+    for (const double until = now_ms() + compute_us / 1000.0; now_ms() < until;) {
+    }
+  };
+  // The operations of this case (a ring's send and receive, or one collective).
+  std::vector<Operation> operations;
+  if (collective_ == "broadcast") {
+    operations.push_back({.op = CommOp::broadcast, .receive = receive, .count = whole_, .type = type_, .peer = root});
+  } else if (collective_ == "send_recv") {
+    operations.push_back({.op = CommOp::recv, .receive = receive, .count = count_, .type = type_,
+                          .peer = (rank_ + ranks_ - 1) % ranks_});
+    operations.push_back({.op = CommOp::send, .send = send, .count = count_, .type = type_, .peer = (rank_ + 1) % ranks_});
+  } else if (can_start(collective_)) {
+    operations.push_back({.op = plain_op(collective_), .send = send, .receive = receive, .count = count_, .type = type_,
+                          .peer = root});
+  }
+  // A ring's two halves are always started together: run one after the other they would deadlock.
+  if (issue == Issue::started || operations.size() > 1) {
+    std::vector<Request> started;
+    for (const Operation& operation : operations) started.push_back(group_.start(operation));
+    compute();
+    for (Request& request : started) request.wait();
+    return;
+  }
+  if (!operations.empty()) {
+    group_.run(operations.front());
+    return;
+  }
   if (collective_ == "copy_to_host") {
     copier_->start_to_host(0, pinned_.as<void>(), send, bytes);
     copier_->wait_to_host(0);
@@ -151,18 +184,6 @@ void CollectiveCase::run() {
     copier_->wait_to_device(0);
   } else if (collective_ == "mpi_all_reduce") {  // fp32 on host buffers (the options see to it)
     MPI_Allreduce(in_place_ ? MPI_IN_PLACE : send, receive, static_cast<int>(count_), MPI_FLOAT, MPI_SUM, raw_);
-  } else if (collective_ == "broadcast") {
-    group_.run({.op = CommOp::broadcast, .receive = receive, .count = whole_, .type = type_, .peer = root});
-  } else if (collective_ == "send_recv") {
-    Request receiving = group_.start({.op = CommOp::recv, .receive = receive, .count = count_, .type = type_,
-                                      .peer = (rank_ + ranks_ - 1) % ranks_});
-    Request sending =
-        group_.start({.op = CommOp::send, .send = send, .count = count_, .type = type_, .peer = (rank_ + 1) % ranks_});
-    sending.wait();
-    receiving.wait();
-  } else {
-    group_.run({.op = plain_op(collective_), .send = send, .receive = receive, .count = count_, .type = type_,
-                .peer = root});
   }
 }
 

@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/commbench_options.hpp"
 #include "comm/communicator.hpp"
 #include "core/buffer.hpp"
 
@@ -43,7 +44,12 @@ class CollectiveCase {
 
   // Sets the inputs (and poisons the outputs); a broadcast's buffer holds the data at the root.
   void fill();
-  void run();
+  // Runs the operation once, to completion or started and then waited for, after the host has
+  // computed for `compute_us` (a loop that calls nothing, as the launching thread's work).
+  void run(Issue issue = Issue::blocking, double compute_us = 0);
+  // Whether the case is an operation the strategies may start (not a device copy or the
+  // MPI_Allreduce baseline).
+  static bool can_start(const std::string& collective);
   // Elements of this rank's result that differ from the expected values (after fill, run), and
   // the largest difference and the largest allowed one (both 0 where results are exact).
   std::size_t wrong_elements();

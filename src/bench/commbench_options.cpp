@@ -22,6 +22,8 @@ std::string_view time_report_name(TimeReport report) {
   return "max";
 }
 
+std::string_view issue_name(Issue issue) { return issue == Issue::blocking ? "blocking" : "started"; }
+
 const std::vector<std::string> all_collectives = {"all_reduce", "reduce_scatter", "all_gather", "all_to_all",
                                                   "broadcast",  "reduce",         "gather",     "scatter",
                                                   "send_recv"};
@@ -70,7 +72,7 @@ CommbenchSettings parse_commbench_options(int argc, char** argv) {
   namespace po = boost::program_options;
   CommbenchSettings settings;
   std::string collectives = "all", min_bytes = "8", max_bytes = "256M", chunk_bytes = "4M", dtypes = "fp32",
-              report = "max";
+              report = "max", issues = "blocking";
   po::options_description options("commbench options");
   options.add_options()
       ("help", "print this help")
@@ -83,7 +85,14 @@ CommbenchSettings parse_commbench_options(int argc, char** argv) {
       ("device", po::value(&settings.device)->default_value(settings.device),
        "device of mpi-staged buffers: cuda | loopback (the CPU behind device-style memory); nccl needs cuda")
       ("chunk-bytes", po::value(&chunk_bytes)->default_value(chunk_bytes),
-       "mpi-staged all-reduce chunk size; 0 stages the whole message at once")
+       "mpi-staged piece size (every operation flows through host memory in pieces of about this size); 0 stages "
+       "each message in one piece")
+      ("issue", po::value(&issues)->default_value(issues),
+       "comma-separated: blocking (each operation run to completion), started (started as the strategies start "
+       "theirs, then waited for)")
+      ("overlap", po::bool_switch(&settings.overlap),
+       "time each started operation again while the host computes for as long as the operation took alone, and "
+       "report the fraction of it the computation hid")
       ("min-bytes", po::value(&min_bytes)->default_value(min_bytes), "smallest size (K, M, G suffixes)")
       ("max-bytes", po::value(&max_bytes)->default_value(max_bytes), "largest size")
       ("step-factor", po::value(&settings.step_factor)->default_value(settings.step_factor),
@@ -116,6 +125,15 @@ CommbenchSettings parse_commbench_options(int argc, char** argv) {
     settings.dtypes.push_back(*element);
   }
   if (settings.dtypes.empty()) throw UsageError("--dtype names no element type (fp32, bf16 or fp16)");
+  settings.issues.clear();
+  for (const std::string& name : split_list(issues)) {
+    if (name != "blocking" && name != "started")
+      throw UsageError(fmt::format("unknown --issue '{}' (blocking or started)", name));
+    settings.issues.push_back(name == "blocking" ? Issue::blocking : Issue::started);
+  }
+  if (settings.issues.empty()) throw UsageError("--issue names no way to issue (blocking or started)");
+  if (settings.overlap && std::find(settings.issues.begin(), settings.issues.end(), Issue::started) == settings.issues.end())
+    throw UsageError("--overlap times started operations: it needs --issue started (or blocking,started)");
   const auto report_mode = parse_report(report);
   if (!report_mode) throw UsageError(fmt::format("unknown --report '{}' (rank0, avg, min or max)", report));
   settings.report = *report_mode;

@@ -17,12 +17,19 @@ namespace mlptrain {
 enum class TimeReport { rank0, average, minimum, maximum };
 std::string_view time_report_name(TimeReport report);
 
+// How each operation is issued: run to completion, or started as the strategies start theirs and
+// waited for (with --overlap, while the host computes).
+enum class Issue { blocking, started };
+std::string_view issue_name(Issue issue);
+
 struct CommbenchSettings {
   std::vector<std::string> collectives;
   std::string path = "mpi-host";
   std::vector<DataType> dtypes = {DataType::float32};
   std::string device = "cuda";         // of the staged path
-  std::int64_t chunk_bytes = 4 << 20;  // of the staged path's all-reduce pipeline; 0: one chunk
+  std::int64_t chunk_bytes = 4 << 20;  // of the staged path's pieces; 0: one piece
+  std::vector<Issue> issues = {Issue::blocking};
+  bool overlap = false;  // time started operations again beside host computation
   std::int64_t min_bytes = 8;
   std::int64_t max_bytes = std::int64_t{256} << 20;
   int step_factor = 2;

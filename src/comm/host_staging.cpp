@@ -28,13 +28,11 @@ class StagedTask final : public EngineTask {
       : EngineTask(channel), staging_(staging), start_host_(std::move(start_host)) {
     const StagingPlan plan(operation, rank, ranks, staging.chunk_bytes());
     Allocator& host_memory = staging.copier_->host_memory();
-    // At least a byte each: an empty message still names a buffer.
-    send_ = host_memory.allocate(MemoryState::comm_buffers, std::max<std::size_t>(plan.host_bytes().send, 1));
-    if (plan.host_bytes().receive > 0)
-      receive_ = host_memory.allocate(MemoryState::comm_buffers, plan.host_bytes().receive);
+    // At least a byte: an empty message still names a buffer.
+    host_ = host_memory.allocate(MemoryState::comm_buffers, std::max<std::size_t>(plan.host_bytes(), 1));
     source_ = static_cast<const std::byte*>(plan.source());
     destination_ = static_cast<std::byte*>(plan.destination());
-    for (StagedPiece& planned : plan.pieces(send_.as<std::byte>(), receive_.as<std::byte>())) {
+    for (StagedPiece& planned : plan.pieces(host_.as<std::byte>())) {
       Piece piece{.operations = std::move(planned.operations)};
       for (const CopySpan& span : planned.down) piece.down.push_back({.span = span});
       for (const CopySpan& span : planned.up) piece.up.push_back({.span = span});
@@ -107,7 +105,7 @@ class StagedTask final : public EngineTask {
     if (copy.started) return true;
     const std::optional<int> lane = staging_.take_lane(true);
     if (!lane) return false;
-    staging_.copier_->start_to_host(*lane, send_.as<std::byte>() + copy.span.host_offset,
+    staging_.copier_->start_to_host(*lane, host_.as<std::byte>() + copy.span.host_offset,
                                     source_ + copy.span.device_offset, copy.span.bytes);
     copy.lane = *lane;
     copy.started = true;
@@ -117,9 +115,8 @@ class StagedTask final : public EngineTask {
     if (copy.started) return false;
     const std::optional<int> lane = staging_.take_lane(false);
     if (!lane) return false;
-    // An all-to-all receives into a host buffer of its own; everything else works in place.
-    const std::byte* host = (receive_.empty() ? send_ : receive_).as<std::byte>() + copy.span.host_offset;
-    staging_.copier_->start_to_device(*lane, destination_ + copy.span.device_offset, host, copy.span.bytes);
+    staging_.copier_->start_to_device(*lane, destination_ + copy.span.device_offset,
+                                      host_.as<std::byte>() + copy.span.host_offset, copy.span.bytes);
     copy.lane = *lane;
     copy.started = true;
     return true;
@@ -148,7 +145,7 @@ class StagedTask final : public EngineTask {
 
   HostStaging& staging_;
   HostStarter start_host_;
-  Buffer send_, receive_;
+  Buffer host_;  // the region the plan's host offsets point into
   const std::byte* source_ = nullptr;
   std::byte* destination_ = nullptr;
   std::vector<Piece> pieces_;

@@ -50,21 +50,21 @@ StagingPlan::StagingPlan(const Operation& operation, int rank, int ranks, std::s
   if (operation.op == CommOp::all_to_all) {
     const auto sent = counts_of(operation.send_counts, operation.count, ranks);
     const auto received = counts_of(operation.receive_counts, operation.count, ranks);
-    bytes_.send = std::accumulate(sent.begin(), sent.end(), std::size_t{0}) * element_;
-    bytes_.receive = std::accumulate(received.begin(), received.end(), std::size_t{0}) * element_;
+    received_at_ = std::accumulate(sent.begin(), sent.end(), std::size_t{0}) * element_;
+    host_bytes_ = received_at_ + std::accumulate(received.begin(), received.end(), std::size_t{0}) * element_;
   } else {
-    bytes_.send = operation.count * element_ * (block_kind(operation.op) ? n : 1);
+    host_bytes_ = operation.count * element_ * (block_kind(operation.op) ? n : 1);
   }
 }
 
-std::vector<StagedPiece> StagingPlan::pieces(std::byte* send_host, std::byte* receive_host) const {
+std::vector<StagedPiece> StagingPlan::pieces(std::byte* host) const {
   std::vector<StagedPiece> pieces;
   if (operation_.op == CommOp::all_to_all) {
-    exchange(pieces, send_host, receive_host);
+    exchange(pieces, host);
   } else if (block_kind(operation_.op)) {
-    blocks(pieces, send_host);
+    blocks(pieces, host);
   } else {
-    contiguous(pieces, send_host);
+    contiguous(pieces, host);
   }
   return pieces;
 }
@@ -130,7 +130,7 @@ void StagingPlan::blocks(std::vector<StagedPiece>& pieces, std::byte* host) cons
   }
 }
 
-void StagingPlan::exchange(std::vector<StagedPiece>& pieces, std::byte* send_host, std::byte* receive_host) const {
+void StagingPlan::exchange(std::vector<StagedPiece>& pieces, std::byte* host) const {
   const auto sent = counts_of(operation_.send_counts, operation_.count, ranks_);
   const auto received = counts_of(operation_.receive_counts, operation_.count, ranks_);
   const auto sent_at = offsets_of(sent), received_at = offsets_of(received);
@@ -140,31 +140,35 @@ void StagingPlan::exchange(std::vector<StagedPiece>& pieces, std::byte* send_hos
   for (std::size_t index = 0; index < count; ++index) {
     StagedPiece piece;
     const std::size_t first = index * chunk_elements_;
-    const auto message = [&](CommOp op, std::byte* host, std::size_t elements, int peer) {
+    const auto message = [&](CommOp op, std::size_t host_offset, std::size_t elements, int peer) {
       Operation part{.op = op, .count = elements, .type = operation_.type, .peer = peer, .tag = all_to_all_tag};
       if (op == CommOp::send) {
-        part.send = host;
+        part.send = host + host_offset;
       } else {
-        part.receive = host;
+        part.receive = host + host_offset;
       }
       piece.operations.push_back(part);
     };
-    // Receives posted before the sends of the same piece; a rank's own block is a message to itself.
+    // Receives posted before the sends of the same piece.
     for (int peer = 0; peer < ranks_; ++peer) {
       const auto q = static_cast<std::size_t>(peer);
       const std::size_t elements = slice(received[q], index, chunk_elements_);
       if (elements == 0) continue;
       const std::size_t offset = (received_at[q] + first) * element_;
-      message(CommOp::recv, receive_host + offset, elements, peer);
-      add(piece.up, {offset, offset, elements * element_});
+      if (peer != rank_) message(CommOp::recv, received_at_ + offset, elements, peer);
+      add(piece.up, {offset, received_at_ + offset, elements * element_});
     }
     for (int peer = 0; peer < ranks_; ++peer) {
       const auto q = static_cast<std::size_t>(peer);
       const std::size_t elements = slice(sent[q], index, chunk_elements_);
       if (elements == 0) continue;
       const std::size_t offset = (sent_at[q] + first) * element_;
+      if (peer == rank_) {  // this rank's own block comes down where it is received
+        add(piece.down, {offset, received_at_ + (received_at[q] + first) * element_, elements * element_});
+        continue;
+      }
       add(piece.down, {offset, offset, elements * element_});
-      message(CommOp::send, send_host + offset, elements, peer);
+      message(CommOp::send, offset, elements, peer);
     }
     pieces.push_back(std::move(piece));
   }

@@ -7,7 +7,8 @@
 //     into one contiguous host piece ([ranks][slice]) so the block operation runs on it;
 //   send, recv: a slice per piece, each its own message;
 //   all-to-all (equal or variable): slice j of every destination's block per piece, as
-//     point-to-point messages (a variable exchange's pieces need no agreement on their count).
+//     point-to-point messages (a variable exchange's pieces need no agreement on their count);
+//     the rank's own block goes down straight into its place among the received ones.
 // Every rank of a group cuts an operation alike (the same chunk size, all on device memory), so
 // the pieces' MPI calls match across ranks.
 #pragma once
@@ -32,13 +33,6 @@ struct StagedPiece {
   std::vector<CopySpan> up;          // to the operation's destination once they completed
 };
 
-// The host memory an operation is staged through: what it sends, and what it receives where that
-// is a buffer of its own (an all-to-all; every other operation works in place in `send`).
-struct StagingBytes {
-  std::size_t send = 0;
-  std::size_t receive = 0;
-};
-
 // The tag of an all-to-all's messages, apart from the pipeline's.
 inline constexpr int all_to_all_tag = 0x7a11;
 
@@ -47,23 +41,26 @@ class StagingPlan {
   // `operation` on device memory for rank `rank` of `ranks`, in pieces of about `chunk_bytes`.
   StagingPlan(const Operation& operation, int rank, int ranks, std::size_t chunk_bytes);
 
-  StagingBytes host_bytes() const { return bytes_; }
+  // The host memory the operation is staged through: one region, in place, but for an
+  // all-to-all, whose received blocks follow the sent ones.
+  std::size_t host_bytes() const { return host_bytes_; }
   // The device buffer copies down read (a broadcast's is its one buffer) and up write.
   const void* source() const { return source_; }
   void* destination() const { return destination_; }
-  // The pieces, their operations on host buffers at `send_host` and `receive_host`.
-  std::vector<StagedPiece> pieces(std::byte* send_host, std::byte* receive_host) const;
+  // The pieces, their copies' host offsets and operations in the region at `host`.
+  std::vector<StagedPiece> pieces(std::byte* host) const;
 
  private:
   void contiguous(std::vector<StagedPiece>& pieces, std::byte* host) const;
   void blocks(std::vector<StagedPiece>& pieces, std::byte* host) const;
-  void exchange(std::vector<StagedPiece>& pieces, std::byte* send_host, std::byte* receive_host) const;
+  void exchange(std::vector<StagedPiece>& pieces, std::byte* host) const;
 
   Operation operation_;
   int rank_, ranks_;
   std::size_t element_;
   std::size_t chunk_elements_;  // per slice: of the message, or of each rank's block
-  StagingBytes bytes_;
+  std::size_t host_bytes_ = 0;
+  std::size_t received_at_ = 0;  // an all-to-all's received blocks in the host region
   const void* source_ = nullptr;
   void* destination_ = nullptr;
 };

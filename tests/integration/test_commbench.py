@@ -176,16 +176,42 @@ class Commbench(TrainingTestCase):
         with open(os.path.join(part, "staging.json")) as handle:
             self.assertEqual([row["ranks"] for row in json.load(handle)["world_sizes"]], [1])
 
+    def test_started_operations_and_what_computation_hides(self):
+        """--issue started starts each operation as the strategies do and waits for it, exact like the
+        blocking rows; with --overlap each started row is timed again while the host computes for as
+        long as the operation took alone, and the hidden fraction is what that says: the share of the
+        operation that ran during the computation, (2 compute - time) / compute within [0, 1]."""
+        for path in ([], ["--path", "mpi-staged", "--device", "loopback", "--chunk-bytes", "64K"]):
+            with self.subTest(path=path):
+                result = commbench(path + ["--collectives", "all", "--issue", "blocking,started", "--overlap",
+                                           "--min-bytes", "256K", "--max-bytes", "256K", "--iterations", "2",
+                                           "--warmup", "1", "--json"], 2)
+                self.assertEqual(result.returncode, 0, result.stderr)
+                rows, _ = measurements(result.stdout)
+                self.assertEqual({(row["collective"], row["issue"]) for row in rows},
+                                 {(c, i) for c in COLLECTIVES for i in ("blocking", "started")})
+                for row in rows:
+                    self.assertTrue(row["correct"], row)
+                    self.assertEqual("hidden_fraction" in row, row["issue"] == "started", row)
+                    if row["issue"] != "started":
+                        continue
+                    self.assertEqual(row["compute_us"], row["time_us"])
+                    expected = (2 * row["compute_us"] - row["overlap_time_us"]) / row["compute_us"]
+                    self.assertAlmostEqual(row["hidden_fraction"], min(max(expected, 0.0), 1.0))
+                    # Computing first cannot make the pair faster than the computation alone.
+                    self.assertGreaterEqual(row["overlap_time_us"], row["compute_us"] * 0.999)
+
     def test_table_output(self):
         result = commbench(["--collectives", "all_reduce,send_recv", "--max-bytes", "64", "--iterations", "1"], 2)
         self.assertEqual(result.returncode, 0, result.stderr)
         lines = [line for line in result.stdout.splitlines() if not line.startswith("#")]
         self.assertEqual([line.split()[0] for line in lines], ["all_reduce"] * 4 + ["send_recv"] * 4)
         header = [line for line in result.stdout.splitlines() if line.startswith("# collective")][0].split()[1:]
-        self.assertEqual(header, ["collective", "type", "bytes", "time_us", "spread_%", "algbw", "busbw", "#wrong",
-                                  "|", "ip_time_us", "ip_algbw", "ip_busbw", "ip_#wrong"])
+        self.assertEqual(header, ["collective", "type", "issue", "bytes", "time_us", "spread_%", "algbw", "busbw",
+                                  "#wrong", "|", "ip_time_us", "ip_algbw", "ip_busbw", "ip_#wrong"])
         # No wrong element out of place (and in place, where the operation has that form).
-        self.assertEqual([line.split()[7] for line in lines], ["0"] * 8)
+        self.assertEqual([line.split()[8] for line in lines], ["0"] * 8)
+        self.assertEqual({line.split()[2] for line in lines}, {"blocking"})
         self.assertEqual([line.split()[-1] for line in lines], ["0"] * 4 + ["-"] * 4)
 
     def test_table_bandwidths(self):
@@ -195,10 +221,10 @@ class Commbench(TrainingTestCase):
                             "--iterations", "2"], 4)
         self.assertEqual(result.returncode, 0, result.stderr)
         row = [line.split() for line in result.stdout.splitlines() if not line.startswith("#")][0]
-        size, time_us, algbw, busbw = int(row[2]), float(row[3]), float(row[5]), float(row[6])
+        size, time_us, algbw, busbw = int(row[3]), float(row[4]), float(row[6]), float(row[7])
         self.assertAlmostEqual(algbw, size / (time_us * 1e3), delta=0.002 + 0.01 * algbw)
         self.assertAlmostEqual(busbw, 1.5 * algbw, delta=0.002)
-        in_place_time_us, in_place_algbw, in_place_busbw = float(row[9]), float(row[10]), float(row[11])
+        in_place_time_us, in_place_algbw, in_place_busbw = float(row[10]), float(row[11]), float(row[12])
         self.assertAlmostEqual(in_place_algbw, size / (in_place_time_us * 1e3), delta=0.002 + 0.01 * in_place_algbw)
         self.assertAlmostEqual(in_place_busbw, 1.5 * in_place_algbw, delta=0.002)
 
@@ -244,8 +270,9 @@ class Commbench(TrainingTestCase):
                 self.assertEqual(len(table), len(rows))
                 for line, row in zip(table, rows):
                     # Every field of the JSON row is a column; what the row lacks is empty.
-                    self.assertEqual(set(line) - set(row), {"chunk_bytes"} | ({"in_place_time_us", "in_place_algbw_gbps",
-                                     "in_place_busbw_gbps", "in_place_wrong"} if "in_place_wrong" not in row else set()))
+                    self.assertEqual(set(line) - set(row), {"chunk_bytes", "compute_us", "overlap_time_us", "hidden_fraction"} |
+                                     ({"in_place_time_us", "in_place_algbw_gbps", "in_place_busbw_gbps", "in_place_wrong"}
+                                      if "in_place_wrong" not in row else set()))
                     self.assertEqual((line["collective"], line["dtype"], int(line["bytes"]), int(line["wrong"]),
                                       line["correct"], line["chunk_bytes"]),
                                      (row["collective"], row["dtype"], row["bytes"], row["wrong"],
@@ -265,6 +292,8 @@ class Commbench(TrainingTestCase):
                                  (["--dtype", "int8"], ["unknown --dtype 'int8'"]),
                                  (["--dtype", "fp32,int64"], ["unknown --dtype 'int64'"]),
                                  (["--report", "median"], ["unknown --report 'median'"]),
+                                 (["--issue", "eager"], ["unknown --issue 'eager'"]),
+                                 (["--overlap"], ["--overlap", "--issue started"]),
                                  (["--max-bytes", "8", "--csv", "/nonexistent/rows.csv"], ["--csv", "/nonexistent"]),
                                  (["--collectives", "mpi_all_reduce", "--dtype", "bf16"], ["mpi_all_reduce", "fp32"]),
                                  (["--collectives", "mpi_all_reduce", "--path", "mpi-staged", "--device", "loopback"],
