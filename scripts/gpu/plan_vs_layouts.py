@@ -110,21 +110,27 @@ def main():
             arguments = model_options(args) + options + train_device + ["--steps", args.steps]
             name = f"plan-vs-layouts-{precision}-{ranks}-{'-'.join(layout) or 'one-process'}"
             step_ms, summary = train(ranks, arguments, name)
-            # Each collective's time a step (median over the same steps): a started operation's
-            # runs from its start to its completion, so they overlap and may sum past the step.
+            # A step's communication (medians over the same steps): each operation's own time, from
+            # its start to its completion (started ones overlap each other and the computation, so
+            # these may sum past the step); in wall time, the step's time with any operation in
+            # flight, and the time the launching thread waited for one (what the step exposed).
             steps = [record for record in read_records(name) if not record.get("summary")][2:]
             comm_ms = {op: statistics.median(step["comm_ms"][op] for step in steps) for op in steps[0]["comm_ms"]}
+            measured_comm = {"operations_ms": {op: ms for op, ms in comm_ms.items() if ms > 0},
+                             "operations_sum_ms": statistics.median(sum(step["comm_ms"].values()) for step in steps),
+                             "busy_ms": statistics.median(step["comm_busy_ms"] for step in steps),
+                             "wait_ms": statistics.median(step["comm_wait_ms"] for step in steps)}
             plan = planned(args, ranks, options, files)
             problems = ledger_disagreements(plan, summary, EXACT_STATES)
             rows.append({"precision": precision, "ranks": ranks, "layout": layout, "measured_step_ms": step_ms,
                          "planned_step_ms": plan["step_ms"],
-                         "measured_comm_ms": {op: ms for op, ms in comm_ms.items() if ms > 0},
+                         "measured_comm": measured_comm,
                          "step_time_ratio": plan["step_ms"]["total"] / step_ms,
                          "memory_and_bytes_agree": not problems, "problems": problems})
             print(f"plan_vs_layouts: {precision} {ranks} rank(s) {' '.join(layout)}: planned "
                   f"{plan['step_ms']['total']:.1f} ms (exposed communication {plan['step_ms']['exposed_comm']:.1f}), "
-                  f"measured {step_ms:.1f} ms ({rows[-1]['step_time_ratio']:.2f}; collectives' own times "
-                  f"{sum(comm_ms.values()):.1f}); "
+                  f"measured {step_ms:.1f} ms ({rows[-1]['step_time_ratio']:.2f}; communication in flight "
+                  f"{measured_comm['busy_ms']:.1f}, waited for {measured_comm['wait_ms']:.1f}); "
                   f"{'memory and bytes agree' if not problems else '; '.join(problems)}", flush=True)
     ratios = [row["step_time_ratio"] for row in rows]
     summary = {"device": gpu_name() if args.device == "cuda" else "loopback (no GPU)", "layouts": len(rows),

@@ -1,6 +1,10 @@
 // Communication ledger bookkeeping (see comm_ledger.hpp).
 #include "comm/comm_ledger.hpp"
 
+#include <algorithm>
+
+#include "core/timer.hpp"
+
 namespace mlptrain {
 
 template <typename Update>
@@ -30,6 +34,27 @@ std::uint64_t CommLedger::record_posted(CommOp op, std::string_view group, std::
   return sequence;
 }
 
+void CommLedger::begin_step() {
+  step_ = {};
+  step_start_ms_ = now_ms();
+  step_spans_.clear();
+  step_wait_ms_ = 0;
+}
+
+CommWallTime CommLedger::step_wall_time() const {
+  // The union of the spans, each cut at the step's start (an operation started in the step
+  // before counts from this one's start).
+  std::vector<std::pair<double, double>> spans = step_spans_;
+  std::sort(spans.begin(), spans.end());
+  double busy = 0, covered_until = step_start_ms_;
+  for (const auto& [start, end] : spans) {
+    const double from = std::max(start, covered_until);
+    if (end > from) busy += end - from;
+    covered_until = std::max(covered_until, end);
+  }
+  return {.busy_ms = busy, .wait_ms = step_wait_ms_};
+}
+
 std::vector<RecentOperation> CommLedger::recent() const {
   const std::lock_guard lock(recent_mutex_);
   std::vector<RecentOperation> operations;
@@ -48,6 +73,7 @@ void CommLedger::record_completed(std::uint64_t sequence, CommOp op, std::string
   }
   const int index = static_cast<int>(op);
   update(group, [&](CommTotals& totals) { totals.milliseconds[index] += end_ms - start_ms; });
+  step_spans_.emplace_back(start_ms, end_ms);
   if (trace_ != nullptr) {
     const bool point_to_point = op == CommOp::send || op == CommOp::recv;
     trace_->record({.name = std::string(comm_op_name(op)),

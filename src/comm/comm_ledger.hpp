@@ -9,6 +9,7 @@
 #include <mutex>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "core/comm_op.hpp"
@@ -36,6 +37,13 @@ struct RecentOperation {
   bool completed = false;
 };
 
+// A step's communication in wall time, as against the sum of its operations' times (which
+// overlap, started operations among themselves and with blocking ones).
+struct CommWallTime {
+  double busy_ms = 0;  // while at least one operation that completed in the step was in flight
+  double wait_ms = 0;  // while the caller was blocked in an operation or a wait for one
+};
+
 // An operation's bytes and call count belong to the step that posted it; its time (from posting
 // to completion) to the step in which it completed. So an operation started at the end of one
 // step and finished in the next (a parameter gather overlapping the next forward) counts its
@@ -54,9 +62,14 @@ class CommLedger {
   // Completed operations also go to `trace` as spans (null: no trace).
   void set_trace(TraceRecorder* trace) { trace_ = trace; }
 
+  // Time the caller spent blocked in a blocking operation or waiting for a started one.
+  void record_wait(double milliseconds) { step_wait_ms_ += milliseconds; }
+
   // The step window: totals since the last begin_step().
-  void begin_step() { step_ = {}; }
+  void begin_step();
   const CommTotals& step() const { return step_; }
+  // The step's operations in wall time: the union of their spans since begin_step(), and the waits.
+  CommWallTime step_wall_time() const;
   const CommTotals& run() const { return run_; }
   // Totals by group name over the whole run.
   const std::map<std::string, CommTotals, std::less<>>& by_group() const { return by_group_; }
@@ -71,6 +84,9 @@ class CommLedger {
   std::uint64_t posted_ = 0;
   TraceRecorder* trace_ = nullptr;
   CommTotals step_;
+  double step_start_ms_ = 0;
+  std::vector<std::pair<double, double>> step_spans_;  // (start, end) of the step's completions
+  double step_wait_ms_ = 0;
   CommTotals run_;
   std::map<std::string, CommTotals, std::less<>> by_group_;
 };

@@ -67,7 +67,9 @@ bool Request::test() {
 
 void Request::wait() {
   if (!pending_) return;
+  const double waited_from_ms = now_ms();
   pending_->wait();
+  if (ledger_ != nullptr) ledger_->record_wait(now_ms() - waited_from_ms);
   finish();
 }
 
@@ -82,7 +84,9 @@ void Communicator::run(const Operation& operation) {
   const std::int64_t bytes = operation.ledger_bytes(size());
   const std::uint64_t sequence = ledger_.record_posted(operation.op, group_, bytes, operation.type);
   run_backend(operation);
-  ledger_.record_completed(sequence, operation.op, group_, bytes, operation.type, start_ms, now_ms());
+  const double end_ms = now_ms();
+  ledger_.record_wait(end_ms - start_ms);
+  ledger_.record_completed(sequence, operation.op, group_, bytes, operation.type, start_ms, end_ms);
 }
 
 Request Communicator::start(const Operation& operation) {

@@ -102,7 +102,8 @@ Cluster calibrated_cluster(const std::vector<std::string>& files, const DeviceCo
         const auto [found, first] = benches.try_emplace({row.value("dtype", ""), row.value("rows", 0.0)}, row);
         if (!first) slowest_of(found->second, row);
       } else if (row.contains("collective") && row.value("dtype", "") == "fp32" &&
-                 row.value("path", "") == comm_path && row.value("correct", true)) {
+                 row.value("path", "") == comm_path && row.value("correct", true) &&
+                 row.value("issue", "blocking") == "blocking") {  // an operation's own time
         const std::optional<CommOp> op = calibrated_op(row.value("collective", ""));
         const auto bytes = row.value("bytes", 0.0);
         if (!op || bytes <= 0) continue;

@@ -67,7 +67,7 @@ StagedCopies staged_copies(CommOp op, int ranks) {
 
 }  // namespace
 
-LinkRates Cluster::staged_link(LinkClass link, CommOp op, int ranks, Issue issue) const {
+LinkRates Cluster::staged_link(LinkClass link, CommOp op, int ranks) const {
   const LinkRates& direct = this->link(link, op);
   if (host_copy_bytes_per_s <= 0) return direct;
   const double network = link == LinkClass::intra_node ? host_intra_node.bus_bytes_per_s : direct.bus_bytes_per_s;
@@ -75,8 +75,7 @@ LinkRates Cluster::staged_link(LinkClass link, CommOp op, int ranks, Issue issue
   const StagedCopies copies = staged_copies(op, ranks);
   const double exchange = bus_factor(op, ranks) / network;
   const double down = copies.down / host_copy_bytes_per_s, up = copies.up / host_copy_bytes_per_s;
-  const bool chunked = op == CommOp::all_reduce && issue == Issue::blocking;
-  const double seconds_per_byte = chunked ? std::max({down, up, exchange}) : down + exchange + up;
+  const double seconds_per_byte = std::max({down, up, exchange});
   return {.latency_s = (link == LinkClass::intra_node ? 0.0 : direct.latency_s) + host_intra_node.latency_s,
           .bus_bytes_per_s = bus_factor(op, ranks) / seconds_per_byte};
 }

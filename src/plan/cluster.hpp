@@ -28,10 +28,6 @@ struct LinkRates {
   double bus_bytes_per_s = 1;
 };
 
-// Whether a rank waits in a collective (blocking) or starts it and waits for it later (started:
-// data parallelism's buckets, ZeRO's shards), which decides how host staging moves it.
-enum class Issue { blocking, started };
-
 struct Cluster {
   std::string name;
   std::string source;         // where the figures come from
@@ -91,14 +87,13 @@ struct Cluster {
   double sample_values_per_s(DatasetKind dataset, bool held_in_memory) const;
   // The part of the memory-bound rates a rank gets when it holds `share` of a device.
   double memory_bound_share(double share) const { return std::min(1.0, share * cores_per_device); }
-  // `op` over `ranks` ranks on `link` host-staged, issued as `issue`: the bus bandwidth its
-  // stages come to and the host MPI's latency on top of the link's; the link's own rates where
-  // the cluster has no staging figures. The stages are each rank's copies down and up (the bytes
-  // the operation sends and keeps, at the copy rate a direction) and the host's exchange (the
-  // host MPI within a node, the link across). As the trainer's host staging runs them, a
-  // blocking all-reduce goes in chunks, its copies beside the exchange: the slowest stage's
-  // time; every other operation, and any started one, goes whole: the stages' times added.
-  LinkRates staged_link(LinkClass link, CommOp op, int ranks, Issue issue) const;
+  // `op` over `ranks` ranks on `link` host-staged: the bus bandwidth its stages come to and the
+  // host MPI's latency on top of the link's; the link's own rates where the cluster has no
+  // staging figures. The stages are each rank's copies down and up (the bytes the operation
+  // sends and keeps, at the copy rate a direction) and the host's exchange (the host MPI within
+  // a node, the link across). As the trainer's host staging runs every operation, in pieces
+  // whose copies run beside the exchange of the piece before: the slowest stage's time.
+  LinkRates staged_link(LinkClass link, CommOp op, int ranks) const;
   const LinkRates& link(LinkClass link, CommOp op) const {
     return links[static_cast<std::size_t>(link)][static_cast<std::size_t>(op)];
   }

@@ -188,7 +188,7 @@ class StageModel {
   // Seconds for `bytes` of `op` over the rank's group of `kind`, in `operations` operations
   // issued as `issue`, the transfer `slowest` times the mean rank's (an exchange ends with its
   // busiest rank's rows); the bus bytes are counted on the link class they cross.
-  double collective(StageWork& work, GroupKind kind, CommOp op, Issue issue, double operations,
+  double collective(StageWork& work, GroupKind kind, CommOp op, double operations,
                     double slowest = 1.0) const {
     const std::int64_t bytes = work.prediction.comm(kind, op);
     const int ranks = kind == GroupKind::pipeline ? 2 : group_size(inputs_.shape, kind);
@@ -199,7 +199,7 @@ class StageModel {
     const double bus = static_cast<double>(bytes) * bus_factor(op, ranks);
     (link == LinkClass::inter_node ? work.bus_bytes.inter_node : work.bus_bytes.intra_node) +=
         static_cast<std::int64_t>(bus);
-    const LinkRates rates = host_staged(inputs_.config.device) ? inputs_.cluster.staged_link(link, op, ranks, issue)
+    const LinkRates rates = host_staged(inputs_.config.device) ? inputs_.cluster.staged_link(link, op, ranks)
                                                                : inputs_.cluster.link(link, op);
     return operations * rates.latency_s + slowest * bus / rates.bus_bytes_per_s;
   }
@@ -211,26 +211,25 @@ class StageModel {
     const double per_pass = micro_batches * layers;
     // Waited for inside forward and backward, per micro-batch.
     const double blocking =
-        collective(work, GroupKind::tensor, CommOp::all_reduce, Issue::blocking, 2 * per_pass) +
-        collective(work, GroupKind::tensor, CommOp::reduce_scatter, Issue::blocking, 2 * per_pass) +
-        collective(work, GroupKind::tensor, CommOp::all_gather, Issue::blocking, 3 * per_pass) +
-        collective(work, GroupKind::expert, CommOp::all_to_all, Issue::blocking, 4 * per_pass,
+        collective(work, GroupKind::tensor, CommOp::all_reduce, 2 * per_pass) +
+        collective(work, GroupKind::tensor, CommOp::reduce_scatter, 2 * per_pass) +
+        collective(work, GroupKind::tensor, CommOp::all_gather, 3 * per_pass) +
+        collective(work, GroupKind::expert, CommOp::all_to_all, 4 * per_pass,
                    inputs_.expert_imbalance) +
-        collective(work, GroupKind::pipeline, CommOp::send, Issue::blocking,
+        collective(work, GroupKind::pipeline, CommOp::send,
                    2 * micro_batches * static_cast<double>(layout.layers.chunks.size()));
     // Counted on the link, timed as the send.
-    collective(work, GroupKind::pipeline, CommOp::recv, Issue::blocking, 0);
+    collective(work, GroupKind::pipeline, CommOp::recv, 0);
     const double statistics =
-        zero == 0 ? collective(work, GroupKind::data, CommOp::all_gather, Issue::blocking, per_pass) : 0;
+        zero == 0 ? collective(work, GroupKind::data, CommOp::all_gather, per_pass) : 0;
     work.forward_comm = (blocking / 2 + statistics) / micro_batches;
     work.backward_comm = blocking / 2 / micro_batches;
-    // Reductions the backward can hide all but a layer's share of.
-    // Where the collectives advance only in the ranks' own calls between kernels, nothing hides:
-    // MPI on CPUs (no progress thread, shared-memory sums done by the ranks' cores), and MPI
-    // staged through host memory between GPUs, whose host thread waits in each staging copy for
-    // the kernels queued before it while the started reductions wait for its next MPI call (on
-    // an H200, two ranks' data-parallel step took longer than its reductions back to back).
-    const bool overlaps = inputs_.cluster.overlaps_communication && !host_staged(inputs_.config.device);
+    // Reductions the backward can hide all but a layer's share of: on a GPU, NCCL's kernels run
+    // beside the computation, and so does host-staged MPI, whose rank's communication engine
+    // stages and exchanges the started operations while the host launches the backward. Where
+    // the ranks' cores do the communication themselves, nothing hides: MPI on CPUs whose ranks
+    // fill the cores (the engine's thread then takes its turns from the computation's).
+    const bool overlaps = inputs_.cluster.overlaps_communication;
     const auto hidden = [&](double seconds, double window) {
       if (!overlaps) return seconds;
       return seconds > 0 ? std::max(seconds - window * (layers - 1) / layers, seconds / layers) : 0.0;
@@ -241,10 +240,10 @@ class StageModel {
     // micro-batch is reduced, behind the backward like data parallelism's buckets.
     for (GroupKind kind : {GroupKind::data, GroupKind::expert_data, GroupKind::data_shard,
                            GroupKind::expert_data_shard, GroupKind::data_replica, GroupKind::expert_data_replica}) {
-      reductions += collective(work, kind, CommOp::all_reduce, Issue::started, layers);
-      reduce_scatters += collective(work, kind, CommOp::reduce_scatter, Issue::started, zero == 1 ? layers : per_pass);
+      reductions += collective(work, kind, CommOp::all_reduce, layers);
+      reduce_scatters += collective(work, kind, CommOp::reduce_scatter, zero == 1 ? layers : per_pass);
       if (zero > 0)
-        gathers += collective(work, kind, CommOp::all_gather, Issue::started, zero == 3 ? 2 * per_pass : layers);
+        gathers += collective(work, kind, CommOp::all_gather, zero == 3 ? 2 * per_pass : layers);
     }
     double after = hidden(reductions + (zero == 1 ? reduce_scatters : 0), work.backward_compute);
     if (zero >= 2) after += micro_batches * hidden(reduce_scatters / micro_batches, work.backward_compute);
@@ -253,7 +252,7 @@ class StageModel {
     } else {
       after += gathers;  // after the update, before the next step's forward
     }
-    work.after_backward = after + collective(work, GroupKind::world, CommOp::all_reduce, Issue::blocking, 1);
+    work.after_backward = after + collective(work, GroupKind::world, CommOp::all_reduce, 1);
   }
 
   const PlanInputs& inputs_;

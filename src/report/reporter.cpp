@@ -29,6 +29,8 @@ nlohmann::json step_json(const StepRecord& record) {
                            {"model_tflops", record.model_tflops},
                            {"comm_bytes", comm_bytes},
                            {"comm_ms", comm_ms},
+                           {"comm_busy_ms", record.comm_wall.busy_ms},
+                           {"comm_wait_ms", record.comm_wall.wait_ms},
                            {"mem_bytes", by_state(record.memory)},
                            {"peak_mem_bytes", by_state(record.peak_memory)}};
   if (record.recompute_tflops > 0) object["recompute_tflops"] = record.recompute_tflops;

@@ -30,6 +30,7 @@ struct StepRecord {
   double recompute_tflops = 0;
   std::optional<double> mfu;
   CommTotals comm;
+  CommWallTime comm_wall;
   MemoryByState memory{};
   MemoryByState peak_memory{};
   std::optional<double> eval_loss;

@@ -210,6 +210,7 @@ StepRecord Trainer::train_step(std::int64_t step) {
   record.recompute_tflops = flops_.recompute / rank_seconds / 1e12;
   if (peak_tflops_ > 0) record.mfu = record.model_tflops / peak_tflops_;
   record.comm = run_.ledgers.comm.step();
+  record.comm_wall = run_.ledgers.comm.step_wall_time();
   record.memory = run_.ledgers.memory.current();
   record.peak_memory = run_.ledgers.memory.peak();
   note_peaks();

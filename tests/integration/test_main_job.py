@@ -1,6 +1,7 @@
 """The README's main job: `mpiexec -n 4 mlptrain` with its defaults trains on the built-in teacher
 data, prints per-step loss and throughput and the end-of-run summary, and learns; --help and
---predict answer without training; the metrics file has every field of DESIGN.md §2.4."""
+--predict answer without training; the metrics file has every field of DESIGN.md §2.4, the
+communication in wall time consistent with the operations' own times."""
 import unittest
 
 from common import TrainingTestCase, read_metrics, run
@@ -24,6 +25,14 @@ class MainJob(TrainingTestCase):
             self.assertIn(key, steps[0])
         self.assertEqual(set(steps[0]["comm_bytes"]), OPS)
         self.assertEqual(set(steps[0]["comm_ms"]), OPS)
+        # Communication in wall time: the union of the operations' spans is no more than their
+        # sum (they overlap) or the step, and the caller's waits lie inside those spans (each
+        # wait ends when its caller saw the operation complete, a few microseconds after it did).
+        for step in steps:
+            self.assertLessEqual(step["comm_busy_ms"], sum(step["comm_ms"].values()) + 1e-6, step)
+            self.assertLessEqual(step["comm_busy_ms"], step["step_ms"] + 0.5, step)
+            self.assertLessEqual(step["comm_wait_ms"], step["comm_busy_ms"] + 0.5, step)
+            self.assertGreater(step["comm_wait_ms"], 0, step)  # the step's loss sum, at least
         self.assertEqual(set(steps[0]["mem_bytes"]), STATES)
         self.assertEqual(set(steps[0]["peak_mem_bytes"]), STATES)
         self.assertTrue(summary["summary"])
