@@ -15,12 +15,14 @@
 # NCCL, exact results), precision_reference and fp8_reference (bf16 and fp8 layouts on the GPU
 # against the NumPy references), bench (scripts/gpu/bench.py), planner (mlpplan calibrated on the
 # GPU, against bench's step and against layouts at two ranks sharing the GPU,
-# scripts/gpu/plan_vs_layouts.py). A failing check does not stop
-# the others.
+# scripts/gpu/plan_vs_layouts.py), staging (scripts/bench/staging.py at 2 and 4 ranks sharing the
+# GPU, a traced --dp 2 step, layouts at 4 ranks planned and measured). A failing check does not
+# stop the others.
 #
 # usage: scripts/gpu/check.sh [--output DIR] [PHASE...]
 #   DIR defaults to $OUT (the device tool's folder) or results/gpu/check; PHASEs are any of build
-#   tests bench planner profile (default: all five), so a session can split the work over several runs.
+#   tests bench planner staging profile (default: all six), so a session can split the work over
+#   several runs.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 top=$PWD
@@ -29,11 +31,11 @@ phases=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --output) output=${2:?--output needs a folder}; shift 2 ;;
-    build|tests|bench|planner|profile) phases+=("$1"); shift ;;
-    *) echo "check: unknown argument '$1' (usage: scripts/gpu/check.sh [--output DIR] [build] [tests] [bench] [planner] [profile])" >&2; exit 2 ;;
+    build|tests|bench|planner|staging|profile) phases+=("$1"); shift ;;
+    *) echo "check: unknown argument '$1' (usage: scripts/gpu/check.sh [--output DIR] [build] [tests] [bench] [planner] [staging] [profile])" >&2; exit 2 ;;
   esac
 done
-[ ${#phases[@]} -gt 0 ] || phases=(build tests bench planner profile)
+[ ${#phases[@]} -gt 0 ] || phases=(build tests bench planner staging profile)
 mkdir -p "$output"
 output=$(cd "$output" && pwd)
 summary="$output/summary.txt"
@@ -177,6 +179,24 @@ for phase in "${phases[@]}"; do
       # Layouts of one process and of two ranks sharing the GPU over host-staged MPI, each
       # planned from a calibration of its own shapes and held against its measured step.
       MLPTRAIN="$top/build-gpu/mlptrain" check plan_vs_layouts "${python:-python3}" scripts/gpu/plan_vs_layouts.py \
+        --output-dir "$output/results"
+      ;;
+    staging)
+      # Host staging on the GPU: every collective, blocking and started, host-staged at 2 and 4
+      # ranks sharing the GPU against the same collective on host memory and against its bound
+      # (scripts/bench/staging.py: results/staging_cuda_<ranks>_ranks.json); a traced step of
+      # --dp 2 whose collectives track shows the reductions beside the backward; and layouts of
+      # 4 ranks planned against their steps (results/plan_vs_layouts_4_ranks.json).
+      export MLPTRAIN="$top/build-gpu/mlptrain"
+      mkdir -p "$output/results"
+      for ranks in 2 4; do
+        check "staging_$ranks" "${python:-python3}" scripts/bench/staging.py --device cuda --ranks "$ranks" \
+          --output-dir "$output/results"
+      done
+      check staging_trace mpiexec.mpich -n 2 build-gpu/mlptrain --dp 2 --dataset mixture --layers 8 --hidden 4096 \
+        --input-dim 4096 --output-dim 10 --global-batch 8192 --steps 4 --device cuda --log-every 0 \
+        --trace "$output/results/trace_dp2.json" --metrics "$output/results/trace_dp2_metrics.jsonl"
+      check plan_vs_layouts_4 "${python:-python3}" scripts/gpu/plan_vs_layouts.py --ranks 4 \
         --output-dir "$output/results"
       ;;
     profile)

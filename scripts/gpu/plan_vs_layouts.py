@@ -1,19 +1,22 @@
 #!/usr/bin/python3
 """mlpplan's plans of GPU layouts against their measured steps: one process, and two ranks
-sharing the GPU over host-staged MPI (--comm mpi: each message copied to pinned host memory, MPI
-on the host, copied back), data, tensor and pipeline parallel and ZeRO-3, in fp32 and bf16.
+(--ranks N: N) sharing the GPU over host-staged MPI (--comm mpi: each message copied to pinned
+host memory in pieces, MPI on the host, copied back, on each rank's communication engine), data,
+tensor and pipeline parallel and ZeRO-3, in fp32 and bf16.
 
 The planner is calibrated on the same GPU just before: layerbench --device cuda at the rows a
-rank's GEMMs get (the batch, a data-parallel rank's half of it, a micro-batch's), each with a
+rank's GEMMs get (the batch, a data-parallel rank's share of it, a micro-batch's), each with a
 step's GEMMs in sequence and AdamW over the model's parameters, and commbench's host-staged
-collectives at two ranks. Each layout's figure is the median of its steps after two warm-up
-steps (the GPU's steps vary little; the host's staging does the varying); its memory states
-(parameters, gradients, optimizer state, communication buffers) and bytes per step are held
-against the run's own ledger (exact, and within 1 %).
+collectives at the layouts' ranks. Each layout's figure is the median of its steps after two
+warm-up steps (the GPU's steps vary little; the host's staging does the varying); its memory
+states (parameters, gradients, optimizer state, communication buffers) and bytes per step are
+held against the run's own ledger (exact, and within 1 %); its communication is reported in the
+operations' own times and in wall time (in flight, and waited for).
 
-Writes OUTPUT_DIR/plan_vs_layouts.json, the calibration's rows beside it. With --device loopback
-the same code runs without a GPU (the test suite does: mlptrain on the device path's loopback,
-the plan calibrated as the CPU): that checks the script and measures nothing about a GPU."""
+Writes OUTPUT_DIR/plan_vs_layouts.json (plan_vs_layouts_N_ranks.json for N other than 2), the
+calibration's rows beside it. With --device loopback the same code runs without a GPU (the test
+suite does: mlptrain on the device path's loopback, the plan calibrated as the CPU): that checks
+the script and measures nothing about a GPU."""
 import argparse
 import json
 import os
@@ -27,9 +30,11 @@ from benchlib import (ENVIRONMENT, PLANNER, PROGRAM, ROOT, ledger_disagreements,
 
 PROGRAMS = os.path.dirname(os.path.abspath(PROGRAM))
 
-# (ranks, layout options): one process, then two ranks sharing the GPU.
-LAYOUTS = [(1, []), (2, ["--dp", "2"]), (2, ["--dp", "2", "--zero", "3"]), (2, ["--tp", "2"]),
-           (2, ["--pp", "2", "--micro-batches", "4"])]
+def layouts(ranks):
+    """(ranks, layout options): one process, then `ranks` ranks sharing the GPU."""
+    n = str(ranks)
+    return [(1, []), (ranks, ["--dp", n]), (ranks, ["--dp", n, "--zero", "3"]), (ranks, ["--tp", n]),
+            (ranks, ["--pp", n, "--micro-batches", str(2 * ranks)])]
 PRECISIONS = {"fp32": [], "bf16": ["--param-dtype", "bf16"]}
 # The states whose bytes the plan and the ledger both count exactly.
 EXACT_STATES = ("params", "grads", "optimizer", "comm_buffers")
@@ -52,20 +57,21 @@ def model_options(args):
 
 def calibrate(args, folder):
     """The files mlpplan --calibrate reads: layerbench at each row count a rank's GEMMs get, and
-    commbench at two ranks."""
+    commbench at the layouts' ranks."""
     _, bench_device, comm_path, _ = device_options(args.device)
     parameters = args.layers * (args.hidden * args.hidden + args.hidden)
-    layers = os.path.join(folder, "calibration_layerbench.jsonl")
+    suffix = "" if args.ranks == 2 else f"_{args.ranks}_ranks"
+    layers = os.path.join(folder, f"calibration_layerbench{suffix}.jsonl")
     with open(layers, "w") as handle:
-        for rows in sorted({args.batch, args.batch // 2, args.batch // 4}):
+        for rows in sorted({args.batch, args.batch // args.ranks, args.batch // (2 * args.ranks)}):
             command = [os.path.join(PROGRAMS, "layerbench"), rows, args.hidden, args.hidden, 5, "--dtype", "fp32,bf16",
                        "--sequence", args.layers, "--optimizer-parameters", parameters] + bench_device
             for row in run_json([str(part) for part in command]):
                 handle.write(json.dumps(row) + "\n")
-    comm = os.path.join(folder, "calibration_commbench.jsonl")
+    comm = os.path.join(folder, f"calibration_commbench{suffix}.jsonl")
     with open(comm, "w") as handle:
         for collective in ("all_reduce", "reduce_scatter", "all_gather", "send_recv"):
-            command = ["mpiexec.mpich", "-n", "2", os.path.join(PROGRAMS, "commbench"), "--json", "--max-bytes",
+            command = ["mpiexec.mpich", "-n", str(args.ranks), os.path.join(PROGRAMS, "commbench"), "--json", "--max-bytes",
                        args.max_bytes, "--step-factor", "4", "--collectives", collective]
             for row in run_json(command + comm_path):
                 handle.write(json.dumps(row) + "\n")
@@ -98,6 +104,7 @@ def main():
     parser.add_argument("--batch", type=int, default=8192, help="global batch")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--max-bytes", default="64M", help="commbench's largest message")
+    parser.add_argument("--ranks", type=int, default=2, help="ranks sharing the GPU in the parallel layouts")
     parser.add_argument("--output-dir", default=os.path.join(ROOT, "results", "gpu"))
     args = parser.parse_args()
     os.makedirs(args.output_dir, exist_ok=True)
@@ -105,7 +112,7 @@ def main():
     train_device = device_options(args.device)[0]
     rows = []
     for precision, precision_options in PRECISIONS.items():
-        for ranks, layout in LAYOUTS:
+        for ranks, layout in layouts(args.ranks):
             options = layout + precision_options
             arguments = model_options(args) + options + train_device + ["--steps", args.steps]
             name = f"plan-vs-layouts-{precision}-{ranks}-{'-'.join(layout) or 'one-process'}"
@@ -138,7 +145,8 @@ def main():
                "mean_absolute_error": statistics.fmean(abs(ratio - 1) for ratio in ratios),
                "memory_and_bytes_agree": sum(row["memory_and_bytes_agree"] for row in rows)}
     print(json.dumps(summary))
-    write_result(os.path.join(args.output_dir, "plan_vs_layouts.json"),
+    name = "plan_vs_layouts.json" if args.ranks == 2 else f"plan_vs_layouts_{args.ranks}_ranks.json"
+    write_result(os.path.join(args.output_dir, name),
                  {"model": {"layers": args.layers, "hidden": args.hidden, "batch": args.batch, "steps": args.steps},
                   "calibration": [os.path.basename(path) for path in files], "summary": summary, "rows": rows})
 

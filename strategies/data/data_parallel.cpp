@@ -2,7 +2,8 @@
 // each micro-batch, and gradients are summed over the group. The gradient buffer is cut into
 // buckets of whole layers; as soon as backward finishes the last micro-batch's gradients of a
 // bucket (buckets fill from the last layer backwards), its all-reduce is started without blocking
-// and progressed at every later hook, so reduction overlaps the rest of backward. Losses are
+// (the communication engine runs it, and every later hook tests it), so reduction overlaps the
+// rest of backward. Losses are
 // scaled by the global sample count, so the sum over ranks is the gradient of the global mean.
 // Each tensor's gradients are summed over its replica group: the whole data-parallel group, or for
 // experts split over an expert-parallel group, the ranks holding the same experts; a bucket holds
@@ -105,7 +106,8 @@ class DataParallel final : public Strategy, public LayerHooks {
   }
 
  private:
-  // MPI advances non-blocking collectives only inside MPI calls: poll them between layers.
+  // Where the communication engine has no thread of its own (or the backend none), a started
+  // operation moves only when tested: poll them between layers.
   void progress() {
     for (Bucket& bucket : buckets_) bucket.request.test();
   }

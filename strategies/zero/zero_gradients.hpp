@@ -33,7 +33,8 @@ class ZeroGradientPath {
   virtual void end_backward(std::size_t unit, bool last_micro_batch) = 0;
   // Every reduction of the step finished: each shard holds its sum over the micro-batches.
   virtual void finish_step() = 0;
-  // Non-blocking collectives move only inside MPI calls (or when tested): polled between layers.
+  // Started operations are tested between layers: where the communication engine has no thread
+  // of its own, they move only then.
   virtual void progress() = 0;
   // Whether a reduction still reads `buffer` (a lent one), and finishing those that do.
   virtual bool reading(const void* buffer) const = 0;
