@@ -1,14 +1,16 @@
 """The hang watchdog: when one rank leaves out a collective (MLPTRAIN_FAULT, the communicators'
 fault injection), every rank's step stalls; after --timeout seconds each rank prints its latest
 operations and the job ends, and the two reports show where the ranks diverged. Without a hang it
-stays silent."""
+stays silent. The same holds on the device path, with operations staged on the communication
+engine in flight, and when a rank is killed there."""
 import os
 import re
+import signal
 import subprocess
 import time
 import unittest
 
-from common import MLPTRAIN, MPIEXEC, TrainingTestCase, run
+from common import MLPTRAIN, MPIEXEC, TrainingTestCase, rank_processes, run
 
 ARGUMENTS = ["--layers", "3", "--hidden", "16", "--global-batch", "16", "--log-every", "0"]
 
@@ -41,6 +43,42 @@ class Watchdog(TrainingTestCase):
         self.assertEqual(last[0][1:3] + last[0][4:5], ("all_reduce", "world", "fp64"))
         self.assertEqual(last[1][1:3] + last[1][4:5], ("all_reduce", "dp", "fp32"))
         self.assertRegex(result.stderr, r"watchdog: rank 0: step 3 has not finished")
+
+    def test_staged_operations_in_flight_still_end_the_job_naming_them(self):
+        """On the device path (loopback), gradient reductions are staged through host memory on each
+        rank's communication engine while backward goes on. Rank 1 leaves out its third bucket
+        reduction: rank 0's waits in that started all-reduce until the watchdog names it; and a
+        rank killed while such operations are in flight ends the job within 30 s."""
+        staged = ["--layers", "6", "--hidden", "16", "--global-batch", "16", "--log-every", "0", "--device", "loopback",
+                  "--bucket-mb", "0.001"]
+        environment = dict(os.environ, MLPTRAIN_FAULT="1:dp:all_reduce:fp32:3", OMP_NUM_THREADS="1")
+        started = time.monotonic()
+        result = subprocess.run([MPIEXEC, "-n", "2", MLPTRAIN] + staged + ["--steps", "10", "--timeout", "2"],
+                                capture_output=True, text=True, timeout=60, env=environment)
+        self.assertNotEqual(result.returncode, 0)
+        self.assertLess(time.monotonic() - started, 30)
+        waiting = re.findall(r"watchdog: rank 0:   #\d+ (\w+) on (\w+) \(\d+ bytes of (\w+)\) WAITING", result.stderr)
+        self.assertIn(("all_reduce", "dp", "fp32"), waiting, result.stderr)
+
+        marker = self.path("killed")
+        launcher = subprocess.Popen([MPIEXEC, "-n", "2", MLPTRAIN] + staged + ["--steps", "100000000", "--metrics", marker],
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                    env=dict(os.environ, OMP_NUM_THREADS="1"))
+        try:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and (not os.path.exists(marker) or os.path.getsize(marker) < 2000):
+                time.sleep(0.05)
+            ranks = rank_processes(marker)
+            self.assertEqual(len(ranks), 2)
+            os.kill(ranks[-1], signal.SIGKILL)
+            killed = time.monotonic()
+            launcher.wait(timeout=30)
+            self.assertLess(time.monotonic() - killed, 30)
+            self.assertNotEqual(launcher.returncode, 0)
+        finally:
+            if launcher.poll() is None:
+                launcher.kill()
+                launcher.wait()
 
     def test_a_malformed_fault_plan_is_one_line(self):
         result = run(ARGUMENTS + ["--steps", "1"], 2, check=False, environment={"MLPTRAIN_FAULT": "1:world"})
