@@ -30,7 +30,7 @@ bool mpi_allows_threads() {
 }  // namespace
 
 CommEngine::CommEngine() {
-  if (mpi_allows_threads()) thread_ = std::thread([this] { run(); });
+  if (mpi_allows_threads()) thread_ = std::thread([this] { advance_in_background(); });
 }
 
 CommEngine::~CommEngine() {
@@ -57,7 +57,7 @@ void CommEngine::submit(EngineTask& task) {
   work_.notify_one();
 }
 
-void CommEngine::run(EngineTask& task) {
+void CommEngine::submit_and_wait(EngineTask& task) {
   enqueue(task);
   wait(task);
 }
@@ -131,7 +131,7 @@ void CommEngine::advance_while(Condition&& condition) {
   if (thread_has_work()) work_.notify_one();  // the engine's thread takes over what is in flight
 }
 
-void CommEngine::run() {
+void CommEngine::advance_in_background() {
   // Sleeps as asked, not rounded up to the default 50 us of timer slack.
   prctl(PR_SET_TIMERSLACK, 1UL, 0UL, 0UL, 0UL);
   int idle_rounds = 0;

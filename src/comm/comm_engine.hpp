@@ -10,7 +10,7 @@
 // inside MPI (the caller in setup, barriers and parallel HDF5, the engine in every operation).
 // Funnelling all of it through the engine would put parallel HDF5's own MPI calls out of reach.
 // Where MPI offers less, the engine keeps no thread and tasks advance only while a caller tests
-// or waits (the order of MPI_Test between layers).
+// or waits, as MPI's own non-blocking operations do.
 //
 // MPI requires every rank to issue a communicator's collectives in one order, and a peer's
 // messages of one tag in the order its receives expect. Tasks declare the channel they issue on;
@@ -82,7 +82,7 @@ class CommEngine {
   // task alive until it is complete, or hands it over with keep().
   void submit(EngineTask& task);
   // Queues `task` and waits for it: the caller advances it (the engine's thread is not woken).
-  void run(EngineTask& task);
+  void submit_and_wait(EngineTask& task);
   // Takes over a task whose owner is going away before it completed (a run ending on an error).
   void keep(std::unique_ptr<EngineTask> task);
   // Advances the tasks once unless the engine's thread is doing so; whether `task` is complete.
@@ -107,7 +107,8 @@ class CommEngine {
   // stands aside meanwhile).
   template <typename Condition>
   void advance_while(Condition&& condition);
-  void run();
+  // The engine's thread: advances the tasks whenever there are some and no waiter does.
+  void advance_in_background();
 
   std::mutex submitted_mutex_;
   std::vector<EngineTask*> submitted_;  // not yet taken into a round
@@ -118,8 +119,8 @@ class CommEngine {
 
   std::atomic<int> waiting_{0};  // callers in wait() or drain(), advancing the tasks themselves
   std::mutex advancing_;  // held by the thread running a round
-  std::vector<EngineTask*> in_flight_;     // in submission order (advancing_)
-  std::vector<IssueChannel> still_issuing_;             // a round's scratch (advancing_)
+  std::vector<EngineTask*> in_flight_;       // in submission order (advancing_)
+  std::vector<IssueChannel> still_issuing_;  // a round's scratch (advancing_)
 
   std::thread thread_;
 };

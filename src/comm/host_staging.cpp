@@ -5,10 +5,6 @@
 #include <stdexcept>
 
 #include "comm/staging_plan.hpp"
-#include "core/timer.hpp"
-#include <cstdio>
-#include <cstdlib>
-#include <unistd.h>
 
 namespace mlptrain {
 
@@ -38,7 +34,6 @@ class StagedTask final : public EngineTask {
       for (const CopySpan& span : planned.up) piece.up.push_back({.span = span});
       pieces_.push_back(std::move(piece));
     }
-    if (getenv("TRACE_STAGE")) fprintf(stderr, "%d %.3f submit\n", getpid(), now_ms());
     start_copies_down();
   }
 
@@ -48,10 +43,9 @@ class StagedTask final : public EngineTask {
     for (Piece& piece : pieces_)
       for (Copy& copy : piece.down) moved = finish(copy, true) || moved;
     // Issue in order: a piece's operations once its copies landed, after every earlier piece's.
-    while (may_issue && issued_ < pieces_.size() && landed(pieces_[issued_])) {
+    while (may_issue && issued_ < pieces_.size() && all_done(pieces_[issued_].down)) {
       Piece& piece = pieces_[issued_++];
       for (const Operation& operation : piece.operations) piece.in_flight.push_back(start_host_(operation));
-      if (getenv("TRACE_STAGE")) fprintf(stderr, "%d %.3f issue %zu\n", getpid(), now_ms(), issued_-1);
       moved = true;
     }
     bool complete = mark_.done;
@@ -64,7 +58,7 @@ class StagedTask final : public EngineTask {
           moved = finish(copy, false) || moved;
         }
       }
-      complete = complete && piece.communicated && std::all_of(piece.up.begin(), piece.up.end(), [](const Copy& copy) { return copy.done; });
+      complete = complete && piece.communicated && all_done(piece.up);
     }
     complete = complete && issued_ == pieces_.size();
     return {.moved = moved, .issued_all = issued_ == pieces_.size(), .complete = complete};
@@ -85,8 +79,8 @@ class StagedTask final : public EngineTask {
     bool communicated = false;
   };
 
-  static bool landed(const Piece& piece) {
-    return std::all_of(piece.down.begin(), piece.down.end(), [](const Copy& copy) { return copy.done; });
+  static bool all_done(const std::vector<Copy>& copies) {
+    return std::all_of(copies.begin(), copies.end(), [](const Copy& copy) { return copy.done; });
   }
   // Queues the copies down that find lanes, in order (a copy that finds none, and all after it,
   // wait for a later round).
@@ -127,7 +121,6 @@ class StagedTask final : public EngineTask {
     AsyncCopier& copier = *staging_.copier_;
     if (!(to_host ? copier.test_to_host(copy.lane) : copier.test_to_device(copy.lane))) return false;
     copy.done = true;
-    if (getenv("TRACE_STAGE")) fprintf(stderr, "%d %.3f %s done %zu\n", getpid(), now_ms(), to_host?"down":"up", copy.span.bytes);
     staging_.give_lane(to_host, copy.lane);
     copy.lane = -1;
     return true;
@@ -139,7 +132,6 @@ class StagedTask final : public EngineTask {
       if (operation && operation->test()) operation.reset();
     piece.communicated = std::all_of(piece.in_flight.begin(), piece.in_flight.end(),
                                      [](const auto& operation) { return operation == nullptr; });
-    if (piece.communicated && getenv("TRACE_STAGE")) fprintf(stderr, "%d %.3f mpi done\n", getpid(), now_ms());
     return piece.communicated;
   }
 
@@ -152,7 +144,7 @@ class StagedTask final : public EngineTask {
   // An empty copy down, queued before the task's others: done once the compute stream's work
   // queued before the operation is, which the copies up wait for (it may read the destination).
   Copy mark_;
-  std::size_t issued_ = 0;     // pieces whose operations are started
+  std::size_t issued_ = 0;  // pieces whose operations are started
 };
 
 HostStaging::HostStaging(Allocator& device, std::size_t chunk_bytes)

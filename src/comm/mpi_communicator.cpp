@@ -208,7 +208,7 @@ std::unique_ptr<PendingOperation> MpiCommunicator::start_shared(const Operation&
 
 void MpiCommunicator::run_backend(const Operation& operation) {
   if (engine_ != nullptr) {
-    engine_->run(*task(operation));
+    engine_->submit_and_wait(*task(operation));
     return;
   }
   if (auto pending = start_shared(operation)) {
