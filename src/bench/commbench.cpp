@@ -296,5 +296,6 @@ int main(int argc, char** argv) {
       });
       measure(settings, *communicator, host ? nullptr : device.memory.get());
     }
+    return ExitCode::success;
   });
 }

@@ -356,5 +356,6 @@ int main(int argc, char** argv) {
   const std::vector<std::string> arguments(argv + 1, argv + argc);
   return run_mpi_program(argc, argv, "layerbench", [&](MpiCommunicator& world) {
     agree_or_throw(world, [&] { run(arguments); });
+    return ExitCode::success;
   });
 }

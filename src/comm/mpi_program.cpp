@@ -17,7 +17,7 @@ constexpr std::chrono::seconds kFinalizeGrace{10};
 }  // namespace
 
 int run_mpi_program(int& argc, char**& argv, const char* program,
-                    const std::function<void(MpiCommunicator& world)>& body) {
+                    const std::function<ExitCode(MpiCommunicator& world)>& body) {
   // Threads: the communication engine's thread calls MPI beside the program's (comm_engine.hpp).
   int provided = MPI_THREAD_SINGLE;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
@@ -27,7 +27,7 @@ int run_mpi_program(int& argc, char**& argv, const char* program,
   try {
     CommLedger ledger;  // what the program's setup communicates; its own work has its own
     MpiCommunicator world(MPI_COMM_WORLD, "world", ledger);
-    body(world);
+    exit_code = static_cast<int>(body(world));
   } catch (const AgreedError& error) {
     if (rank == 0) std::fprintf(stderr, "%s: error: %s\n", program, error.what());
     exit_code = static_cast<int>(error.code());

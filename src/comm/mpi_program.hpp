@@ -9,11 +9,12 @@
 #include <functional>
 
 #include "comm/mpi_communicator.hpp"
+#include "core/error.hpp"
 
 namespace mlptrain {
 
-// Returns the exit code for main.
+// Returns the exit code for main: the body's, or an error's.
 int run_mpi_program(int& argc, char**& argv, const char* program,
-                    const std::function<void(MpiCommunicator& world)>& body);
+                    const std::function<ExitCode(MpiCommunicator& world)>& body);
 
 }  // namespace mlptrain

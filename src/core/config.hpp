@@ -7,6 +7,7 @@
 #include <any>
 #include <array>
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <optional>
 #include <string>
@@ -169,6 +170,10 @@ struct DeviceConfig {
 };
 
 // What a run writes and when.
+// --resume auto: the checkpoint directory's `latest` where there is one, else a fresh start.
+inline constexpr std::string_view resume_auto = "auto";
+inline constexpr int keep_all_checkpoints = std::numeric_limits<int>::max();
+
 struct OutputConfig {
   int log_every = 10;
   std::string metrics_path;
@@ -176,7 +181,9 @@ struct OutputConfig {
   std::string checkpoint_dir;
   int save_every = 0;
   SaveMode save_mode = SaveMode::async;
-  std::string resume;
+  std::string resume;  // a file, a directory with `latest`, or resume_auto
+  // Step files a checkpoint directory keeps, the newest (keep_all_checkpoints: every one).
+  int keep_last = keep_all_checkpoints;
   bool predict = false;
   double timeout_s = 300;  // a step running longer is a hang: report and abort (0: never)
 };

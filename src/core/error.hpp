@@ -8,7 +8,9 @@
 
 namespace mlptrain {
 
-enum class ExitCode : int { success = 0, runtime_failure = 1, usage = 2 };
+// `stopped`: a stop signal ended the run at a step boundary, its state saved (a requeued rerun
+// with --resume auto continues it).
+enum class ExitCode : int { success = 0, runtime_failure = 1, usage = 2, stopped = 3 };
 
 class Error : public std::runtime_error {
  public:

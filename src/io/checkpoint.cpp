@@ -3,6 +3,7 @@
 // written by a background writer; the file published once every rank agrees they are durable.
 #include "io/checkpoint.hpp"
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 
@@ -16,6 +17,15 @@
 namespace mlptrain {
 
 namespace fs = std::filesystem;
+
+namespace {
+
+void remove_partial(const fs::path& temporary) {
+  std::error_code ignored;  // gone already, or never made: nothing to clean up
+  fs::remove(temporary, ignored);
+}
+
+}  // namespace
 
 std::string checkpoint_file_name(std::int64_t step) {
   char name[32];
@@ -34,6 +44,24 @@ void prepare_checkpoint_directory(const std::string& directory) {
     if (!file) throw UsageError("--checkpoint-dir: directory '" + directory + "' is not writable");
   }
   fs::remove(probe, error);
+}
+
+std::vector<std::string> retire_checkpoints(const std::string& directory, int keep) {
+  std::error_code error;
+  std::string latest;
+  std::ifstream(fs::path(directory) / "latest") >> latest;
+  std::vector<std::string> steps;  // step_NNNNNNNN.h5: in name order, in step order
+  for (const fs::directory_entry& entry : fs::directory_iterator(directory, error)) {
+    const std::string name = entry.path().filename().string();
+    if (name.size() == checkpoint_file_name(0).size() && name.starts_with("step_") && name.ends_with(".h5"))
+      steps.push_back(name);
+  }
+  std::sort(steps.begin(), steps.end());
+  std::vector<std::string> removed;
+  const std::size_t kept = static_cast<std::size_t>(std::max(keep, 0));
+  for (std::size_t index = 0; index + kept < steps.size(); ++index)
+    if (steps[index] != latest && fs::remove(fs::path(directory) / steps[index], error)) removed.push_back(steps[index]);
+  return removed;
 }
 
 float* CheckpointSaver::snapshot(std::size_t floats, Allocator& allocator) {
@@ -150,7 +178,13 @@ void CheckpointSaver::start(const std::string& directory, const TrainingState& s
   const fs::path temporary = fs::path(directory) / ("." + checkpoint_file_name(state.step) + ".partial");
   std::vector<std::uint64_t> offsets(scope.global_tensors.size() * part_count);
   agree_or_throw(scope.world, [&] {
-    if (scope.world.rank() == 0) offsets = create_checkpoint_file(temporary, state, description, scope.global_tensors);
+    if (scope.world.rank() != 0) return;
+    try {
+      offsets = create_checkpoint_file(temporary, state, description, scope.global_tensors);
+    } catch (const std::exception&) {
+      remove_partial(temporary);
+      throw;
+    }
   });
   scope.world.broadcast(offsets.data(), offsets.size(), 0);
   std::vector<FileWrite> writes;
@@ -186,14 +220,22 @@ SavedCheckpoint CheckpointSaver::finish(Communicator& world) {
   InFlight save = std::move(*in_flight_);
   in_flight_.reset();
   const std::optional<std::string> problem = writer_.wait();
-  agree_or_throw(world, [&] {
-    if (problem) throw RuntimeFailure(*problem);
-  });
+  // A save that fails leaves nothing behind: rank 0 made the partial file, and removes it.
+  const auto failed = [&] {
+    if (world.rank() == 0) remove_partial(save.temporary);
+  };
+  try {
+    agree_or_throw(world, [&] {
+      if (problem) throw RuntimeFailure(*problem);
+    });
+  } catch (const AgreedError&) {
+    failed();
+    throw;
+  }
   std::int64_t non_finite = non_finite_;
   world.all_reduce(&non_finite, 1, ReduceOp::sum);
   if (non_finite > 0) {
-    std::error_code ignored;
-    if (world.rank() == 0) fs::remove(save.temporary, ignored);
+    failed();
     throw AgreedError(ExitCode::runtime_failure,
                       "step " + std::to_string(save.saved.step) + ": " + std::to_string(non_finite) +
                           " numbers of the parameters and optimizer state are not finite; no checkpoint written");
@@ -202,8 +244,13 @@ SavedCheckpoint CheckpointSaver::finish(Communicator& world) {
       dataset_checksums(save.slices, slice_checksums_, save.global_tensors, world);
   agree_or_throw(world, [&] {
     if (world.rank() != 0) return;
-    write_checkpoint_checksums(save.temporary, save.global_tensors, checksums);
-    publish_checkpoint(save.temporary, save.final_path);
+    try {
+      write_checkpoint_checksums(save.temporary, save.global_tensors, checksums);
+      publish_checkpoint(save.temporary, save.final_path);
+    } catch (const std::exception&) {
+      failed();
+      throw;
+    }
   });
   // Until the last rank's writes were durable (the rename waits for a step boundary when async).
   double written_s = (writer_.ended_ms() - save.started_ms) / 1000.0;

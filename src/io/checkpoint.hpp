@@ -39,6 +39,11 @@ struct SavedCheckpoint {
   double gigabytes_per_second() const { return seconds > 0 ? static_cast<double>(bytes) / seconds / 1e9 : 0; }
 };
 
+// Removes the step files of `directory` beyond the newest `keep` (by step), never the one
+// `latest` names; a save in flight writes under another name and is left alone. Returns the
+// names removed (a file that cannot be removed stays, and is not named).
+std::vector<std::string> retire_checkpoints(const std::string& directory, int keep);
+
 // Saves checkpoints, at most one in flight. Each save writes DIR/step_NNNNNNNN.h5 under a
 // temporary name, renames it into place once every rank's writes are durable, then points
 // DIR/latest at it; a save that does not end leaves the previous `latest` as it was.

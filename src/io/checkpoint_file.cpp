@@ -102,15 +102,20 @@ void publish_checkpoint(const fs::path& temporary, const fs::path& final_path) {
   if (error) throw RuntimeFailure("checkpoint: cannot rename into '" + final_path.string() + "'");
   const fs::path directory = final_path.parent_path();
   const fs::path latest_temporary = directory / ".latest.partial";
+  // A `latest` that could not be written leaves no partial one behind.
+  const auto fail = [&](const std::string& message) {
+    fs::remove(latest_temporary, error);
+    throw RuntimeFailure(message);
+  };
   {
     std::ofstream latest(latest_temporary, std::ios::trunc);
     latest << final_path.filename().string() << '\n';
     latest.flush();
-    if (!latest) throw RuntimeFailure("checkpoint: cannot write '" + latest_temporary.string() + "'");
+    if (!latest) fail("checkpoint: cannot write '" + latest_temporary.string() + "'");
   }
   sync_path(latest_temporary);
   fs::rename(latest_temporary, directory / "latest", error);
-  if (error) throw RuntimeFailure("checkpoint: cannot update '" + (directory / "latest").string() + "'");
+  if (error) fail("checkpoint: cannot update '" + (directory / "latest").string() + "'");
   sync_path(directory);
 }
 

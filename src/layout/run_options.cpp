@@ -89,7 +89,12 @@ constexpr Option options[] = {
     {"save-every", S::output, output<&OutputConfig::save_every>, "checkpoint every N steps (0: only at the end)"},
     {"save-mode", S::output, output<&OutputConfig::save_mode>,
      "async: a checkpoint is copied to host memory, then written while training goes on"},
-    {"resume", S::output, output<&OutputConfig::resume>, "checkpoint file, or directory with 'latest'"},
+    {"resume", S::output, output<&OutputConfig::resume>,
+     "checkpoint file, directory with 'latest', or auto (--checkpoint-dir's 'latest' if it has one, else a fresh "
+     "start: a requeued job's unchanged command continues)"},
+    {"keep-last", S::output, output<&OutputConfig::keep_last>,
+     "step files --checkpoint-dir keeps, the newest (older ones are removed once a save is published)",
+     "every one"},
     {"predict", S::output, output<&OutputConfig::predict>, "print predicted memory and communication, no training"},
     {"timeout", S::output, output<&OutputConfig::timeout_s>,
      "seconds a step may take before the job is reported hung and aborted (0: never)"},

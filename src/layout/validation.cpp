@@ -117,6 +117,11 @@ void validate_output(const OutputConfig& output) {
   at_least("save-every", output.save_every, 0);
   at_least("timeout", output.timeout_s, 0.0);
   require(output.save_every == 0 || !output.checkpoint_dir.empty(), "--save-every needs --checkpoint-dir");
+  at_least("keep-last", output.keep_last, 1);
+  require(output.keep_last == keep_all_checkpoints || !output.checkpoint_dir.empty(),
+          "--keep-last needs --checkpoint-dir (the folder whose step files it retires)");
+  require(output.resume != resume_auto || !output.checkpoint_dir.empty(),
+          "--resume auto needs --checkpoint-dir (the folder whose 'latest' it continues from)");
 }
 
 // The grid's dimensions on `world_size` ranks (dp derived when not given), and the batch's split

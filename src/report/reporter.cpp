@@ -38,6 +38,7 @@ nlohmann::json step_json(const StepRecord& record) {
   if (record.eval_loss) object["eval_loss"] = *record.eval_loss;
   if (record.eval_accuracy) object["eval_accuracy"] = *record.eval_accuracy;
   if (record.skipped) object["skipped"] = true;
+  if (record.stopped) object["stopped"] = true;
   if (record.loss_scale) {
     object["loss_scale"] = *record.loss_scale;
     object["skipped_steps"] = record.skipped_steps;

@@ -36,6 +36,7 @@ struct StepRecord {
   std::optional<double> eval_loss;
   std::optional<double> eval_accuracy;
   bool skipped = false;  // non-finite loss or gradients: the update was not applied
+  bool stopped = false;  // a rank received a stop signal: the run ends with this step
   // fp16's loss scale the step's gradients were computed with, and the steps skipped so far for
   // overflowing gradients (none without loss scaling).
   std::optional<double> loss_scale;

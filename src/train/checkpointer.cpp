@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include <filesystem>
 
 #include "core/timer.hpp"
 #include "core/trace.hpp"
@@ -31,9 +32,18 @@ TrainingState Checkpointer::state(const Progress& progress) const {
           .loss_scale_finite_steps = progress.loss_scale_finite_steps};
 }
 
-Checkpointer::Resumed Checkpointer::resume(const Progress& start) {
+std::optional<std::string> Checkpointer::resume_source() {
+  const OutputConfig& output = run_.config.output;
+  if (output.resume != resume_auto) return output.resume.empty() ? std::nullopt : std::optional(output.resume);
+  // Rank 0 looks, and every rank follows: ranks must not see the folder differently.
+  int found = run_.world().rank() == 0 && std::filesystem::exists(std::filesystem::path(output.checkpoint_dir) / "latest");
+  run_.world().broadcast(&found, 1, 0);
+  return found != 0 ? std::optional(output.checkpoint_dir) : std::nullopt;
+}
+
+Checkpointer::Resumed Checkpointer::resume(const std::string& source, const Progress& start) {
   TrainingState loaded = state(start);
-  const std::string file = load_checkpoint(run_.config.output.resume, loaded, scope());
+  const std::string file = load_checkpoint(source, loaded, scope());
   run_.data->batch().resumed_step = loaded.step;
   run_.data->batch().resumed_position = loaded.data_position;
   return {{.step = loaded.step,
@@ -67,6 +77,9 @@ std::vector<SavedCheckpoint> Checkpointer::save(const Progress& progress, bool s
 SavedCheckpoint Checkpointer::finish() {
   run_.data->finish_reads();
   const SavedCheckpoint saved = saver_.finish(run_.world());
+  const OutputConfig& output = run_.config.output;
+  if (output.keep_last != keep_all_checkpoints && run_.world().rank() == 0)
+    retire_checkpoints(output.checkpoint_dir, output.keep_last);
   if (TraceRecorder* trace = run_.ledgers.trace.get())
     trace->record({.name = "checkpoint_write",
                    .track = TraceTrack::storage,

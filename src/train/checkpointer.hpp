@@ -5,11 +5,13 @@
 // for an offloaded update and for the samples read ahead from a file (the frame and the
 // checksums use the HDF5 library too); its writes go on behind training (--save-mode async)
 // until the loop finds every rank's ended. The trace shows the pause and each rank's writes.
+// With --keep-last, each published save retires the step files beyond the newest N.
 #pragma once
 
 #include <cstdint>
-#include <vector>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "io/checkpoint.hpp"
 #include "train/run.hpp"
@@ -27,14 +29,17 @@ class Checkpointer {
     double loss_scale = 0;            // fp16's loss scale (0: none)...
     std::int64_t loss_scale_finite_steps = 0;  // ...and the finite steps toward its doubling
   };
-  // Loads --resume into the run's state and sets the data position it continues from. Returns
-  // where the checkpoint stood (`start`: the loss scale this run starts with, kept unless the
-  // checkpoint stored one) and the file it read. Collective.
+  // What --resume names to continue from: its file or directory, or with --resume auto the
+  // checkpoint directory where it has a `latest` (none: a fresh start). Collective.
+  std::optional<std::string> resume_source();
+  // Loads `source` (a file, or a directory with `latest`) into the run's state and sets the data
+  // position it continues from. Returns where the checkpoint stood (`start`: the loss scale this
+  // run starts with, kept unless the checkpoint stored one) and the file it read. Collective.
   struct Resumed {
     Progress progress;
     std::string file;
   };
-  Resumed resume(const Progress& start);
+  Resumed resume(const std::string& source, const Progress& start);
   // Makes ready what the run's first background save needs (the host memory it copies into),
   // behind the steps before it. Collective.
   void prepare();

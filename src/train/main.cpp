@@ -30,8 +30,8 @@ int main(int argc, char** argv) {
     });
     if (options.help) {
       if (world.rank() == 0) std::fputs(options.help_text.c_str(), stdout);
-      return;
+      return ExitCode::success;
     }
-    run_training(options.config, MPI_COMM_WORLD, comm);
+    return run_training(options.config, MPI_COMM_WORLD, comm);
   });
 }

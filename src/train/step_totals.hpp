@@ -19,6 +19,7 @@ struct StepTotals {
   double read_problems = 0;
   double data_wait_ms = 0;  // summed over ranks
   double checkpoint_writers = 0;  // ranks whose checkpoint writes are still going on
+  double stop_requests = 0;       // ranks that received a stop signal (stop_signals.hpp)
   double aux_loss = 0;
   double dropped = 0;
   std::vector<std::vector<double>> expert_load;  // per MoE layer: assignments per expert

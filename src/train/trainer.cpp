@@ -1,7 +1,8 @@
 // The training loop (see trainer.hpp): a step runs the schedule's actions, synchronizes the
 // gradients, agrees on the step's world sums, and updates (or skips) the parameters; every
 // --eval-every steps an evaluation pass, every --save-every steps a checkpoint, whose writes go
-// on behind the following steps until every rank's have ended.
+// on behind the following steps until every rank's have ended. A stop signal on any rank ends
+// the run after the step whose world sums carried it, saved there.
 #include "train/trainer.hpp"
 
 #include <fmt/format.h>
@@ -17,6 +18,7 @@
 #include "train/run.hpp"
 #include "train/run_records.hpp"
 #include "train/step_totals.hpp"
+#include "train/stop_signals.hpp"
 #include "train/watchdog.hpp"
 
 namespace mlptrain {
@@ -32,7 +34,7 @@ class Trainer {
     note_peaks();
   }
   void predict_only();
-  void train();
+  ExitCode train();
 
  private:
   StepRecord train_step(std::int64_t step);
@@ -60,6 +62,7 @@ class Trainer {
       run_peak_[state] = std::max(run_peak_[state], run_.ledgers.memory.peak()[state]);
   }
 
+  StopSignals stop_signals_;  // first: a signal during the set-up stops the run after its first step
   Run run_;
   Checkpointer checkpoints_;
   const Config& config_;
@@ -175,6 +178,8 @@ StepRecord Trainer::train_step(std::int64_t step) {
   StepTotals totals = local_totals(local, &moe);
   totals.data_wait_ms = run_.data->take_wait_ms();
   totals.checkpoint_writers = checkpoints_.writing() ? 1.0 : 0.0;
+  // Joins the step's world sum: every rank stops after the same step, whichever got the signal.
+  totals.stop_requests = stop_signals_.received() != 0 ? 1.0 : 0.0;
   const double learning_rate = scheduled_learning_rate(config_, step);
   const UpdateOutcome outcome = update(step, learning_rate, totals);
   if (run_.model->values_read_after_step) run_.model->optimizer->finish_update();
@@ -184,6 +189,7 @@ StepRecord Trainer::train_step(std::int64_t step) {
   StepRecord record;
   record.step = step + 1;
   record.skipped = outcome.skipped;
+  record.stopped = totals.stop_requests > 0;
   record.update_ms = outcome.update_ms;
   if (scaler_.scales()) {
     record.loss_scale = loss_scale;
@@ -258,13 +264,18 @@ void Trainer::predict_only() {
   run_.reporter->prediction(predict_this_rank(run_), config_.precision.types(), parameter_count(run_.model->specs));
 }
 
-void Trainer::train() {
+ExitCode Trainer::train() {
   Reporter& reporter = *run_.reporter;
   reporter.line(describe_run(run_));
   RunSummary summary;
   std::int64_t start = 0;
-  if (!config_.output.resume.empty()) {
-    const Checkpointer::Resumed resumed = checkpoints_.resume(progress(0));
+  const OutputConfig& output = config_.output;
+  const std::optional<std::string> resume_source = checkpoints_.resume_source();
+  if (output.resume == resume_auto)
+    reporter.line(resume_source ? fmt::format("--resume auto: continuing from {}/latest", output.checkpoint_dir)
+                                : fmt::format("--resume auto: no checkpoint in {} yet: starting afresh", output.checkpoint_dir));
+  if (resume_source) {
+    const Checkpointer::Resumed resumed = checkpoints_.resume(*resume_source, progress(0));
     start = resumed.progress.step;
     optimizer_step_ = resumed.progress.optimizer_step;
     if (scaler_.scales()) scaler_.resume_at(resumed.progress.loss_scale, resumed.progress.loss_scale_finite_steps);
@@ -277,7 +288,6 @@ void Trainer::train() {
     reporter.line(saved_line(checkpoint));
     summary.checkpoints.push_back(checkpoint);
   };
-  const OutputConfig& output = config_.output;
   const auto save = [&](std::int64_t step) {
     for (const SavedCheckpoint& checkpoint : checkpoints_.save(progress(step), step < config_.training.steps))
       saved(checkpoint);
@@ -289,9 +299,10 @@ void Trainer::train() {
       first_periodic_save < config_.training.steps)
     checkpoints_.prepare();
   std::int64_t last_saved = -1;
+  std::optional<std::int64_t> stopped_at;  // the step a stop signal ended the run after
   Watchdog watchdog(config_.output.timeout_s, run_.world().rank(), run_.ledgers.comm);
   try {
-    for (std::int64_t step = start; step < config_.training.steps; ++step) {
+    for (std::int64_t step = start; step < config_.training.steps && !stopped_at; ++step) {
       watchdog.arm(step + 1);
       StepRecord record = train_step(step);
       if (config_.data.eval_every > 0 && record.step % config_.data.eval_every == 0) evaluate(record);
@@ -303,6 +314,7 @@ void Trainer::train() {
         save(record.step);
         last_saved = record.step;
       }
+      if (record.stopped && record.step < config_.training.steps) stopped_at = record.step;
     }
   } catch (const AgreedError&) {
     // Every rank stops here alike, so a save in flight (of a state before the failure) still
@@ -314,27 +326,38 @@ void Trainer::train() {
     throw;
   }
   run_.model->optimizer->finish_update();
-  watchdog.disarm();
-  const std::int64_t final_step = std::max<std::int64_t>(start, config_.training.steps);
-  if (!output.checkpoint_dir.empty() && last_saved != final_step && !(start >= config_.training.steps && !output.resume.empty()))
+  // The run ends at its last step, or at the one a stop signal ended it after; either is saved
+  // (synchronously: no step follows), unless that step was saved already.
+  const std::int64_t final_step = stopped_at.value_or(std::max<std::int64_t>(start, config_.training.steps));
+  watchdog.arm(final_step);
+  if (!output.checkpoint_dir.empty() && last_saved != final_step && !(start >= config_.training.steps && resume_source))
     save(final_step);
   if (checkpoints_.saving()) saved(checkpoints_.finish());
+  watchdog.disarm();
 
   note_peaks();
   complete_summary(run_, run_peak_, summary);
   if (summary.steps > 0) reporter.summary(summary);
   write_trace_file(run_);
+  if (!stopped_at) return ExitCode::success;
+  const int signal = stop_signals_.received();
+  reporter.line(fmt::format("stopped by {} after step {} of {}: {}", signal != 0 ? StopSignals::name(signal) : "a stop signal to another rank",
+                            *stopped_at, config_.training.steps,
+                            output.checkpoint_dir.empty()
+                                ? "nothing saved (no --checkpoint-dir)"
+                                : fmt::format("saved in {} (rerun with --resume auto to continue)", output.checkpoint_dir)));
+  return ExitCode::stopped;
 }
 
 }  // namespace
 
-void run_training(const Config& config, MPI_Comm world, const CommSettings& comm) {
+ExitCode run_training(const Config& config, MPI_Comm world, const CommSettings& comm) {
   Trainer trainer(config, world, comm);
   if (config.output.predict) {
     trainer.predict_only();
-  } else {
-    trainer.train();
+    return ExitCode::success;
   }
+  return trainer.train();
 }
 
 }  // namespace mlptrain

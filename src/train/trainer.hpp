@@ -6,12 +6,14 @@
 #include <mpi.h>
 
 #include "core/config.hpp"
+#include "core/error.hpp"
 #include "device/compute_device.hpp"
 
 namespace mlptrain {
 
 // Runs (or, with --predict, only predicts) the configured training on the ranks of `world`.
-// Collective; throws AgreedError for problems every rank agrees on.
-void run_training(const Config& config, MPI_Comm world, const CommSettings& comm = {});
+// Collective; throws AgreedError for problems every rank agrees on. Returns ExitCode::stopped
+// where a stop signal ended the run early (stop_signals.hpp), else success.
+ExitCode run_training(const Config& config, MPI_Comm world, const CommSettings& comm = {});
 
 }  // namespace mlptrain

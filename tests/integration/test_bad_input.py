@@ -177,6 +177,18 @@ class BadInput(TrainingTestCase):
         checkpoint = os.path.join(directory, "step_00000002.h5")
         self.expect_failure(SMALL + ["--resume", self.path("nowhere")], 2, ["--resume", "nowhere"])
         self.expect_failure(SMALL + ["--resume", self.directory], 2, ["latest"])
+        # Runs that survive their scheduler: the new options' rules, and a `latest` naming a
+        # file that is gone (--resume auto takes it as the folder's word, and stops there).
+        self.expect_failure(SMALL + ["--checkpoint-dir", directory, "--keep-last", "0"], 2, ["--keep-last", "0"], 2)
+        self.expect_failure(SMALL + ["--checkpoint-dir", directory, "--keep-last", "-1"], 2, ["--keep-last", "-1"], 2)
+        self.expect_failure(SMALL + ["--keep-last", "2"], 2, ["--keep-last", "--checkpoint-dir"], 2)
+        self.expect_failure(SMALL + ["--resume", "auto"], 2, ["--resume auto", "--checkpoint-dir"], 2)
+        dangling = self.path("dangling")
+        os.makedirs(dangling)
+        with open(os.path.join(dangling, "latest"), "w") as handle:
+            handle.write("step_00000009.h5\n")
+        self.expect_failure(SMALL + ["--checkpoint-dir", dangling, "--resume", "auto"], 2,
+                            ["--resume", "latest", "step_00000009.h5"], 2)
         # Shapes that do not fit the model, and a different number of layers.
         # The message names the options that differ from the configuration the checkpoint stores.
         self.expect_failure(SMALL[:2] + ["--hidden", "9"] + SMALL[4:] + ["--resume", checkpoint], 2,
