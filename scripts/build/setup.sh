@@ -12,6 +12,7 @@ packages=(
   nlohmann-json3-dev libfmt-dev zlib1g-dev libisal-dev librandom123-dev
   python3 python3-numpy python3-h5py python3-matplotlib
   dataset-fashion-mnist python3-sklearn  # docs/data.md's examples (held to run by the docs test)
+  slurm-wlm munge  # a one-node Slurm cluster the requeue test starts (tests/integration/test_slurm.py)
 )
 missing=()
 for package in "${packages[@]}"; do

@@ -110,7 +110,7 @@ ActivationProfile activation_profile(const RankLayout& layout, const RoutingSeen
 std::int64_t step_sum_values(const RankLayout& layout) {
   const auto moe_layers = std::count_if(layout.model.begin(), layout.model.end(),
                                         [](const LayerSpec& spec) { return spec.moe(); });
-  return 6 + (moe_layers > 0 ? 2 + moe_layers * layout.config.model.experts : 0);
+  return 7 + (moe_layers > 0 ? 2 + moe_layers * layout.config.model.experts : 0);
 }
 
 namespace {

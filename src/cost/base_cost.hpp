@@ -28,7 +28,8 @@ struct RoutingSeen {
 ActivationProfile activation_profile(const RankLayout& layout, const RoutingSeen& routing = {}, int chunk = 0);
 
 // Doubles in the loop's world sum of a step: loss, correct predictions, squared gradient norm,
-// read failures, the time waited for samples, and with MoE layers the auxiliary loss, dropped assignments and every expert's
+// read failures, the time waited for samples, ranks still writing a checkpoint, ranks that got a
+// stop signal, and with MoE layers the auxiliary loss, dropped assignments and every expert's
 // load of every MoE layer.
 std::int64_t step_sum_values(const RankLayout& layout);
 

@@ -201,6 +201,8 @@ class AsyncCheckpoints(TrainingTestCase):
                     self.assertEqual(handle.read().strip(), "step_00000002.h5")
                 # Synchronous saves stop before the next step; asynchronous ones by a later one.
                 self.assertFalse(os.path.exists(os.path.join(directory, "step_00000004.h5")))
+                # The failed save's partial file is gone with it.
+                self.assertEqual([name for name in os.listdir(directory) if name.endswith(".partial")], [])
 
 
 if __name__ == "__main__":

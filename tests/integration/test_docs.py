@@ -18,7 +18,9 @@ from doc_runs import Sandbox, substitute
 BUILD = os.path.dirname(os.path.abspath(MLPTRAIN))
 README_MOST_LINES = 200
 # Flags of a program the pages launch that is not the project's (Slurm's srun).
-EXTERNAL_FLAGS = {"--mpi", "--ntasks-per-node"}
+# srun's, and sbatch's in docs/clusters.md's batch script.
+EXTERNAL_FLAGS = {"--mpi", "--ntasks-per-node", "--job-name", "--ntasks", "--time", "--requeue", "--signal",
+                  "--open-mode"}
 
 
 def pages():

@@ -190,11 +190,11 @@ class Mlpplan(TrainingTestCase):
         """ZeRO-3 over 16 ranks in two nodes of 8: plain, every collective of the data-parallel
         group crosses nodes; hybrid over the 8 ranks of a node, the reduce-scatter and the two
         gathers stay inside it (bus factor 7/8) and only the all-reduce of the shards (Psi / 8,
-        bus factor 2 x 1/2) and the loop's world sums (6 doubles, bus factor 2 x 15/16) cross."""
+        bus factor 2 x 1/2) and the loop's world sums (7 doubles, bus factor 2 x 15/16) cross."""
         model = ["--layers", 4, "--hidden", 32, "--input-dim", 16, "--output-dim", 16, "--global-batch", 64,
                  "--world", 16, "--ranks-per-node", 8, "--zero", 3]
         psi = 16 * 32 + 32 + 2 * (32 * 32 + 32) + 32 * 16 + 16  # every layer a multiple of 16: no padding
-        world_sums = 8 * 6 * 2 * 15 / 16
+        world_sums = 8 * 7 * 2 * 15 / 16
         plain = plan_json(model)
         hybrid = plan_json(model + ["--zero-shard-size", 8])
         self.assertEqual(plain["bus_bytes_per_step"], {"intra_node": 0, "inter_node": 3 * psi * 4 * 15 / 16 + world_sums})

@@ -338,7 +338,7 @@ class MlpplanTime(TrainingTestCase):
                      "--global-batch", 256, "--world", 2, "--device", "cuda", "--cluster", cluster]
             # What stays exposed of a started operation's seconds: all of it behind no
             # computation, a layer's share behind a slow backward. Every layout also sums the
-            # step's loss over the world, blocking: 48 bytes (under --dp 2 in the buckets' count).
+            # step's loss over the world, blocking: 56 bytes (under --dp 2 in the buckets' count).
             exposed = 1 if speed == "fast" else 1 / layers
             for layout, share in [(["--dp", 2], {"all_reduce": exposed}),
                                   (["--dp", 2, "--zero", 2], {"all_reduce": 1, "reduce_scatter": exposed,
