@@ -272,8 +272,9 @@ ExitCode Trainer::train() {
   const OutputConfig& output = config_.output;
   const std::optional<std::string> resume_source = checkpoints_.resume_source();
   if (output.resume == resume_auto)
-    reporter.line(resume_source ? fmt::format("--resume auto: continuing from {}/latest", output.checkpoint_dir)
-                                : fmt::format("--resume auto: no checkpoint in {} yet: starting afresh", output.checkpoint_dir));
+    reporter.line(resume_source
+                      ? fmt::format("--resume auto: continuing from {}/latest", output.checkpoint_dir)
+                      : fmt::format("--resume auto: no checkpoint in {} yet: starting afresh", output.checkpoint_dir));
   if (resume_source) {
     const Checkpointer::Resumed resumed = checkpoints_.resume(*resume_source, progress(0));
     start = resumed.progress.step;
@@ -341,11 +342,11 @@ ExitCode Trainer::train() {
   write_trace_file(run_);
   if (!stopped_at) return ExitCode::success;
   const int signal = stop_signals_.received();
-  reporter.line(fmt::format("stopped by {} after step {} of {}: {}", signal != 0 ? StopSignals::name(signal) : "a stop signal to another rank",
-                            *stopped_at, config_.training.steps,
-                            output.checkpoint_dir.empty()
-                                ? "nothing saved (no --checkpoint-dir)"
-                                : fmt::format("saved in {} (rerun with --resume auto to continue)", output.checkpoint_dir)));
+  const std::string cause = signal != 0 ? std::string(StopSignals::name(signal)) : "a stop signal to another rank";
+  const std::string kept = output.checkpoint_dir.empty()
+                               ? "nothing saved (no --checkpoint-dir)"
+                               : fmt::format("saved in {} (rerun with --resume auto to continue)", output.checkpoint_dir);
+  reporter.line(fmt::format("stopped by {} after step {} of {}: {}", cause, *stopped_at, config_.training.steps, kept));
   return ExitCode::stopped;
 }
 

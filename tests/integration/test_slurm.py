@@ -63,7 +63,11 @@ class SlurmCluster:
                 f"NodeName={host} NodeAddr=127.0.0.1 CPUs={os.cpu_count()} State=UNKNOWN",
                 f"PartitionName=main Nodes={host} Default=YES MaxTime=INFINITE State=UP", ""]))
         self.environment = dict(os.environ, SLURM_CONF=self.config, OMP_NUM_THREADS="1")
-        self.start(["munged", "--foreground", "--force", f"--socket={munge_socket}",
+        # A key of its own: the cluster needs no machine-wide munge set-up.
+        key = os.path.join(folder, "munge.key")
+        with open(os.open(key, os.O_WRONLY | os.O_CREAT, 0o600), "wb") as handle:
+            handle.write(os.urandom(1024))
+        self.start(["munged", "--foreground", "--force", f"--socket={munge_socket}", f"--key-file={key}",
                     f"--pid-file={folder}/munged.pid", f"--log-file={folder}/munged.log",
                     f"--seed-file={folder}/munged.seed"])
         self.start(["slurmctld", "-D", "-f", self.config])

@@ -107,7 +107,7 @@ class Zero(TrainingTestCase):
                                2: 4 * psi + 12 * psi // ranks, 3: 16 * psi // ranks}[stage]
                     self.assertEqual(state_bytes, formula)
                     comm = expected_comm(stage, ranks, micro_batches)
-                    world_sum = 6 * 8  # the step's loss, correct count, norm, read problems, data wait, writers
+                    world_sum = 7 * 8  # the step's loss, correct count, norm, read problems, data wait, writers, stops
                     for step in steps:
                         self.assertEqual(step["comm_bytes"]["all_reduce"], comm["all_reduce"] + world_sum)
                         self.assertEqual(step["comm_bytes"]["reduce_scatter"], comm["reduce_scatter"])
