@@ -1,25 +1,26 @@
-// The list of strategies. Adding a strategy is a new file defining its registration plus one line
-// here; the order of the list means nothing (each registration declares how it composes).
-#include "strategies/strategy.hpp"
+// The list of strategies. Adding a strategy is a folder of its own defining its registration
+// (registration.hpp), its sources in meson.build, and one line in this list; the list's order
+// means nothing (each registration declares how it composes).
+#include "strategies/registration.hpp"
+
+#define MLPTRAIN_STRATEGIES(STRATEGY) \
+  STRATEGY(data_parallel)             \
+  STRATEGY(zero)                      \
+  STRATEGY(tensor_parallel)           \
+  STRATEGY(pipeline)                  \
+  STRATEGY(expert_parallel)           \
+  STRATEGY(fp8_amax_agreement)
 
 namespace mlptrain {
 
-extern const StrategyRegistration data_parallel_registration;
-extern const StrategyRegistration zero_registration;
-extern const StrategyRegistration tensor_parallel_registration;
-extern const StrategyRegistration pipeline_registration;
-extern const StrategyRegistration expert_parallel_registration;
-extern const StrategyRegistration fp8_amax_agreement_registration;
+#define MLPTRAIN_DECLARE(name) extern const StrategyRegistration name##_registration;
+MLPTRAIN_STRATEGIES(MLPTRAIN_DECLARE)
+#undef MLPTRAIN_DECLARE
 
 std::span<const StrategyRegistration> strategy_registry() {
-  static const StrategyRegistration registry[] = {
-      data_parallel_registration,
-      zero_registration,
-      tensor_parallel_registration,
-      pipeline_registration,
-      expert_parallel_registration,
-      fp8_amax_agreement_registration,
-  };
+#define MLPTRAIN_ENTRY(name) name##_registration,
+  static const StrategyRegistration registry[] = {MLPTRAIN_STRATEGIES(MLPTRAIN_ENTRY)};
+#undef MLPTRAIN_ENTRY
   return registry;
 }
 

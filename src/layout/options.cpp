@@ -11,7 +11,7 @@
 
 #include "core/error.hpp"
 #include "core/option.hpp"
-#include "strategies/strategy.hpp"
+#include "strategies/registration.hpp"
 #include "strategies/zero/zero_options.hpp"
 
 namespace mlptrain {

@@ -15,7 +15,7 @@ namespace {
 // The strategy that plays `role`, if one does.
 const StrategyRegistration* owner(const Strategies& strategies, Role role) {
   for (const StrategyRegistration* entry : strategies)
-    if (std::find(entry->roles.begin(), entry->roles.end(), role) != entry->roles.end()) return entry;
+    if (std::ranges::find(entry->roles(), role) != entry->roles().end()) return entry;
   return nullptr;
 }
 
@@ -72,10 +72,10 @@ Strategies wanted_strategies(const Config& config, const GridShape& shape) {
 
 void check_roles(const Strategies& strategies) {
   for (const StrategyRegistration* entry : strategies)
-    for (Role role : entry->roles)
+    for (Role role : entry->roles())
       for (const StrategyRegistration* other : strategies)
         if (other != entry && exclusive(role) &&
-            std::find(other->roles.begin(), other->roles.end(), role) != other->roles.end())
+            std::ranges::find(other->roles(), role) != other->roles().end())
           throw UsageError(fmt::format("{} and {} cannot run together: each {}", entry->name, other->name,
                                        role_name(role)));
 }

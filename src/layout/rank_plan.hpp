@@ -13,7 +13,7 @@
 #include "cost/base_cost.hpp"
 #include "cost/flops.hpp"
 #include "cost/rank_layout.hpp"
-#include "strategies/strategy.hpp"
+#include "strategies/registration.hpp"
 
 namespace mlptrain {
 

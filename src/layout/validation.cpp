@@ -7,7 +7,7 @@
 
 #include "core/error.hpp"
 #include "layout/options.hpp"
-#include "strategies/strategy.hpp"
+#include "strategies/registration.hpp"
 
 namespace mlptrain {
 

@@ -12,7 +12,7 @@
 #include "layout/options.hpp"
 #include "plan/cluster.hpp"
 #include "schedule/schedule_table.hpp"
-#include "strategies/strategy.hpp"
+#include "strategies/registration.hpp"
 
 namespace mlptrain {
 
@@ -43,7 +43,7 @@ std::vector<nlohmann::json> strategies() {
   std::vector<nlohmann::json> rows;
   for (const StrategyRegistration& strategy : strategy_registry()) {
     nlohmann::json roles = nlohmann::json::array(), options = nlohmann::json::array();
-    for (Role role : strategy.roles) roles.push_back(role_name(role));
+    for (Role role : strategy.roles()) roles.push_back(role_name(role));
     for (const Option& option : strategy.options) options.push_back(option.name);
     rows.push_back({{"name", strategy.name}, {"roles", roles}, {"options", options}});
   }

@@ -14,7 +14,7 @@
 #include "model/micro_batch.hpp"
 #include "model/moe.hpp"
 #include "model/parameter_store.hpp"
-#include "strategies/strategy.hpp"
+#include "strategies/capabilities.hpp"
 #include "train/strategy_stack.hpp"
 
 namespace mlptrain {

@@ -3,38 +3,21 @@
 
 #include <fmt/format.h>
 
-#include <algorithm>
 #include <stdexcept>
 
-
 namespace mlptrain {
-
-namespace {
-
-// The object's capability for `role`: present exactly when the registration declares the role.
-template <typename Capability>
-Capability* capability(Strategy& strategy, const StrategyRegistration& entry, Role role) {
-  auto* found = dynamic_cast<Capability*>(&strategy);
-  const bool declared = std::find(entry.roles.begin(), entry.roles.end(), role) != entry.roles.end();
-  if ((found != nullptr) != declared)
-    throw std::logic_error(fmt::format("strategy {} {} the role '{}' but {} what it needs", entry.name,
-                                       declared ? "declares" : "does not declare", role_name(role),
-                                       found != nullptr ? "implements" : "does not implement"));
-  return found;
-}
-
-}  // namespace
 
 StrategyStack::StrategyStack(const StrategyContext& context,
                              const std::vector<const StrategyRegistration*>& strategies) {
   for (const StrategyRegistration* entry : strategies) {
-    std::unique_ptr<Strategy> strategy = entry->create(context);
+    StrategyObject object = entry->create(context);
     names_.push_back(entry->name);
-    if (auto* hooks = dynamic_cast<LayerHooks*>(strategy.get())) hooks_.push_back(hooks);
-    if (auto* found = capability<StageTransfers>(*strategy, *entry, Role::owns_schedule)) transfers_ = found;
-    if (auto* found = capability<StateSharding>(*strategy, *entry, Role::shards_state)) sharding_ = found;
-    if (auto* found = capability<ExpertExchange>(*strategy, *entry, Role::exchanges_experts)) exchange_ = found;
-    strategies_.push_back(std::move(strategy));
+    if (object.hooks != nullptr) hooks_.push_back(object.hooks);
+    // One owner each, as composition checked when the strategies were chosen (rank_plan.hpp).
+    if (object.transfers != nullptr) transfers_ = object.transfers;
+    if (object.sharding != nullptr) sharding_ = object.sharding;
+    if (object.exchange != nullptr) exchange_ = object.exchange;
+    strategies_.push_back(std::move(object.owner));
   }
 }
 

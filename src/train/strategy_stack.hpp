@@ -11,7 +11,7 @@
 #include <string_view>
 #include <vector>
 
-#include "strategies/strategy.hpp"
+#include "strategies/registration.hpp"
 
 namespace mlptrain {
 

@@ -14,7 +14,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "strategies/strategy.hpp"
+#include "strategies/registration.hpp"
 
 namespace mlptrain {
 
@@ -74,7 +74,7 @@ struct Bucket {
   Request request;
 };
 
-class DataParallel final : public Strategy, public LayerHooks {
+class DataParallel final : public Strategy, public LayerHooks, public ReducesGradients {
  public:
   explicit DataParallel(const StrategyContext& context) : parameters_(context.parameters) {
     // Gradients go where the group reduces fastest (in place in shared memory on one node).
@@ -128,9 +128,6 @@ void validate(const Config& config) {
 
 bool wanted(const Config&, const GridShape& shape) { return shape.dp > 1; }
 
-std::unique_ptr<Strategy> create(const StrategyContext& context) {
-  return std::make_unique<DataParallel>(context);
-}
 
 void predict(const RankLayout& layout, Prediction& prediction) {
   Prediction::shard(prediction.activations);  // each rank holds the activations of its own samples
@@ -141,16 +138,14 @@ void predict(const RankLayout& layout, Prediction& prediction) {
     prediction.add_comm(bucket.group, CommOp::all_reduce, static_cast<std::int64_t>(bucket.range.count * element_bytes));
 }
 
-constexpr Role roles[] = {Role::reduces_gradients};
 
 }  // namespace
 
-extern const StrategyRegistration data_parallel_registration{.name = "data_parallel",
-                                                             .roles = roles,
-                                                             .options = options,
-                                                             .validate = validate,
-                                                             .wanted = wanted,
-                                                             .create = create,
-                                                             .predict = predict};
+extern const StrategyRegistration data_parallel_registration = register_strategy<DataParallel>({
+    .name = "data_parallel",
+    .options = options,
+    .validate = validate,
+    .wanted = wanted,
+    .predict = predict});
 
 }  // namespace mlptrain

@@ -9,7 +9,7 @@
 #include <fmt/format.h>
 
 #include "cost/fp8_products.hpp"
-#include "strategies/strategy.hpp"
+#include "strategies/registration.hpp"
 
 namespace mlptrain {
 
@@ -21,7 +21,7 @@ bool spans_replicas(const Fp8OperandScales& scales) {
   return scales.operand != Fp8Operand::weight && scales.scaling != Fp8Scaling::rows;
 }
 
-class Fp8AmaxAgreement final : public Strategy, public LayerHooks {
+class Fp8AmaxAgreement final : public Strategy, public LayerHooks, public AgreesFp8Scales {
  public:
   explicit Fp8AmaxAgreement(const StrategyContext& context) : data_(context.groups.group(GroupKind::data)) {}
 
@@ -38,7 +38,6 @@ bool wanted(const Config& config, const GridShape& shape) {
   return config.precision.types().fp8_gemms() && shape.dp > 1;
 }
 
-std::unique_ptr<Strategy> create(const StrategyContext& context) { return std::make_unique<Fp8AmaxAgreement>(context); }
 
 // An all-reduce of each agreed operand's maxima (fp32) per product run.
 void predict(const RankLayout& layout, Prediction& prediction) {
@@ -55,15 +54,13 @@ std::string describe(const RankLayout& layout) {
                      layout.shape.dp);
 }
 
-constexpr Role roles[] = {Role::agrees_fp8_scales};
 
 }  // namespace
 
-extern const StrategyRegistration fp8_amax_agreement_registration{.name = "fp8_amax_agreement",
-                                                                  .roles = roles,
-                                                                  .wanted = wanted,
-                                                                  .create = create,
-                                                                  .predict = predict,
-                                                                  .describe = describe};
+extern const StrategyRegistration fp8_amax_agreement_registration = register_strategy<Fp8AmaxAgreement>({
+    .name = "fp8_amax_agreement",
+    .wanted = wanted,
+    .predict = predict,
+    .describe = describe});
 
 }  // namespace mlptrain

@@ -23,13 +23,13 @@
 
 #include <fmt/format.h>
 
-#include "strategies/strategy.hpp"
+#include "strategies/registration.hpp"
 
 namespace mlptrain {
 
 namespace {
 
-class ExpertParallel final : public Strategy, public ExpertExchange {
+class ExpertParallel final : public Strategy, public ExpertExchange, public SplitsTensors {
  public:
   explicit ExpertParallel(const StrategyContext& context)
       : data_(context.groups.group(GroupKind::data)),
@@ -89,9 +89,6 @@ void plan(const Config&, const GridShape& shape, const GridCoordinates& place, P
   });
 }
 
-std::unique_ptr<Strategy> create(const StrategyContext& context) {
-  return std::make_unique<ExpertParallel>(context);
-}
 
 int local_moe_layers(const RankLayout& layout) {
   int count = 0;
@@ -122,17 +119,15 @@ std::string describe(const RankLayout& layout) {
                      layout.shape.dp, experts / ranks, experts, ranks, layout.shape.dp / ranks);
 }
 
-constexpr Role roles[] = {Role::exchanges_experts, Role::splits_tensors};
 
 }  // namespace
 
-extern const StrategyRegistration expert_parallel_registration{.name = "expert_parallel",
-                                                               .roles = roles,
-                                                               .validate = validate,
-                                                               .wanted = wanted,
-                                                               .create = create,
-                                                               .plan = plan,
-                                                               .predict = predict,
-                                                               .describe = describe};
+extern const StrategyRegistration expert_parallel_registration = register_strategy<ExpertParallel>({
+    .name = "expert_parallel",
+    .validate = validate,
+    .wanted = wanted,
+    .plan = plan,
+    .predict = predict,
+    .describe = describe});
 
 }  // namespace mlptrain

@@ -12,7 +12,7 @@
 
 #include "schedule/schedule_table.hpp"
 #include "strategies/pipeline/pipeline_options.hpp"
-#include "strategies/strategy.hpp"
+#include "strategies/registration.hpp"
 
 namespace mlptrain {
 
@@ -102,9 +102,6 @@ void validate(const Config& config) {
 
 bool wanted(const Config&, const GridShape& shape) { return shape.pp > 1; }
 
-std::unique_ptr<Strategy> create(const StrategyContext& context) {
-  return std::make_unique<Pipeline>(context);
-}
 
 RankLayers stage_layers(const Config& config, const std::vector<LayerSpec>& model, const GridShape& shape,
                         const GridCoordinates& place) {
@@ -140,19 +137,17 @@ std::string describe(const RankLayout& layout) {
                      shape.micro_batches, schedule.bubble_formula, schedule.bubble(shape));
 }
 
-constexpr Role roles[] = {Role::owns_schedule};
 
 }  // namespace
 
-extern const StrategyRegistration pipeline_registration{.name = "pipeline",
-                                                        .roles = roles,
-                                                        .options = options,
-                                                        .validate = validate,
-                                                        .wanted = wanted,
-                                                        .create = create,
-                                                        .layers = stage_layers,
-                                                        .schedule = schedule,
-                                                        .predict = predict,
-                                                        .describe = describe};
+extern const StrategyRegistration pipeline_registration = register_strategy<Pipeline>({
+    .name = "pipeline",
+    .options = options,
+    .validate = validate,
+    .wanted = wanted,
+    .layers = stage_layers,
+    .schedule = schedule,
+    .predict = predict,
+    .describe = describe});
 
 }  // namespace mlptrain

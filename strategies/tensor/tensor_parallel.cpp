@@ -34,7 +34,7 @@
 #include <fmt/format.h>
 
 #include "cost/fp8_products.hpp"
-#include "strategies/strategy.hpp"
+#include "strategies/registration.hpp"
 #include "strategies/tensor/tensor_options.hpp"
 
 namespace mlptrain {
@@ -93,7 +93,7 @@ std::pair<std::int64_t, std::int64_t> slice(std::int64_t extent, int rank, int s
   return {extent * rank / size, extent * (rank + 1) / size};
 }
 
-class TensorParallel final : public Strategy, public LayerHooks {
+class TensorParallel final : public Strategy, public LayerHooks, public SplitsTensors {
  public:
   explicit TensorParallel(const StrategyContext& context)
       : model_(context.layers), local_(context.local), sequence_parallel_(sequence_parallel(context.config)),
@@ -280,9 +280,6 @@ void plan(const Config& config, const GridShape& shape, const GridCoordinates& p
   });
 }
 
-std::unique_ptr<Strategy> create(const StrategyContext& context) {
-  return std::make_unique<TensorParallel>(context);
-}
 
 // The rows of each local layer's outputs in a training micro-batch: a block of them where the
 // hooks split them.
@@ -369,7 +366,6 @@ std::string describe(const RankLayout& layout) {
                          : "");
 }
 
-constexpr Role roles[] = {Role::splits_tensors};
 // The gradient reductions start (without blocking) at the end of a layer's backward before this
 // strategy's blocking sum of the input gradient, so that they overlap it.
 // Its split of an MoE layer's experts narrows expert parallelism's block of them.
@@ -377,16 +373,15 @@ constexpr std::string_view runs_after[] = {"data_parallel", "expert_parallel", "
 
 }  // namespace
 
-extern const StrategyRegistration tensor_parallel_registration{.name = "tensor_parallel",
-                                                               .roles = roles,
-                                                               .runs_after = runs_after,
-                                                               .options = options,
-                                                               .validate = validate,
-                                                               .wanted = wanted,
-                                                               .create = create,
-                                                               .plan = plan,
-                                                               .split_rows = split_rows,
-                                                               .predict = predict,
-                                                               .describe = describe};
+extern const StrategyRegistration tensor_parallel_registration = register_strategy<TensorParallel>({
+    .name = "tensor_parallel",
+    .runs_after = runs_after,
+    .options = options,
+    .validate = validate,
+    .wanted = wanted,
+    .plan = plan,
+    .split_rows = split_rows,
+    .predict = predict,
+    .describe = describe});
 
 }  // namespace mlptrain

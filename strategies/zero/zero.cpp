@@ -23,7 +23,7 @@
 #include <algorithm>
 #include <memory>
 
-#include "strategies/strategy.hpp"
+#include "strategies/registration.hpp"
 #include "strategies/zero/zero_gradients.hpp"
 #include "strategies/zero/zero_parameters.hpp"
 #include "strategies/zero/zero_options.hpp"
@@ -33,7 +33,7 @@ namespace mlptrain {
 
 namespace {
 
-class Zero final : public Strategy, public LayerHooks, public StateSharding {
+class Zero final : public Strategy, public LayerHooks, public StateSharding, public ReducesGradients {
  public:
   explicit Zero(const StrategyContext& context)
       : shards_(context),
@@ -161,25 +161,20 @@ void plan(const Config& config, const GridShape& shape, const GridCoordinates&, 
   plan.hold_values = plan.hold_values && stage <= 2;
 }
 
-std::unique_ptr<Strategy> create(const StrategyContext& context) {
-  return std::make_unique<Zero>(context);
-}
 
-constexpr Role roles[] = {Role::reduces_gradients, Role::shards_state};
 // ZeRO sums the data-parallel group's gradients itself (reduce-scatter, not all-reduce).
 constexpr std::string_view replaces[] = {"data_parallel"};
 
 }  // namespace
 
-extern const StrategyRegistration zero_registration{.name = "zero",
-                                                    .roles = roles,
-                                                    .replaces = replaces,
-                                                    .options = options,
-                                                    .validate = validate,
-                                                    .wanted = wanted,
-                                                    .create = create,
-                                                    .plan = plan,
-                                                    .predict = zero_predict,
-                                                    .describe = zero_describe};
+extern const StrategyRegistration zero_registration = register_strategy<Zero>({
+    .name = "zero",
+    .replaces = replaces,
+    .options = options,
+    .validate = validate,
+    .wanted = wanted,
+    .plan = plan,
+    .predict = zero_predict,
+    .describe = zero_describe});
 
 }  // namespace mlptrain

@@ -7,7 +7,7 @@
 #include <cstddef>
 #include <vector>
 
-#include "strategies/strategy.hpp"
+#include "strategies/registration.hpp"
 #include "strategies/zero/zero_units.hpp"
 
 namespace mlptrain {

@@ -7,7 +7,7 @@
 #include "core/error.hpp"
 #include "layout/options.hpp"
 #include "strategies/pipeline/pipeline_options.hpp"
-#include "strategies/strategy.hpp"
+#include "strategies/registration.hpp"
 #include "strategies/tensor/tensor_options.hpp"
 #include "strategies/zero/zero_options.hpp"
 

@@ -57,12 +57,21 @@ struct SmallRun {
 };
 
 bool always(const Config&, const GridShape&) { return true; }
-std::unique_ptr<Strategy> nothing(const StrategyContext&) { return nullptr; }
+
+// Strategies that are only their declarations, and one that orders the step (its role follows
+// from the capability it implements).
+struct Inert final : Strategy {
+  explicit Inert(const StrategyContext&) {}
+};
+struct Scheduler final : Strategy, StageTransfers {
+  explicit Scheduler(const StrategyContext&) {}
+  Request start_transfer(const TransferEvent&) override { return {}; }
+};
+StrategyRegistration inert(const StrategyDeclaration& declaration) { return register_strategy<Inert>(declaration); }
 
 constexpr std::string_view after_alpha[] = {"alpha"};
 constexpr std::string_view after_beta[] = {"beta"};
 constexpr std::string_view unknown[] = {"gamma"};
-constexpr Role schedule_role[] = {Role::owns_schedule};
 
 }  // namespace
 
@@ -79,9 +88,9 @@ TEST(Composition, ProgramRegistry) {
 TEST(Composition, DeclaredOrderNotRegistryOrder) {
   // beta runs after alpha, though listed first and named later; delta has no order and sorts by name.
   const StrategyRegistration registry[] = {
-      {.name = "beta", .runs_after = after_alpha, .wanted = always, .create = nothing},
-      {.name = "delta", .wanted = always, .create = nothing},
-      {.name = "alpha", .runs_after = {}, .wanted = always, .create = nothing},
+      inert({.name = "beta", .runs_after = after_alpha, .wanted = always}),
+      inert({.name = "delta", .wanted = always}),
+      inert({.name = "alpha", .runs_after = {}, .wanted = always}),
   };
   EXPECT_EQ(names(compose_strategies(registry, Config{}, GridShape{})),
             (std::vector<std::string_view>{"alpha", "beta", "delta"}));
@@ -89,8 +98,8 @@ TEST(Composition, DeclaredOrderNotRegistryOrder) {
 
 TEST(Composition, ConflictingExclusiveRolesAreRefused) {
   const StrategyRegistration registry[] = {
-      {.name = "alpha", .roles = schedule_role, .wanted = always, .create = nothing},
-      {.name = "beta", .roles = schedule_role, .wanted = always, .create = nothing},
+      register_strategy<Scheduler>({.name = "alpha", .wanted = always}),
+      register_strategy<Scheduler>({.name = "beta", .wanted = always}),
   };
   try {
     compose_strategies(registry, Config{}, GridShape{});
@@ -102,11 +111,11 @@ TEST(Composition, ConflictingExclusiveRolesAreRefused) {
 
 TEST(Composition, BrokenDeclarations) {
   const StrategyRegistration cycle[] = {
-      {.name = "alpha", .runs_after = after_beta, .wanted = always, .create = nothing},
-      {.name = "beta", .runs_after = after_alpha, .wanted = always, .create = nothing},
+      inert({.name = "alpha", .runs_after = after_beta, .wanted = always}),
+      inert({.name = "beta", .runs_after = after_alpha, .wanted = always}),
   };
   EXPECT_THROW(compose_strategies(cycle, Config{}, GridShape{}), std::logic_error);
-  const StrategyRegistration typo[] = {{.name = "alpha", .replaces = unknown, .wanted = always, .create = nothing}};
+  const StrategyRegistration typo[] = {inert({.name = "alpha", .replaces = unknown, .wanted = always})};
   EXPECT_THROW(compose_strategies(typo, Config{}, GridShape{}), std::logic_error);
 }
 

@@ -17,6 +17,7 @@ namespace {
 // Records every hook call as "name layer micro-batch" ("forward*" when recomputing).
 class HookRecorder final : public Strategy, public LayerHooks {
  public:
+  explicit HookRecorder(const StrategyContext&) {}
   std::vector<std::string> calls;
 
   void before_step(const StepEvent&) override { calls.push_back("step"); }
@@ -35,8 +36,7 @@ class HookRecorder final : public Strategy, public LayerHooks {
 
 bool always(const Config&, const GridShape&) { return true; }
 
-std::unique_ptr<Strategy> make_recorder(const StrategyContext&) { return std::make_unique<HookRecorder>(); }
-const StrategyRegistration recorder{.name = "hook_recorder", .wanted = always, .create = make_recorder};
+const StrategyRegistration recorder = register_strategy<HookRecorder>({.name = "hook_recorder", .wanted = always});
 
 // Computes layer 1 on every row twice (its input duplicated: 2R rows) and layer 2 on the mean of
 // the two copies (back to R rows): the same function and gradients as the plain model, with the
@@ -103,8 +103,7 @@ class RowDoubling final : public Strategy, public LayerHooks {
   std::map<int, Buffers> buffers_;
 };
 
-std::unique_ptr<Strategy> make_doubling(const StrategyContext& context) { return std::make_unique<RowDoubling>(context); }
-const StrategyRegistration doubling{.name = "row_doubling", .wanted = always, .create = make_doubling};
+const StrategyRegistration doubling = register_strategy<RowDoubling>({.name = "row_doubling", .wanted = always});
 
 Config three_layers(bool recompute) {
   Config config = small_model(2);
