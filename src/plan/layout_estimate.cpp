@@ -26,7 +26,7 @@
 
 #include "schedule/schedule_check.hpp"
 #include "schedule/schedule_table.hpp"
-#include "strategies/pipeline/pipeline_options.hpp"
+#include "strategies/pipeline_parallel/pipeline_options.hpp"
 #include "strategies/zero/zero_options.hpp"
 
 namespace mlptrain {

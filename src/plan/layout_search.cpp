@@ -4,8 +4,8 @@
 #include "core/error.hpp"
 #include "layout/options.hpp"
 #include "schedule/schedule_table.hpp"
-#include "strategies/pipeline/pipeline_options.hpp"
-#include "strategies/tensor/tensor_options.hpp"
+#include "strategies/pipeline_parallel/pipeline_options.hpp"
+#include "strategies/tensor_parallel/tensor_options.hpp"
 #include "strategies/zero/zero_options.hpp"
 
 namespace mlptrain {

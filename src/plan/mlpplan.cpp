@@ -21,7 +21,7 @@
 #include "plan/plan_report.hpp"
 #include "plan/plan_request.hpp"
 #include "schedule/schedule_table.hpp"
-#include "strategies/pipeline/pipeline_options.hpp"
+#include "strategies/pipeline_parallel/pipeline_options.hpp"
 
 namespace {
 

@@ -3,8 +3,8 @@
 
 #include <fmt/format.h>
 
-#include "strategies/pipeline/pipeline_options.hpp"
-#include "strategies/tensor/tensor_options.hpp"
+#include "strategies/pipeline_parallel/pipeline_options.hpp"
+#include "strategies/tensor_parallel/tensor_options.hpp"
 #include "strategies/zero/zero_options.hpp"
 
 namespace mlptrain {

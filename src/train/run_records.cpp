@@ -9,7 +9,7 @@
 #include "comm/consensus.hpp"
 #include "layout/rank_plan.hpp"
 #include "schedule/schedule_table.hpp"
-#include "strategies/pipeline/pipeline_options.hpp"
+#include "strategies/pipeline_parallel/pipeline_options.hpp"
 #include "strategies/zero/zero_options.hpp"
 #include "report/trace_file.hpp"
 

@@ -6,9 +6,9 @@
 
 #include "core/error.hpp"
 #include "layout/options.hpp"
-#include "strategies/pipeline/pipeline_options.hpp"
+#include "strategies/pipeline_parallel/pipeline_options.hpp"
 #include "strategies/registration.hpp"
-#include "strategies/tensor/tensor_options.hpp"
+#include "strategies/tensor_parallel/tensor_options.hpp"
 #include "strategies/zero/zero_options.hpp"
 
 using namespace mlptrain;

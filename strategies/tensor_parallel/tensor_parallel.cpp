@@ -35,7 +35,7 @@
 
 #include "cost/fp8_products.hpp"
 #include "strategies/registration.hpp"
-#include "strategies/tensor/tensor_options.hpp"
+#include "strategies/tensor_parallel/tensor_options.hpp"
 
 namespace mlptrain {
 

@@ -11,7 +11,7 @@
 #include <fmt/format.h>
 
 #include "schedule/schedule_table.hpp"
-#include "strategies/pipeline/pipeline_options.hpp"
+#include "strategies/pipeline_parallel/pipeline_options.hpp"
 #include "strategies/registration.hpp"
 
 namespace mlptrain {
