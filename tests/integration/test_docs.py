@@ -6,6 +6,7 @@ every scripts/NAME named exists. And the pages run: every command block of the R
 docs/ runs and succeeds (shortened as doc_runs.py says) or is marked with the reason it cannot
 run here, and every transcript prints what the page shows (doc_pages.py says how a page writes
 that). Each check also runs on a page with a planted error, to show that it can fail."""
+import json
 import os
 import re
 import subprocess
@@ -108,6 +109,31 @@ def missing_scripts(path, text):
             if not os.path.exists(os.path.join(SOURCE_ROOT, name))]
 
 
+def option_table(text):
+    """docs/options.md's table: option name -> (group, its default as the table gives it)."""
+    options, group = {}, None
+    for line in text.splitlines():
+        cells = [cell.strip() for cell in re.split(r"(?<!\\)\|", line)[1:-1]] if line.startswith("| ") else []
+        if len(cells) != 4 or cells[0] in ("group", "---"):
+            continue
+        group = cells[0] or group
+        names = [name for span in re.findall(r"`([^`]*)`", cells[1]) for name in re.findall(r"--([a-z][a-z0-9-]*)", span)]
+        defaults = cells[2].split(", ") if len(cells[2].split(", ")) == len(names) else [cells[2]] * len(names)
+        for name, default in zip(names, defaults):
+            options[name] = (group, default)
+    return options
+
+
+def default_word(text):
+    """A default as a word to compare: its first word, numbers as numbers, a switch as on or off."""
+    word = text.split(" ")[0].rstrip(":") if text else ""
+    word = {"false": "off", "true": "on"}.get(word, word)
+    try:
+        return float(word)
+    except ValueError:
+        return word
+
+
 PYTHON = "/usr/bin/python3"  # the one scripts/build/setup.sh installs numpy, h5py and matplotlib for
 COMMAND_STARTS = ("mpiexec", "build/", "scripts/", "/usr/bin/python3", "h5ls", "h5dump", "apt-get")
 
@@ -173,6 +199,19 @@ class Docs(unittest.TestCase):
         problems = [problem for path, text in self.pages for problem in unknown_flags(path, text, self.flags)]
         self.assertEqual(problems, [])
         self.assertEqual(len(unknown_flags("x.md", "run `mlptrain --tensor-parallel 2`", self.flags)), 1)
+
+    def test_the_option_table_is_the_programs(self):
+        """docs/options.md's table names every option of mlptrain in its group, and no other, with
+        the program's default (a row of several options gives one default each, or one for all;
+        a default is held by its first word: "0 (none)" is 0, "off" is false)."""
+        listed = [json.loads(line) for line in subprocess.run([os.path.join(BUILD, "mlpplan"), "--list", "options", "--json"],
+                                                              capture_output=True, text=True, check=True).stdout.splitlines()]
+        programs = {row["name"]: (row["section"].lower(), row["default"]) for row in listed}
+        documented = option_table(read(os.path.join(SOURCE_ROOT, "docs", "options.md")))
+        self.assertEqual(sorted(documented), sorted(programs))
+        for name, (group, default) in documented.items():
+            self.assertEqual(group, programs[name][0], f"--{name}")
+            self.assertEqual(default_word(default), default_word(programs[name][1]), f"--{name}: {default!r}")
 
     def test_every_named_script_exists(self):
         problems = [problem for path, text in self.pages for problem in missing_scripts(path, text)]
