@@ -1,5 +1,5 @@
 // The CPU backend: GEMMs through oneDNN (onednn_matmul.hpp), elementwise ops as plain loops over
-// vector_math's branch-free functions, written once for every element type (elements.hpp) so that
+// vector_math's branch-free functions, written once for every element type (core/elements.hpp) so that
 // the compiler vectorizes each, and reductions over fixed lanes of double partial sums
 // (element_loops.hpp); AdamW (adamw_update.hpp) and the fp8 operands (fp8_kernels.hpp) apart.
 #include <omp.h>

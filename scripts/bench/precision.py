@@ -2,7 +2,7 @@
 """Mixed precision's speed and convergence on the CPU, measured side by side in one run (ratios
 only: these machines are shared and noisy, and the CPU behind them changes):
 
-  * the benchmark model of bench_cpu.py (10 layers, width 1024, batch 256 per rank, one GEMM
+  * the benchmark model of scripts/bench/cpu.py (10 layers, width 1024, batch 256 per rank, one GEMM
     thread per rank): mlptrain's step at --param-dtype bf16 against fp32 at 1 rank, bf16 at 2
     ranks against 1 (data-parallel speed-up), fp16 at 1 rank (its GEMMs are widened to fp32 on
     this CPU), and bf16 against the time of the step's bf16 GEMMs at oneDNN's own rate (layerbench:

@@ -8,7 +8,7 @@
 // file (--csv). The path `mpi-host` is MPI on host buffers; `mpi-staged` is MPI on device
 // buffers staged through host memory (--device cuda, or loopback to check the path without a
 // GPU); `nccl` is NCCL on GPU buffers, one rank per GPU. Both device paths get their
-// communicator as the trainer does (compute_device.hpp). Half elements (bf16, fp16) are summed
+// communicator as the trainer does (device/compute_device.hpp). Half elements (bf16, fp16) are summed
 // by the communicators themselves (fp32 sums rounded once where a backend can, pairwise
 // otherwise): their sums are held within a bound derived from the format, every other result
 // exactly (commbench_case.hpp).

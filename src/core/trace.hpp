@@ -1,7 +1,7 @@
 // A rank's timeline for a Chrome trace (--trace): spans of computation, transfers and collectives,
 // each with the step and micro-batch it belongs to. Recording appends to a vector that stops
 // growing at its capacity (so a long run cannot exhaust memory through its trace); the trainer
-// writes the spans of every rank into one file at the end (train/trace_file.hpp).
+// writes the spans of every rank into one file at the end (report/trace_file.hpp).
 #pragma once
 
 #include <cstddef>

@@ -1,4 +1,4 @@
-// Metrics, log lines and the summary (see report.hpp).
+// Metrics, log lines and the summary (see reporter.hpp).
 #include "report/reporter.hpp"
 
 #include <fmt/format.h>

@@ -1,6 +1,6 @@
 // A training run on this rank, built from the configuration in dependency order: the ledgers, the
 // compute device (its staging carries the groups' messages), the process groups, the model on
-// this rank (train/rank_model.hpp), its data (train/run_data.hpp), the step's schedule and its
+// this rank (train/rank_model.hpp), its data (feed/run_data.hpp), the step's schedule and its
 // executor, and the reporter. A problem that some ranks meet and
 // others do not (a file one cannot read, memory one cannot get) is agreed on over the world, so
 // every rank stops with the same line. The loop, the checkpointer and the report work on it.

@@ -1,4 +1,4 @@
-// The run's header, prediction, summary and trace (see run_report.hpp).
+// The run's header, prediction, summary and trace (see run_records.hpp).
 #include "train/run_records.hpp"
 
 #include <fmt/format.h>

@@ -1,4 +1,4 @@
-// Pipeline parallelism's own options, declared by its registration (pipeline.cpp) and kept in the
+// Pipeline parallelism's own options, declared by its registration (pipeline_parallel.cpp) and kept in the
 // run's configuration as this block. The schedule is its table entry, resolved from its name
 // when the option is read.
 #pragma once

@@ -1,5 +1,5 @@
 // The two classic pipeline schedules as data: every stage's generated actions run together in the
-// checker's simulation of non-blocking point-to-point transfers (schedule_check.hpp), for
+// checker's simulation of non-blocking point-to-point transfers (schedule/schedule_check.hpp), for
 // P = 1..8 stages and M = 1..32 micro-batches, both kinds, training and evaluation; the checker
 // finds broken lists. Also the stage partition by cost.
 #include <gtest/gtest.h>
