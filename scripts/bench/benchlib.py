@@ -214,6 +214,30 @@ def stamp():
             "command": " ".join([os.path.relpath(sys.argv[0], ROOT)] + sys.argv[1:])}
 
 
+def tree():
+    """The commit the tree is at, "-dirty" where it has changes beside it."""
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    if head.returncode != 0:
+        return "unknown"
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True,
+                           text=True).stdout.strip()
+    return head.stdout.strip() + ("-dirty" if dirty else "")
+
+
+def append_result(path, result):
+    """Appends `result` to a run history (JSON Lines, one run a line, numbered in order), with the
+    command, machine, date and tree that made it. Returns its number."""
+    number = 1
+    if os.path.exists(path):
+        with open(path) as handle:
+            number += sum(1 for line in handle if line.strip())
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "a") as handle:
+        handle.write(json.dumps({"run": number, **stamp(), "tree": tree(), **result}) + "\n")
+    print(f"bench: appended run {number} to {path}")
+    return number
+
+
 def write_result(path, result):
     """Writes `result` with the command, machine and date that made it."""
     stamped = {**stamp(), **result}

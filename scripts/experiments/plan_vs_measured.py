@@ -23,8 +23,9 @@ records the share of the machine's cores its processes got, and a round with les
 the layout's best share waited for the host's other tenants (a round that waited ran up to 4.6x
 slower on a shared host) and is set aside and said so; every round's plan, steps and CPU share
 are written beside the figure, and the ratio at the steps' median beside the figure's.
-Ranks beyond the cores share them; the rows say when they do. Writes results/plan_vs_measured.json
-and .png.
+Ranks beyond the cores share them; the rows say when they do. Appends the run to the history
+results/plan_vs_measured_runs.jsonl (with its date, machine and tree) and draws it in
+results/plan_vs_measured.png.
 
 usage: scripts/experiments/plan_vs_measured.py [--steps N] [--rounds R] [--output FILE]"""
 import argparse
@@ -243,7 +244,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--output", default=os.path.join(ROOT, "results", "plan_vs_measured.json"))
+    parser.add_argument("--output", default=os.path.join(ROOT, "results", "plan_vs_measured_runs.jsonl"),
+                        help="the run history this run is appended to (its plot goes beside it)")
     args = parser.parse_args()
     scratch = tempfile.mkdtemp(prefix="mlpplan-vs-measured-")
     layouts = [(ranks, MOE if "--moe-every" in model else DENSE, layout)
@@ -298,8 +300,8 @@ def main():
                "rounds_set_aside": sum(len(r["rounds_set_aside"]) for r in rows),
                "expert_imbalance_by_split": imbalance}
     print(json.dumps(summary, indent=1))
-    benchlib.write_result(args.output, {"summary": summary, "rows": rows})
-    plot(rows, os.path.splitext(args.output)[0] + ".png")
+    benchlib.append_result(args.output, {"summary": summary, "rows": rows})
+    plot(rows, os.path.join(os.path.dirname(args.output), "plan_vs_measured.png"))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """scripts/bench/benchlib.py's measure of a round's share of the machine: a child that computes
 gets more of it than one that sleeps; rounds with markedly less than the best round's share
-(below 0.85 of it) are set aside, the rest kept in order."""
+(below 0.85 of it) are set aside, the rest kept in order. A run history gets a line a run, numbered,
+with the date, machine and tree that made it."""
 import os
 import subprocess
 import sys
@@ -53,3 +54,18 @@ class LedgerDisagreements(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class RunHistory(unittest.TestCase):
+    def test_each_run_is_one_numbered_line_with_its_date_machine_and_tree(self):
+        import json
+        import tempfile
+        with tempfile.TemporaryDirectory() as folder:
+            path = os.path.join(folder, "history.jsonl")
+            self.assertEqual(benchlib.append_result(path, {"summary": {"figure": 1}}), 1)
+            self.assertEqual(benchlib.append_result(path, {"summary": {"figure": 2}}), 2)
+            with open(path) as handle:
+                runs = [json.loads(line) for line in handle]
+        self.assertEqual([(run["run"], run["summary"]["figure"]) for run in runs], [(1, 1), (2, 2)])
+        for run in runs:
+            self.assertTrue({"date", "machine", "cpu", "command", "tree"} <= set(run), run)
