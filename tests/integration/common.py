@@ -1,11 +1,14 @@
 """Helpers of the end-to-end tests: run mlptrain under mpiexec, read its metrics and checkpoints.
 The programs' locations come from the environment that `meson test` sets."""
+import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 import unittest
 
 import numpy as np
@@ -39,6 +42,40 @@ def run(arguments, ranks=1, timeout=300, check=True, environment=None):
         raise AssertionError(f"mlptrain {' '.join(map(str, arguments))} at {ranks} ranks failed "
                              f"({result.returncode}):\n{result.stdout}\n{result.stderr}")
     return result
+
+
+@contextlib.contextmanager
+def background_run(arguments, ranks=2, capture=False):
+    """mlptrain started in the background for a test to interrupt (its output captured as text, or
+    dropped); killed if it still runs when the block ends."""
+    output = subprocess.PIPE if capture else subprocess.DEVNULL
+    launcher = subprocess.Popen(command(arguments, ranks), stdout=output, stderr=output, text=True,
+                                env=dict(os.environ, OMP_NUM_THREADS="1"))
+    try:
+        yield launcher
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+
+
+def wait_until(ready, seconds=60):
+    """Polls `ready` until it holds or `seconds` pass."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and not ready():
+        time.sleep(0.02)
+
+
+def kill_a_rank(test, launcher, marker):
+    """SIGKILL to the last of the two ranks whose command line holds `marker`: the whole job must
+    end, non-zero, within 30 s."""
+    ranks = rank_processes(marker)
+    test.assertEqual(len(ranks), 2)
+    os.kill(ranks[-1], signal.SIGKILL)
+    killed = time.monotonic()
+    launcher.wait(timeout=30)
+    test.assertLess(time.monotonic() - killed, 30)
+    test.assertNotEqual(launcher.returncode, 0)
 
 
 def gpu_refusal():

@@ -15,7 +15,7 @@ import unittest
 
 import numpy as np
 
-from common import MLPTRAIN, MPIEXEC, TrainingTestCase, rank_processes, read_checkpoint, read_metrics, run
+from common import TrainingTestCase, background_run, rank_processes, read_checkpoint, read_metrics, run, wait_until
 
 MODEL = ["--layers", "4", "--hidden", "32", "--global-batch", "32", "--log-every", "0", "--shuffle", "--seed", "7"]
 # Who gets the signal: the launcher (mpiexec.mpich forwards it to every rank), every rank (as srun
@@ -35,18 +35,16 @@ class Preemption(TrainingTestCase):
         """Starts a long run, signals it once it has done a few steps; returns (the launcher's
         result, the step it stopped after, its metrics file)."""
         directory, metrics = self.path(name), self.path(f"{name}.jsonl")
-        launcher = subprocess.Popen([MPIEXEC, "-n", "2", MLPTRAIN] + arguments +
-                                    ["--steps", "100000000", "--checkpoint-dir", directory, "--metrics", metrics],
-                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                    env=dict(os.environ, OMP_NUM_THREADS="1"))
-        try:
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline:
-                if os.path.exists(metrics) and os.path.getsize(metrics) > 0:
-                    with open(metrics) as handle:
-                        if len(handle.readlines()) >= at_least_steps:
-                            break
-                time.sleep(0.02)
+
+        def stepped():
+            if not os.path.exists(metrics):
+                return False
+            with open(metrics) as handle:
+                return len(handle.readlines()) >= at_least_steps
+
+        with background_run(arguments + ["--steps", "100000000", "--checkpoint-dir", directory, "--metrics", metrics],
+                            capture=True) as launcher:
+            wait_until(stepped)
             ranks = rank_processes(metrics)
             self.assertEqual(len(ranks), 2)
             victims = {"launcher": [launcher.pid], "ranks": ranks, "rank 1": ranks[1:]}[target]
@@ -59,10 +57,6 @@ class Preemption(TrainingTestCase):
                     os.kill(victim, signum)  # the ranks are still saving: they end after it
             out, err = launcher.communicate(timeout=60)
             self.assertLess(time.monotonic() - signalled, 30)
-        finally:
-            if launcher.poll() is None:
-                launcher.kill()
-                launcher.wait()
         steps, _ = read_metrics(metrics)
         stopped = steps[-1]["step"]
         self.assertTrue(steps[-1].get("stopped"), steps[-1])

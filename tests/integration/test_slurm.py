@@ -17,7 +17,7 @@ import unittest
 
 import numpy as np
 
-from common import MLPTRAIN, MPIEXEC, SOURCE_ROOT, TrainingTestCase, read_checkpoint
+from common import MLPTRAIN, SOURCE_ROOT, TrainingTestCase, read_checkpoint
 from doc_pages import blocks, read
 
 DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch", "scontrol", "sinfo")
