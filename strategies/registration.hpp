@@ -12,6 +12,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <variant>
 #include <vector>
 
 #include "comm/process_groups.hpp"
@@ -46,6 +47,14 @@ struct StrategyObject {
   ExpertExchange* exchange = nullptr;
 };
 
+// One of a strategy's settings as a run's records name it (the run's first line, a checkpoint's
+// layout, the trace).
+struct RunSetting {
+  std::string_view name;
+  std::variant<std::int64_t, double, std::string, std::vector<std::vector<std::int64_t>>> value;
+  bool layout_word = false;  // also a word of the layout beside dp, tp, pp and ep ("zero=1")
+};
+
 // What a strategy says of itself.
 struct StrategyDeclaration {
   std::string_view name;
@@ -78,6 +87,11 @@ struct StrategyDeclaration {
   void (*predict)(const RankLayout& layout, Prediction& prediction) = nullptr;
   // A sentence for the start of the run.
   std::string (*describe)(const RankLayout& layout) = nullptr;
+  // The grid as the strategy shapes it beyond its degrees (ZeRO's shard groups), before any group
+  // is made; and its settings in a run's records. Both asked of every registration, whether it
+  // takes part or not, so that every grid and every record of a run are alike.
+  void (*shape)(const Config& config, GridShape& shape) = nullptr;
+  void (*settings)(const Config& config, const GridShape& shape, std::vector<RunSetting>& settings) = nullptr;
 };
 
 // A strategy object's type: made from the context, a Strategy.
@@ -117,5 +131,10 @@ constexpr StrategyRegistration register_strategy(const StrategyDeclaration& decl
 
 // Every strategy (in no meaningful order: see StrategyDeclaration for how they compose).
 std::span<const StrategyRegistration> strategy_registry();
+
+// Every registration's settings, in the registry's order.
+std::vector<RunSetting> run_settings(const Config& config, const GridShape& shape);
+// The layout in words: "dp=2 tp=1 pp=1 ep=1" and the settings that are layout words.
+std::string layout_words(const GridShape& shape, const std::vector<RunSetting>& settings);
 
 }  // namespace mlptrain

@@ -3,6 +3,9 @@
 // means nothing (each registration declares how it composes).
 #include "strategies/registration.hpp"
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
 #define MLPTRAIN_STRATEGIES(STRATEGY) \
   STRATEGY(data_parallel)             \
   STRATEGY(zero)                      \
@@ -22,6 +25,21 @@ std::span<const StrategyRegistration> strategy_registry() {
   static const StrategyRegistration registry[] = {MLPTRAIN_STRATEGIES(MLPTRAIN_ENTRY)};
 #undef MLPTRAIN_ENTRY
   return registry;
+}
+
+std::vector<RunSetting> run_settings(const Config& config, const GridShape& shape) {
+  std::vector<RunSetting> settings;
+  for (const StrategyRegistration& strategy : strategy_registry())
+    if (strategy.settings != nullptr) strategy.settings(config, shape, settings);
+  return settings;
+}
+
+std::string layout_words(const GridShape& shape, const std::vector<RunSetting>& settings) {
+  std::string words = fmt::format("dp={} tp={} pp={} ep={}", shape.dp, shape.tp, shape.pp, shape.ep);
+  for (const RunSetting& setting : settings)
+    if (setting.layout_word)
+      words += std::visit([&](const auto& value) { return fmt::format(" {}={}", setting.name, value); }, setting.value);
+  return words;
 }
 
 std::string_view role_name(Role role) {

@@ -12,7 +12,6 @@
 #include "core/error.hpp"
 #include "core/option.hpp"
 #include "strategies/registration.hpp"
-#include "strategies/zero/zero_options.hpp"
 
 namespace mlptrain {
 
@@ -157,12 +156,10 @@ ParsedOptions parse_options(const std::vector<std::string>& arguments) {
 }
 
 GridShape grid_shape(const Config& config, int world_size) {
-  return {.world = world_size,
-          .tp = config.grid.tp,
-          .dp = config.grid.dp,
-          .pp = config.grid.pp,
-          .ep = config.grid.ep,
-          .zero_shard = config.strategies.get<ZeroOptions>().shard_size};
+  GridShape shape{.world = world_size, .tp = config.grid.tp, .dp = config.grid.dp, .pp = config.grid.pp, .ep = config.grid.ep};
+  for (const StrategyRegistration& strategy : strategy_registry())
+    if (strategy.shape != nullptr) strategy.shape(config, shape);
+  return shape;
 }
 
 std::string to_ini(const Config& config) {

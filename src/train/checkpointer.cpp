@@ -8,7 +8,6 @@
 #include "core/timer.hpp"
 #include "core/trace.hpp"
 #include "layout/options.hpp"
-#include "strategies/zero/zero_options.hpp"
 
 namespace mlptrain {
 
@@ -62,8 +61,7 @@ std::vector<SavedCheckpoint> Checkpointer::save(const Progress& progress, bool s
   const GridShape& shape = run_.groups->shape();
   const CheckpointDescription description{
       .config_ini = to_ini(run_.config),
-      .layout = fmt::format("dp={} tp={} pp={} ep={} zero={}", shape.dp, shape.tp, shape.pp, shape.ep,
-                            run_.config.strategies.get<ZeroOptions>().stage),
+      .layout = layout_words(shape, run_settings(run_.config, shape)),
       .seed = run_.config.training.seed};
   std::vector<SavedCheckpoint> ended;
   if (saver_.in_flight()) ended.push_back(finish());

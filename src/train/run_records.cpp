@@ -8,9 +8,7 @@
 
 #include "comm/consensus.hpp"
 #include "layout/rank_plan.hpp"
-#include "schedule/schedule_table.hpp"
-#include "strategies/pipeline_parallel/pipeline_options.hpp"
-#include "strategies/zero/zero_options.hpp"
+#include "strategies/registration.hpp"
 #include "report/trace_file.hpp"
 
 namespace mlptrain {
@@ -51,10 +49,10 @@ std::string describe_run(const Run& run) {
   std::string strategies;
   for (std::string_view name : run.model->strategies->names()) strategies += " " + std::string(name);
   std::string text = fmt::format(
-      "mlptrain: {} rank(s), dp={} tp={} pp={} ep={} zero={}{}, strategies:{}\n"
+      "mlptrain: {} rank(s), {}{}, strategies:{}\n"
       "model: {} layers {} ({} parameters), {} data ({} train samples), global batch {} in {} "
       "micro-batch(es), {} steps\ndevice: {}, communication: {}\nkernels: {}",
-      shape.world, shape.dp, shape.tp, shape.pp, shape.ep, config.strategies.get<ZeroOptions>().stage,
+      shape.world, layout_words(shape, run_settings(config, shape)),
       hybrid_sharding(shape) ? fmt::format(" (shards over {})", shard_ranks(shape)) : "",
       strategies.empty() ? " none" : strategies,
       specs.size(), widths, parameter_count(specs), run.data->info().name, run.data->info().train_size,
@@ -121,35 +119,20 @@ void write_trace_file(Run& run) {
   if (!run.ledgers.trace) return;
   const Config& config = run.config;
   const GridShape& shape = run.groups->shape();
-  const ZeroOptions& zero = config.strategies.get<ZeroOptions>();
-  const PipelineOptions& pipeline_options = config.strategies.get<PipelineOptions>();
-  const ScheduleEntry& schedule = pipeline_options.schedule;
   nlohmann::json layout = {
       {"world", shape.world}, {"dp", shape.dp}, {"tp", shape.tp}, {"pp", shape.pp}, {"ep", shape.ep},
-      {"zero", zero.stage}, {"zero_shard_size", zero.shard_size},
       {"strategies", run.model->strategies->names()},
-      {"schedule", schedule.name}, {"virtual_stages", pipeline_options.virtual_stages},
       {"micro_batches", config.data.micro_batches},
       {"global_batch", config.data.global_batch}, {"layers", config.model.layers}};
-  // The schedule's theory, from its table entry, for the timeline to hold the measured bubble to.
-  const PipelineShape pipeline =
-      schedule_shape(schedule, shape.pp, pipeline_options.virtual_stages, config.data.micro_batches);
-  layout["chunk_placement"] = pipeline.placement == ChunkPlacement::v_shape ? "v_shape" : "looped";
-  layout["theoretical_bubble"] = schedule.bubble(pipeline);
-  layout["bubble_formula"] = schedule.bubble_formula;
-  layout["schedule_source"] = schedule.source;
-  // Whether backward runs as B and W (this rank's actions say), and which global chunk each
-  // stage's local chunk is: a timeline needs neither to know the schedule.
+  // Each strategy's settings (the schedule's theory among them, for the timeline to hold the
+  // measured bubble to, and its chunks' places).
+  for (const RunSetting& setting : run_settings(config, shape))
+    std::visit([&](const auto& value) { layout[std::string(setting.name)] = value; }, setting.value);
+  // Whether backward runs as B and W (this rank's actions say): with the pipeline's settings
+  // (which global chunk each stage's local chunk is), a timeline need not know the schedule.
   layout["splits_backward"] = std::any_of(run.schedule.begin(), run.schedule.end(), [](const Action& action) {
     return action.kind == ActionKind::backward_input || action.kind == ActionKind::backward_weight;
   });
-  nlohmann::json global_chunks = nlohmann::json::array();
-  for (int stage = 0; stage < pipeline.stages; ++stage) {
-    nlohmann::json chunks = nlohmann::json::array();
-    for (int chunk = 0; chunk < pipeline.chunks; ++chunk) chunks.push_back(global_chunk(pipeline, stage, chunk));
-    global_chunks.push_back(chunks);
-  }
-  layout["global_chunks"] = global_chunks;
   agree_or_throw(run.world(), [&] {
     write_trace(config.output.trace_path, *run.ledgers.trace, run.ledgers.trace_origin_ms, run.mpi_world, run.groups->place(), layout);
   });

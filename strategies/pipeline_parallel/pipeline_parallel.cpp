@@ -138,6 +138,26 @@ std::string describe(const RankLayout& layout) {
 }
 
 
+// The schedule and, from its table entry, its theory: what a trace's timeline holds the measured
+// bubble to.
+void settings(const Config& config, const GridShape& grid, std::vector<RunSetting>& settings) {
+  const PipelineOptions& options = config.strategies.get<PipelineOptions>();
+  const ScheduleEntry& schedule = options.schedule;
+  const PipelineShape shape = schedule_shape(schedule, grid.pp, options.virtual_stages, config.data.micro_batches);
+  settings.push_back({.name = "schedule", .value = std::string(schedule.name)});
+  settings.push_back({.name = "virtual_stages", .value = std::int64_t{options.virtual_stages}});
+  settings.push_back({.name = "chunk_placement",
+                      .value = std::string(shape.placement == ChunkPlacement::v_shape ? "v_shape" : "looped")});
+  settings.push_back({.name = "theoretical_bubble", .value = schedule.bubble(shape)});
+  settings.push_back({.name = "bubble_formula", .value = std::string(schedule.bubble_formula)});
+  settings.push_back({.name = "schedule_source", .value = std::string(schedule.source)});
+  std::vector<std::vector<std::int64_t>> global_chunks(static_cast<std::size_t>(shape.stages));
+  for (int stage = 0; stage < shape.stages; ++stage)
+    for (int chunk = 0; chunk < shape.chunks; ++chunk)
+      global_chunks[static_cast<std::size_t>(stage)].push_back(global_chunk(shape, stage, chunk));
+  settings.push_back({.name = "global_chunks", .value = std::move(global_chunks)});
+}
+
 }  // namespace
 
 extern const StrategyRegistration pipeline_registration = register_strategy<Pipeline>({
@@ -148,6 +168,7 @@ extern const StrategyRegistration pipeline_registration = register_strategy<Pipe
     .layers = stage_layers,
     .schedule = schedule,
     .predict = predict,
-    .describe = describe});
+    .describe = describe,
+    .settings = settings});
 
 }  // namespace mlptrain

@@ -165,6 +165,15 @@ void plan(const Config& config, const GridShape& shape, const GridCoordinates&, 
 // ZeRO sums the data-parallel group's gradients itself (reduce-scatter, not all-reduce).
 constexpr std::string_view replaces[] = {"data_parallel"};
 
+// Shard groups of --zero-shard-size consecutive data-parallel ranks shape the grid's groups.
+void shape(const Config& config, GridShape& shape) { shape.zero_shard = config.strategies.get<ZeroOptions>().shard_size; }
+
+void settings(const Config& config, const GridShape&, std::vector<RunSetting>& settings) {
+  const ZeroOptions& zero = config.strategies.get<ZeroOptions>();
+  settings.push_back({.name = "zero", .value = std::int64_t{zero.stage}, .layout_word = true});
+  settings.push_back({.name = "zero_shard_size", .value = std::int64_t{zero.shard_size}});
+}
+
 }  // namespace
 
 extern const StrategyRegistration zero_registration = register_strategy<Zero>({
@@ -175,6 +184,8 @@ extern const StrategyRegistration zero_registration = register_strategy<Zero>({
     .wanted = wanted,
     .plan = plan,
     .predict = zero_predict,
-    .describe = zero_describe});
+    .describe = zero_describe,
+    .shape = shape,
+    .settings = settings});
 
 }  // namespace mlptrain
