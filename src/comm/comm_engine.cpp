@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
+#include <exception>
 
 #include "core/timer.hpp"
 
@@ -82,7 +84,15 @@ bool CommEngine::advance_round() {
   for (auto at = in_flight_.begin(); at != in_flight_.end();) {
     EngineTask& task = **at;
     const bool may_issue = std::find(still_issuing_.begin(), still_issuing_.end(), task.channel()) == still_issuing_.end();
-    const TaskProgress progress = task.advance(may_issue);
+    TaskProgress progress;
+    try {
+      progress = task.advance(may_issue);
+    } catch (...) {
+      // A task that failed (a device copy's error) is the engine's no longer: its owner unwinds.
+      in_flight_.erase(at);
+      outstanding_.fetch_sub(1, std::memory_order_relaxed);
+      throw;
+    }
     moved = moved || progress.moved;
     if (!progress.issued_all) still_issuing_.push_back(task.channel());
     if (!progress.complete) {
@@ -144,7 +154,17 @@ void CommEngine::advance_in_background() {
       work_.wait(lock, [this] { return stopping_ || thread_has_work(); });
       if (stopping_) return;
     }
-    if (try_round()) {
+    bool moved = false;
+    try {
+      moved = try_round();
+    } catch (const std::exception& error) {
+      // No caller to hand the error to on this thread: the job ends as on any rank's unexpected
+      // error (mpi_program.hpp), not left waiting.
+      std::fprintf(stderr, "mlptrain: error: communication engine: %s\n", error.what());
+      std::fflush(stderr);
+      MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+    if (moved) {
       idle_rounds = 0;
       sleep = first_sleep;
     } else if (++idle_rounds < yielding_rounds) {
