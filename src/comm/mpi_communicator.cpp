@@ -10,6 +10,7 @@
 #include <string>
 #include <utility>
 
+#include "comm/engine_tasks.hpp"
 #include "comm/mpi_types.hpp"
 #include "core/error.hpp"
 
@@ -40,46 +41,6 @@ class MpiPending final : public PendingOperation {
 };
 
 namespace {
-
-// An operation on host memory as an engine task: started when its channel allows, then tested.
-class HostTask final : public EngineTask {
- public:
-  HostTask(IssueChannel channel, std::function<std::unique_ptr<PendingOperation>()> start)
-      : EngineTask(channel), start_(std::move(start)) {}
-  TaskProgress advance(bool may_issue) override {
-    bool moved = false;
-    if (start_) {
-      if (!may_issue) return {.issued_all = false};
-      pending_ = std::exchange(start_, nullptr)();
-      moved = true;
-    }
-    const bool complete = pending_->test();
-    return {.moved = moved || complete, .complete = complete};
-  }
-
- private:
-  std::function<std::unique_ptr<PendingOperation>()> start_;  // until started
-  std::unique_ptr<PendingOperation> pending_;
-};
-
-// A started operation the engine runs. Dropped before it completed (an error on the way out),
-// its task goes to the engine, which MPI may still need it from.
-class EnginePending final : public PendingOperation {
- public:
-  EnginePending(CommEngine& engine, std::unique_ptr<EngineTask> task) : engine_(engine), task_(std::move(task)) {}
-  ~EnginePending() override {
-    if (!task_->complete()) engine_.keep(std::move(task_));
-  }
-  EnginePending(const EnginePending&) = delete;
-  EnginePending& operator=(const EnginePending&) = delete;
-  bool test() override { return engine_.test(*task_); }
-  void wait() override { engine_.wait(*task_); }
-  double completed_at_ms() const override { return task_->completed_at_ms(); }
-
- private:
-  CommEngine& engine_;
-  std::unique_ptr<EngineTask> task_;
-};
 
 bool in_place(const Operation& operation) { return operation.send == operation.receive; }
 
@@ -225,7 +186,7 @@ std::unique_ptr<EngineTask> MpiCommunicator::task(const Operation& operation) {
   if (staging_ != nullptr && staging_->stages(operation))
     return staging_->task(operation, rank_, size_, channel,
                           [this](const Operation& host) -> std::unique_ptr<PendingOperation> { return start_host(host); });
-  return std::make_unique<HostTask>(channel, [this, operation] { return start_on_host(operation); });
+  return std::make_unique<CallTask>(channel, [this, operation] { return start_on_host(operation); });
 }
 
 std::unique_ptr<PendingOperation> MpiCommunicator::start_on_host(const Operation& operation) {
