@@ -39,9 +39,9 @@ class StagedTask final : public EngineTask {
 
   TaskProgress advance(bool may_issue) override {
     bool moved = start_copies_down();
-    moved = finish(mark_, true) || moved;
+    moved = finish(mark_, Way::down) || moved;
     for (Piece& piece : pieces_)
-      for (Copy& copy : piece.down) moved = finish(copy, true) || moved;
+      for (Copy& copy : piece.down) moved = finish(copy, Way::down) || moved;
     // Issue in order: a piece's operations once its copies landed, after every earlier piece's.
     while (may_issue && issued_ < pieces_.size() && all_done(pieces_[issued_].down)) {
       Piece& piece = pieces_[issued_++];
@@ -54,8 +54,8 @@ class StagedTask final : public EngineTask {
       moved = communicate(piece) || moved;
       if (piece.communicated && mark_.done) {
         for (Copy& copy : piece.up) {
-          moved = start_up(copy) || moved;
-          moved = finish(copy, false) || moved;
+          moved = (!copy.started && start(copy, Way::up)) || moved;
+          moved = finish(copy, Way::up) || moved;
         }
       }
       complete = complete && piece.communicated && all_done(piece.up);
@@ -65,6 +65,7 @@ class StagedTask final : public EngineTask {
   }
 
  private:
+  enum class Way { down, up };  // device to host, host to device
   struct Copy {
     CopySpan span;
     int lane = -1;  // while in flight
@@ -86,42 +87,36 @@ class StagedTask final : public EngineTask {
   // wait for a later round).
   bool start_copies_down() {
     bool moved = false;
-    if (!start_down(mark_)) return false;
+    if (!mark_.started && !start(mark_, Way::down)) return false;
     for (Piece& piece : pieces_)
       for (Copy& copy : piece.down) {
         if (copy.started) continue;
-        if (!start_down(copy)) return moved;
+        if (!start(copy, Way::down)) return moved;
         moved = true;
       }
     return moved;
   }
-  bool start_down(Copy& copy) {
-    if (copy.started) return true;
-    const std::optional<int> lane = staging_.take_lane(true);
+  // Starts a copy if a lane is free; whether it started.
+  bool start(Copy& copy, Way way) {
+    const std::optional<int> lane = staging_.take_lane(way == Way::down);
     if (!lane) return false;
-    staging_.copier_->start_to_host(*lane, host_.as<std::byte>() + copy.span.host_offset,
-                                    source_ + copy.span.device_offset, copy.span.bytes);
-    copy.lane = *lane;
-    copy.started = true;
-    return true;
-  }
-  bool start_up(Copy& copy) {
-    if (copy.started) return false;
-    const std::optional<int> lane = staging_.take_lane(false);
-    if (!lane) return false;
-    staging_.copier_->start_to_device(*lane, destination_ + copy.span.device_offset,
-                                      host_.as<std::byte>() + copy.span.host_offset, copy.span.bytes);
+    std::byte* host = host_.as<std::byte>() + copy.span.host_offset;
+    if (way == Way::down) {
+      staging_.copier_->start_to_host(*lane, host, source_ + copy.span.device_offset, copy.span.bytes);
+    } else {
+      staging_.copier_->start_to_device(*lane, destination_ + copy.span.device_offset, host, copy.span.bytes);
+    }
     copy.lane = *lane;
     copy.started = true;
     return true;
   }
   // Whether a copy in flight just finished (its lane then goes back to the pool).
-  bool finish(Copy& copy, bool to_host) {
+  bool finish(Copy& copy, Way way) {
     if (!copy.started || copy.done) return false;
     AsyncCopier& copier = *staging_.copier_;
-    if (!(to_host ? copier.test_to_host(copy.lane) : copier.test_to_device(copy.lane))) return false;
+    if (!(way == Way::down ? copier.test_to_host(copy.lane) : copier.test_to_device(copy.lane))) return false;
     copy.done = true;
-    staging_.give_lane(to_host, copy.lane);
+    staging_.give_lane(way == Way::down, copy.lane);
     copy.lane = -1;
     return true;
   }
