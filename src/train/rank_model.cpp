@@ -32,7 +32,7 @@ RankModel::RankModel(const Config& config, const ProcessGroups& groups, Kernels&
   initialize_state(placement, static_cast<std::uint64_t>(config.training.seed), allocator,
                    offload != nullptr ? *offload->memory : allocator);
   for (const LayerRange& chunk : layers.chunks) {
-    runners.push_back(std::make_unique<ModelRunner>(
+    runners.push_back(std::make_unique<ChunkRunner>(
         kernels, allocator, *parameters, specs, chunk, *this->strategies,
         MoeSettings{.capacity_factor = config.model.capacity_factor, .aux_loss_coef = config.model.aux_loss_coef},
         config.training.recompute));
@@ -41,8 +41,8 @@ RankModel::RankModel(const Config& config, const ProcessGroups& groups, Kernels&
   }
 }
 
-std::vector<ModelRunner*> RankModel::chunk_runners() const {
-  std::vector<ModelRunner*> chunks;
+std::vector<ChunkRunner*> RankModel::chunk_runners() const {
+  std::vector<ChunkRunner*> chunks;
   for (const auto& runner : runners) chunks.push_back(runner.get());
   return chunks;
 }

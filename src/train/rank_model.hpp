@@ -15,9 +15,9 @@
 #include "layout/rank_plan.hpp"
 #include "model/parameter_store.hpp"
 #include "model/state_runs.hpp"
-#include "train/model_runner.hpp"
+#include "chunk/chunk_runner.hpp"
 #include "optimizer/optimizer.hpp"
-#include "train/strategy_stack.hpp"
+#include "strategies/strategy_stack.hpp"
 
 namespace mlptrain {
 
@@ -42,7 +42,7 @@ struct RankModel {
   std::unique_ptr<StrategyStack> strategies;
   StatePlacement placement;
   std::unique_ptr<AdamW> optimizer;
-  std::vector<std::unique_ptr<ModelRunner>> runners;  // per chunk, in local order
+  std::vector<std::unique_ptr<ChunkRunner>> runners;  // per chunk, in local order
   // A strategy shards the state, so it reads the updated values right after the step (it
   // gathers them): an offloaded update must be complete by then.
   bool values_read_after_step = false;
@@ -53,7 +53,7 @@ struct RankModel {
   bool reads_inputs() const { return runners.front()->reads_inputs(); }
   bool computes_loss() const { return runners.back()->computes_loss(); }
   DataType activation_type() const { return runners.front()->activation_type(); }
-  std::vector<ModelRunner*> chunk_runners() const;
+  std::vector<ChunkRunner*> chunk_runners() const;
   MoeStatistics take_moe_statistics();
   std::vector<std::int64_t> largest_moe_bytes() const;
 };

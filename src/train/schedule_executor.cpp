@@ -12,7 +12,7 @@ namespace mlptrain {
 MicroBatchActivations& ScheduleExecutor::prepared(const Action& action, const ScheduleWork& work) {
   Slot& entry = slot(action);
   if (!entry.prepared) {
-    ModelRunner& runner = *runners_[static_cast<std::size_t>(action.chunk)];
+    ChunkRunner& runner = *runners_[static_cast<std::size_t>(action.chunk)];
     entry.activations = runner.prepare(work.rows(action.micro_batch), work.loss_kind);
     entry.prepared = true;
   }
@@ -83,7 +83,7 @@ LossTotals ScheduleExecutor::run(const std::vector<Action>& actions, const Sched
   slots_.resize(runners_.size() * static_cast<std::size_t>(work.micro_batches));
   LossTotals totals;
   for (const Action& action : actions) {
-    ModelRunner& runner = *runners_.at(static_cast<std::size_t>(action.chunk));
+    ChunkRunner& runner = *runners_.at(static_cast<std::size_t>(action.chunk));
     const int micro_batch = action.micro_batch;
     Slot& entry = slot(action);
     MicroBatchActivations& activations = prepared(action, work);
@@ -112,7 +112,7 @@ LossTotals ScheduleExecutor::run(const std::vector<Action>& actions, const Sched
         break;
       }
       case ActionKind::send_activations:
-        start(action, runner.output(activations), ModelRunner::output_rows(activations) * runner.output_width());
+        start(action, runner.output(activations), ChunkRunner::output_rows(activations) * runner.output_width());
         if (!work.training) {
           finish(action.kind, action);
           activations = MicroBatchActivations{};
@@ -121,7 +121,7 @@ LossTotals ScheduleExecutor::run(const std::vector<Action>& actions, const Sched
       case ActionKind::receive_gradients: {
         finish_gradient_sends(action.chunk);
         // The gradient of the chunk's output, as many rows as its last layer computed on.
-        const std::int64_t count = ModelRunner::output_rows(activations) * runner.output_width();
+        const std::int64_t count = ChunkRunner::output_rows(activations) * runner.output_width();
         activations.output_grad = allocator_.allocate_elements(MemoryState::comm_buffers, static_cast<std::size_t>(count),
                                                                runner.activation_type());
         entry.gradient_posted = true;

@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "core/trace.hpp"
-#include "train/model_runner.hpp"
-#include "train/strategy_stack.hpp"
+#include "chunk/chunk_runner.hpp"
+#include "strategies/strategy_stack.hpp"
 
 namespace mlptrain {
 
@@ -38,7 +38,7 @@ struct ScheduleWork {
 class ScheduleExecutor {
  public:
   // `runners`: the rank's model chunks in local order.
-  ScheduleExecutor(std::vector<ModelRunner*> runners, StrategyStack& strategies, Allocator& allocator,
+  ScheduleExecutor(std::vector<ChunkRunner*> runners, StrategyStack& strategies, Allocator& allocator,
                    TraceRecorder* trace)
       : runners_(std::move(runners)), strategies_(strategies), allocator_(allocator), trace_(trace) {}
 
@@ -81,7 +81,7 @@ class ScheduleExecutor {
   // nobody wrote.
   static void require_posted(bool posted, const Action& action);
 
-  std::vector<ModelRunner*> runners_;
+  std::vector<ChunkRunner*> runners_;
   StrategyStack& strategies_;
   Allocator& allocator_;
   TraceRecorder* trace_;

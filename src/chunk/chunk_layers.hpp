@@ -1,48 +1,21 @@
-// One model chunk's layers as its runners drive them: each layer's shape, its view into the
+// One model chunk's layers as its runner drives them: each layer's shape, its view into the
 // parameter store (a Linear layer's tensors) or its MoE layer, and where its unit lies in the
 // store; for each use of a layer, its tensors placed from wherever the hooks left its unit (a
 // gathered copy of sharded parameters, a transient gradient buffer); and where a layer's input
-// and output are in a micro-batch's activations. Also what the chunk's runners share
-// (RunnerTools).
+// and output are in a micro-batch's activations.
 #pragma once
 
 #include <optional>
 #include <vector>
 
-#include "model/fp8_linear.hpp"
 #include "model/linear.hpp"
 #include "model/micro_batch.hpp"
 #include "model/moe.hpp"
 #include "model/parameter_store.hpp"
-#include "strategies/capabilities.hpp"
-#include "train/strategy_stack.hpp"
+#include "schedule/schedule.hpp"
+#include "strategies/forward_views.hpp"
 
 namespace mlptrain {
-
-// What a chunk's forward and backward runners share: the kernels, the memory, the strategies'
-// hooks, and the activations' element type (the param type).
-struct RunnerTools {
-  Kernels& kernels;
-  Allocator& allocator;
-  StrategyStack& strategies;
-  DataType activation_type;
-
-  Buffer allocate_rows(MemoryState state, std::int64_t rows, std::int64_t columns) const {
-    return allocator.allocate_elements(state, static_cast<std::size_t>(rows * columns), activation_type);
-  }
-  // A layer's call for its hooks.
-  LayerCall call(int layer, const LayerSpec& spec, int micro_batch, int micro_batches, bool training) const {
-    return {.layer = layer, .micro_batch = micro_batch, .micro_batches = micro_batches, .training = training,
-            .activation_type = activation_type, .spec = spec};
-  }
-  // A Linear layer's products, in its param type or (--fp8) from fp8 operands whose amax the
-  // strategies agree on as `call`'s.
-  void forward_product(const LayerCall& call, const LinearLayer& layer, const void* input, std::int64_t rows,
-                       void* pre, BiasPlace bias) const;
-  void backward_products(const LayerCall& call, const LinearLayer& layer, const void* input, const void* grad_pre,
-                         std::int64_t rows, void* grad_input, bool accumulate,
-                         ProductGradients which = ProductGradients::both) const;
-};
 
 class ChunkLayers {
  public:

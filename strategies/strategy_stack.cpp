@@ -1,5 +1,5 @@
 // The strategies' objects (see strategy_stack.hpp).
-#include "train/strategy_stack.hpp"
+#include "strategies/strategy_stack.hpp"
 
 #include <fmt/format.h>
 

@@ -1,22 +1,24 @@
 // Runs one model chunk (a contiguous range of layers; a rank holding several has one runner each)
 // forward and backward for a micro-batch, as the schedule's executor asks: the buffers of a
-// micro-batch, the forward through the chunk's layers (forward_runner.hpp) and the loss where the
-// chunk ends the model, the backward whole or split into B and W (backward_runner.hpp), keeping
-// what the recomputation plan (model/recompute_plan.hpp) says.
+// micro-batch, the walk forward through the chunk's layers (each a LayerStep, layer_step.hpp)
+// and the loss where the chunk ends the model, the walk back, whole or split into B and W,
+// keeping what the recomputation plan (model/recompute_plan.hpp) says and recomputing what it
+// dropped by running the same layers forward again.
 #pragma once
 
 #include <functional>
 #include <memory>
 #include <vector>
 
+#include "chunk/layer_step.hpp"
 #include "model/loss.hpp"
-#include "train/backward_runner.hpp"
+#include "model/recompute_plan.hpp"
 
 namespace mlptrain {
 
-class ModelRunner {
+class ChunkRunner {
  public:
-  ModelRunner(Kernels& kernels, Allocator& allocator, const ParameterStore& parameters,
+  ChunkRunner(Kernels& kernels, Allocator& allocator, const ParameterStore& parameters,
               const std::vector<LayerSpec>& specs, LayerRange chunk, StrategyStack& strategies,
               const MoeSettings& moe = {}, bool recompute = false);
 
@@ -31,9 +33,12 @@ class ModelRunner {
   static std::int64_t output_rows(const MicroBatchActivations& activations) {
     return activations.output_rows.empty() ? activations.rows : activations.output_rows.back();
   }
-  MoeStatistics take_moe_statistics() { return forward_.take_moe_statistics(); }
-  std::int64_t largest_moe_bytes() const { return forward_.largest_moe_bytes(); }
-  void set_forward_gate(std::function<void(int layer)> gate) { forward_.set_gate(std::move(gate)); }
+  // The routing statistics of the training forwards since the last call (MoE layers).
+  MoeStatistics take_moe_statistics() { return step_.take_moe_statistics(); }
+  // The most activation memory a training micro-batch's MoE layers kept so far (0: none ran).
+  std::int64_t largest_moe_bytes() const { return largest_moe_bytes_; }
+  // Called with a layer's index before each forward of it reads its parameters.
+  void set_forward_gate(std::function<void(int layer)> gate) { step_.set_gate(std::move(gate)); }
   const RecomputePlan& recompute_plan() const { return plan_; }
 
   // Buffers for a micro-batch of `rows` samples: the input, and targets or labels when this rank
@@ -54,20 +59,26 @@ class ModelRunner {
   // product; `weight` then computes the Linear layers' weight and bias gradients and frees the
   // micro-batch's activations. Each layer's hooks see the part.
   void backward(MicroBatchActivations& activations, int micro_batch, int micro_batches, float loss_scale = 1.0f,
-                BackwardPart part = BackwardPart::whole) {
-    backward_.backward(activations, micro_batch, micro_batches, loss_scale, part);
-  }
+                BackwardPart part = BackwardPart::whole);
 
  private:
   // The loss of the last layer's output, its gradient into loss_grad when training.
   LossSums loss(MicroBatchActivations& activations, bool training, LossKind loss_kind, std::int64_t loss_samples,
                 float loss_scale);
 
-  const RunnerTools tools_;
+  // The walk back over the layers, last first, for the whole backward or its B.
+  void walk_back(MicroBatchActivations& activations, int micro_batch, int micro_batches, float loss_scale,
+                 BackwardPart part);
+  // Recomputes the activations of the local layers [first, last] that forward dropped; the last
+  // layer's output is not needed again and goes to `scratch`.
+  void recompute_segment(MicroBatchActivations& activations, std::size_t first, std::size_t last, void* scratch,
+                         int micro_batch, int micro_batches);
+
+  const StepTools tools_;
   const ChunkLayers layers_;
   const RecomputePlan plan_;
-  ForwardRunner forward_;
-  BackwardRunner backward_;
+  LayerStep step_;
+  std::int64_t largest_moe_bytes_ = 0;
 };
 
 }  // namespace mlptrain

@@ -1,6 +1,5 @@
-// A model chunk's layers and their placement, and the runners' Linear products (see
-// chunk_layers.hpp).
-#include "train/chunk_layers.hpp"
+// A model chunk's layers and their placement (see chunk_layers.hpp).
+#include "chunk/chunk_layers.hpp"
 
 namespace mlptrain {
 
@@ -48,38 +47,6 @@ ChunkLayers::Placed ChunkLayers::place(std::size_t local, const UnitMemory& unit
   view.weight_grad = advance(unit.grads, units_[local].weight_at, precision.reduce);
   view.bias_grad = advance(unit.grads, units_[local].bias_at, precision.reduce);
   return placed;
-}
-
-namespace {
-
-// The strategies' agreement on an operand's amax, for the layer's call.
-AmaxAgreement agreement_for(StrategyStack& strategies, const LayerCall& call) {
-  return [&strategies, &call](const Fp8OperandScales& scales, float* amax) {
-    strategies.agree_operand_amax(OperandAmax{call, scales, amax});
-  };
-}
-
-}  // namespace
-
-void RunnerTools::forward_product(const LayerCall& call, const LinearLayer& layer, const void* input,
-                                  std::int64_t rows, void* pre, BiasPlace bias) const {
-  if (!layer.precision.fp8_gemms()) {
-    linear_forward_matmul(kernels, layer, input, rows, pre, bias);
-    return;
-  }
-  const AmaxAgreement agree = agreement_for(strategies, call);
-  fp8_forward_matmul({kernels, allocator, agree}, layer, input, rows, pre, bias);
-}
-
-void RunnerTools::backward_products(const LayerCall& call, const LinearLayer& layer, const void* input,
-                                    const void* grad_pre, std::int64_t rows, void* grad_input, bool accumulate,
-                                    ProductGradients which) const {
-  if (!layer.precision.fp8_gemms()) {
-    linear_backward_matmul(kernels, layer, input, grad_pre, rows, grad_input, accumulate, which);
-    return;
-  }
-  const AmaxAgreement agree = agreement_for(strategies, call);
-  fp8_backward_matmul({kernels, allocator, agree}, layer, input, grad_pre, rows, grad_input, accumulate, which);
 }
 
 }  // namespace mlptrain

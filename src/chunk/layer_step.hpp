@@ -1,0 +1,97 @@
+// One layer's step with the strategies' hooks around it: a Linear layer's (its products in the
+// param type, or from fp8 operands whose amax the strategies agree on) or an MoE layer's forward,
+// and its backward of a part. A layer computes on the rows its before-hooks give it (the rows it
+// received, unless a strategy substitutes others), and its outputs have the rows they say (the
+// same, unless a strategy splits them); they are allocated for those rows.
+//
+// A Linear layer's backward may run as two actions, for the zero-bubble schedules (Qi et al.,
+// 2023): B, the input gradient, which the previous chunk waits for, and W, the weight and bias
+// gradients, which nothing waits for and a schedule defers into its bubble. B keeps d loss /
+// d product for W; W reads it with the layer's input, which stays alive from forward until then.
+// The sums are the whole backward's (the same kernels over the same rows in the same order), so a
+// split run gives the same gradients as a whole one. An MoE layer runs its whole backward in B:
+// its experts' products and their gradients are one exchange.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+
+#include "chunk/chunk_layers.hpp"
+#include "strategies/strategy_stack.hpp"
+
+namespace mlptrain {
+
+// What a layer's step uses besides the layer: the kernels, the memory, the strategies' hooks,
+// and the activations' element type (the param type).
+struct StepTools {
+  Kernels& kernels;
+  Allocator& allocator;
+  StrategyStack& strategies;
+  DataType activation_type;
+
+  Buffer allocate_rows(MemoryState state, std::int64_t rows, std::int64_t columns) const {
+    return allocator.allocate_elements(state, static_cast<std::size_t>(rows * columns), activation_type);
+  }
+};
+
+// Which use of a layer a forward is.
+struct ForwardPass {
+  int micro_batch = 0;
+  int micro_batches = 1;
+  bool training = true;
+  bool recomputing = false;  // in backward, for a layer whose activations forward dropped
+};
+
+class LayerStep {
+ public:
+  LayerStep(const StepTools& tools, const ChunkLayers& layers) : tools_(tools), layers_(layers) {}
+
+  // Layer `local` forward from the input it receives, into its pre-activation and output
+  // (allocated for its rows unless kept); the output goes to `scratch` when given (a recomputed
+  // segment's last layer, whose output backward does not read).
+  void forward(MicroBatchActivations& activations, std::size_t local, void* scratch, const ForwardPass& pass);
+
+  // The start of layer `local`'s backward of `part` (its gradients written by the first
+  // micro-batch, added by the later ones), before its hooks; `grad_input` is where its input
+  // gradient goes (none for the model's first layer, and in W).
+  BackwardStart backward_start(MicroBatchActivations& activations, std::size_t local, int micro_batch,
+                               int micro_batches, BackwardPart part, std::optional<void*> grad_input) const;
+  // Layer `local`'s backward of the start's part. Whole and B read `grad_output` (d loss / d
+  // output of the layer) and use `workspace` for d loss / d pre of the layer's rows; B keeps d
+  // loss / d product in the activations for W, which reads and frees it.
+  void backward(MicroBatchActivations& activations, std::size_t local, BackwardStart& start, const void* grad_output,
+                void* workspace, float loss_scale);
+
+  // Called with a layer's index before each forward of it reads its parameters (whose values may
+  // still be arriving: an offloaded update runs into the next forward).
+  void set_gate(std::function<void(int layer)> gate) { gate_ = std::move(gate); }
+  // The routing statistics of the training forwards since the last call (MoE layers).
+  MoeStatistics take_moe_statistics();
+
+ private:
+  // A layer's call for its hooks.
+  LayerCall call(std::size_t local, int micro_batch, int micro_batches, bool training) const;
+  // A Linear layer's products, in its param type or (--fp8) from fp8 operands whose amax the
+  // strategies agree on as `call`'s.
+  void forward_product(const LayerCall& call, const LinearLayer& layer, const void* input, std::int64_t rows,
+                       void* pre, BiasPlace bias) const;
+  void backward_products(const LayerCall& call, const LinearLayer& layer, const void* input, const void* grad_pre,
+                         std::int64_t rows, void* grad_input, bool accumulate, ProductGradients which) const;
+  // d loss / d product of a whole backward or B (with a Linear layer's bias sums where the part
+  // computes them), and the buffers d loss / d pre took, held until the layer's backward ends: a
+  // hook's transfer may still read them.
+  struct ProductGradient {
+    void* values = nullptr;
+    Buffer split_grad_pre;
+    Buffer unused_bias_sums;
+  };
+  ProductGradient product_gradient(MicroBatchActivations& activations, std::size_t local, const BackwardStart& start,
+                                   const LinearLayer& layer, const void* grad_output, void* workspace);
+
+  const StepTools tools_;
+  const ChunkLayers& layers_;
+  std::function<void(int layer)> gate_;
+  MoeStatistics moe_statistics_;
+};
+
+}  // namespace mlptrain
