@@ -9,7 +9,7 @@
 #include <string>
 
 #include "core/config.hpp"
-#include "core/synthetic_samples.hpp"
+#include "core/builtin_samples.hpp"
 
 namespace mlptrain {
 
@@ -65,7 +65,7 @@ struct DataOptions {
 // Throws UsageError for a missing or malformed file, or dimensions that contradict the file.
 std::unique_ptr<Dataset> open_dataset(const DataOptions& options);
 
-// The built-in generators (synthetic.cpp) and the file reader (hdf5_dataset.cpp).
+// The built-in generators (builtin_datasets.cpp) and the file reader (hdf5_dataset.cpp).
 std::unique_ptr<Dataset> make_teacher_dataset(std::int64_t input_dim, std::int64_t output_dim);
 std::unique_ptr<Dataset> make_mixture_dataset(std::int64_t input_dim, std::int64_t classes);
 std::unique_ptr<Dataset> open_hdf5_dataset(const DataOptions& options);

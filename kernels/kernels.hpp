@@ -13,7 +13,7 @@
 #include "core/buffer.hpp"
 #include "core/data_type.hpp"
 #include "core/precision.hpp"
-#include "core/synthetic_samples.hpp"
+#include "core/builtin_samples.hpp"
 
 namespace mlptrain {
 
@@ -202,7 +202,7 @@ class Kernels {
   virtual void row_dots(const void* a, const std::int32_t* indices, const void* b, float* dots,
                         std::int64_t rows, std::int64_t cols, DataType type) = 0;
 
-  // Built-in samples made where the kernels compute (core/synthetic_samples.hpp), the CPU's bit for
+  // Built-in samples made where the kernels compute (core/builtin_samples.hpp), the CPU's bit for
   // bit: for each of `count` stream indices its inputs row and its targets (teacher) or label
   // (mixture); an output that is null is not made. The tables `samples` points at, the indices
   // and the outputs are the device's memory.

@@ -18,7 +18,7 @@
 #include "comm/communicator.hpp"
 #include "model/expert_exchange.hpp"
 #include "model/fp8_linear.hpp"
-#include "model/state_runs.hpp"
+#include "model/state_ranges.hpp"
 #include "schedule/schedule.hpp"
 #include "strategies/backward_views.hpp"
 #include "strategies/forward_views.hpp"

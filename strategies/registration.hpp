@@ -23,7 +23,7 @@
 #include "kernels/kernels.hpp"
 #include "model/parameter_store.hpp"
 #include "strategies/capabilities.hpp"
-#include "strategies/strategy_options.hpp"
+#include "strategies/strategy_command_line.hpp"
 
 namespace mlptrain {
 
@@ -66,7 +66,7 @@ struct StrategyDeclaration {
   // the order of their names.
   std::span<const std::string_view> replaces{};
   std::span<const std::string_view> runs_after{};
-  // The options the strategy owns (strategy_options.hpp), and its rules on the configuration
+  // The options the strategy owns (strategy_command_line.hpp), and its rules on the configuration
   // once dp is known: it throws UsageError naming the offending option. Called for every
   // registration, wanted or not.
   std::span<const Option> options{};

@@ -1,4 +1,4 @@
-// The objects of the strategies that take part in a run (layout/rank_plan.hpp says which, or a
+// The objects of the strategies that take part in a run (strategies/rank_plan.hpp says which, or a
 // test gives its own), made once the parameters exist, and what the loop asks of them: every
 // layer and step hook forwarded to each strategy with hooks, in the order their registrations
 // declare (compose_strategies), and the one owner of each exclusive role asked for its part

@@ -226,7 +226,7 @@ class CpuKernels final : public Kernels {
 
   void generate_samples(const SyntheticSamples& samples, const std::uint64_t* stream_indices, std::int64_t count,
                         float* inputs, float* targets, std::int32_t* labels) override {
-    generate_synthetic_samples(samples, stream_indices, static_cast<std::size_t>(count), inputs, targets, labels);
+    generate_builtin_samples(samples, stream_indices, static_cast<std::size_t>(count), inputs, targets, labels);
   }
 
   double adamw(float* master, const void* grads, DataType grads_type, float* exp_avg, float* exp_avg_sq,

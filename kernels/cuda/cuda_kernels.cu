@@ -232,7 +232,7 @@ class CudaKernels final : public Kernels {
     std::byte* scratch = input_bytes + label_bytes > 0 ? static_cast<std::byte*>(scratch_->reserve(input_bytes + label_bytes)) : nullptr;
     const SampleScratch spare{.inputs = input_bytes > 0 ? reinterpret_cast<float*>(scratch) : nullptr,
                               .labels = label_bytes > 0 ? reinterpret_cast<std::int32_t*>(scratch + input_bytes) : nullptr};
-    launch_synthetic_samples(samples, stream_indices, count, inputs, targets, labels, spare, stream_);
+    launch_builtin_samples(samples, stream_indices, count, inputs, targets, labels, spare, stream_);
   }
 
   void absolute_max(const void* data, DataType type, std::int64_t rows, std::int64_t cols, Fp8Scaling scaling,

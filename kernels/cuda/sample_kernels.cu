@@ -1,4 +1,4 @@
-// The built-in datasets generated on the GPU (core/synthetic_samples.hpp), the CPU's samples bit
+// The built-in datasets generated on the GPU (core/builtin_samples.hpp), the CPU's samples bit
 // for bit: each thread calls the inline functions the host's loops call. Compiled with
 // -fmad=false (kernels/meson.build) so that nvcc fuses no product the host leaves unfused.
 #include <cuda_runtime.h>
@@ -53,7 +53,7 @@ int blocks_for(std::int64_t work, std::int64_t per_block) {
 
 }  // namespace
 
-void launch_synthetic_samples(const SyntheticSamples& samples, const std::uint64_t* stream_indices, std::int64_t count,
+void launch_builtin_samples(const SyntheticSamples& samples, const std::uint64_t* stream_indices, std::int64_t count,
                               float* inputs, float* targets, std::int32_t* labels, const SampleScratch& scratch,
                               cudaStream_t stream) {
   if (count <= 0) return;

@@ -5,7 +5,7 @@
 
 #include <cstdint>
 
-#include "core/synthetic_samples.hpp"
+#include "core/builtin_samples.hpp"
 
 namespace mlptrain {
 
@@ -18,7 +18,7 @@ struct SampleScratch {
 };
 
 // Queues the generation of `count` samples on `stream` (see Kernels::generate_samples).
-void launch_synthetic_samples(const SyntheticSamples& samples, const std::uint64_t* stream_indices, std::int64_t count,
+void launch_builtin_samples(const SyntheticSamples& samples, const std::uint64_t* stream_indices, std::int64_t count,
                               float* inputs, float* targets, std::int32_t* labels, const SampleScratch& scratch,
                               cudaStream_t stream);
 

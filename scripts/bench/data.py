@@ -20,7 +20,7 @@ step waited for samples) are reported, with memory/builtin and file/builtin (tar
 <= 1.03x builtin), and whether memory and file gave the same losses.
 
 The file comes from Debian's dataset-fashion-mnist (apt-get install dataset-fashion-mnist) through
-scripts/data/idx_to_hdf5.py, or --data FILE. Writes results/data_speed.json."""
+scripts/datasets/idx_to_hdf5.py, or --data FILE. Writes results/data_speed.json."""
 import os
 import statistics
 import subprocess

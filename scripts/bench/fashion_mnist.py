@@ -13,7 +13,7 @@ For the fp32 layouts, the largest relative difference of the first --compare-ste
 process's is recorded (they agree within 1e-5; later steps drift apart by rounding, as any two
 orders of summation do). Writes results/fashion_mnist.json and results/fashion_mnist.png (accuracy
 by epoch for each layout). The data come from Debian's dataset-fashion-mnist through
-scripts/data/idx_to_hdf5.py (see data.py), or --data FILE."""
+scripts/datasets/idx_to_hdf5.py (see data.py), or --data FILE."""
 import os
 
 from data import fashion_mnist_file

@@ -1,6 +1,6 @@
 // The run's configuration as plain data: every option of DESIGN.md §2.3 in its section, closed
 // sets of choices as enums with the names users write, and the strategies' own options as typed
-// blocks they declare. Parsing and validation live in src/layout/options.*; everything else reads
+// blocks they declare. Parsing and validation live in src/command_line/options.*; everything else reads
 // this struct.
 #pragma once
 
@@ -189,7 +189,7 @@ struct OutputConfig {
 };
 
 // Each strategy's own options, one typed block a strategy, declared in the strategy's files and
-// registered with it (strategies/strategy_options.hpp): the run's configuration holds them without
+// registered with it (strategies/strategy_command_line.hpp): the run's configuration holds them without
 // knowing their types. A block never set reads as its defaults.
 class StrategyOptions {
  public:

@@ -7,7 +7,7 @@
 #include <array>
 #include <memory>
 
-#include "core/synthetic_samples.hpp"
+#include "core/builtin_samples.hpp"
 #include "kernels/kernels.hpp"
 #include "feed/sample_source.hpp"
 

@@ -23,7 +23,7 @@
 #include "io/background_writer.hpp"
 #include "io/checkpoint_exchange.hpp"
 #include "io/checkpoint_state.hpp"
-#include "model/state_runs.hpp"
+#include "model/state_ranges.hpp"
 
 namespace mlptrain {
 

@@ -35,19 +35,19 @@ std::vector<WrittenSlice> written_slices(const StatePlacement& placement,
   std::vector<WrittenSlice> slices;
   for (std::size_t index = 0; index < global_tensors.size(); ++index) {
     const int global_index = global_tensors[index].global_index;
-    const std::vector<const StateRun*> runs = runs_of(placement.updated, global_index);
+    const std::vector<const StateRange*> runs = ranges_of(placement.updated, global_index);
     if (runs.empty()) continue;
     std::int64_t total = 0;
-    for (const StateRun* run : runs) total += run->count;
+    for (const StateRange* run : runs) total += run->count;
     // The copies of a rank's runs of one tensor hold the same runs; slice j of their
     // concatenation is copy j's, rotated by tensor so that the small tensors (whose slices
     // round to nothing but the last) spread over the copies too.
-    const RunCopies copies = runs.front()->copies;
+    const RangeCopies copies = runs.front()->copies;
     const int slice = (copies.index + global_index) % copies.count;
     const std::int64_t begin = aligned_split(total, slice, copies.count);
     const std::int64_t end = aligned_split(total, slice + 1, copies.count);
     std::int64_t at = 0;
-    for (const StateRun* run : runs) {
+    for (const StateRange* run : runs) {
       const std::int64_t first = std::max(begin, at), last = std::min(end, at + run->count);
       if (first < last)
         slices.push_back({.tensor = index, .offset = run->offset + (first - at), .count = last - first,

@@ -43,7 +43,7 @@ struct WrittenSlice {
   std::size_t tensor = 0;  // index into the scope's global tensors
   std::int64_t offset = 0;
   std::int64_t count = 0;
-  const StateRun* run = nullptr;
+  const StateRange* run = nullptr;
   std::int64_t run_skip = 0;
 };
 // What this rank writes of every tensor (the same slices serve all three parts): of the runs it

@@ -139,10 +139,10 @@ std::string load_checkpoint(const std::string& path, TrainingState& state,
         Hdf5Handle dataset = dataset_handle(H5Dopen2(file.get(), dataset_name(global, part).c_str(), H5P_DEFAULT));
         const bool held_apart = part == 0 && placement.precision.keeps_master();
         if (part > 0 || held_apart)
-          read = read_runs(dataset.get(), transfer.get(), runs_of(placement.updated, global.global_index),
+          read = read_runs(dataset.get(), transfer.get(), ranges_of(placement.updated, global.global_index),
                            run_parts[part], DataType::float32, scope.allocator) && read;
         if (part == 0)
-          read = read_runs(dataset.get(), transfer.get(), runs_of(placement.held, global.global_index),
+          read = read_runs(dataset.get(), transfer.get(), ranges_of(placement.held, global.global_index),
                            RunField::values, placement.precision.param, scope.allocator) && read;
       }
     }

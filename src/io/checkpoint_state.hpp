@@ -11,7 +11,7 @@
 
 #include "comm/communicator.hpp"
 #include "core/buffer.hpp"
-#include "model/state_runs.hpp"
+#include "model/state_ranges.hpp"
 
 namespace mlptrain {
 

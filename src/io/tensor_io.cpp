@@ -54,7 +54,7 @@ namespace {
 
 // Selects the union of the runs' hyperslabs in the file space; returns the memory space of the
 // same number of elements (or an empty selection on both when there are no runs).
-Hdf5Handle select_runs(hid_t file_space, const std::vector<const StateRun*>& runs,
+Hdf5Handle select_runs(hid_t file_space, const std::vector<const StateRange*>& runs,
                        hsize_t& total) {
   total = 0;
   H5Sselect_none(file_space);
@@ -62,7 +62,7 @@ Hdf5Handle select_runs(hid_t file_space, const std::vector<const StateRun*>& run
   std::vector<hsize_t> dims(static_cast<std::size_t>(rank));
   H5Sget_simple_extent_dims(file_space, dims.data(), nullptr);
   const std::vector<std::int64_t> shape(dims.begin(), dims.end());
-  for (const StateRun* run : runs) {
+  for (const StateRange* run : runs) {
     for (const Hyperslab& slab : hyperslabs_of_range(shape, run->offset, run->count))
       H5Sselect_hyperslab(file_space, H5S_SELECT_OR, slab.start.data(), nullptr, slab.count.data(),
                           nullptr);
@@ -76,7 +76,7 @@ Hdf5Handle select_runs(hid_t file_space, const std::vector<const StateRun*>& run
 
 // The runs' memory when it is one contiguous piece of host memory of fp32 (no staging needed),
 // else null.
-float* contiguous(const std::vector<const StateRun*>& runs, RunField field, DataType type, const Allocator& allocator) {
+float* contiguous(const std::vector<const StateRange*>& runs, RunField field, DataType type, const Allocator& allocator) {
   if (runs.empty() || allocator.device() != Device::cpu || type != DataType::float32) return nullptr;
   for (std::size_t index = 1; index < runs.size(); ++index)
     if (field_of(*runs[index], field) != advance(field_of(*runs[index - 1], field), runs[index - 1]->count, type))
@@ -101,7 +101,7 @@ struct HostStagingBuffer {
 
 }  // namespace
 
-void* field_of(const StateRun& run, RunField field) {
+void* field_of(const StateRange& run, RunField field) {
   switch (field) {
     case RunField::values: return run.values;
     case RunField::master: return run.master;
@@ -111,7 +111,7 @@ void* field_of(const StateRun& run, RunField field) {
   return nullptr;
 }
 
-bool read_runs(hid_t dataset, hid_t transfer, const std::vector<const StateRun*>& runs, RunField field,
+bool read_runs(hid_t dataset, hid_t transfer, const std::vector<const StateRange*>& runs, RunField field,
                DataType type, Allocator& allocator) {
   Hdf5Handle file_space = dataspace_handle(H5Dget_space(dataset));
   hsize_t total = 0;
@@ -125,7 +125,7 @@ bool read_runs(hid_t dataset, hid_t transfer, const std::vector<const StateRun*>
   if (!staged) return read;
   std::vector<std::byte> rounded;  // a run in a 16-bit type, on the host
   const float* at = data;
-  for (const StateRun* run : runs) {
+  for (const StateRange* run : runs) {
     const auto count = static_cast<std::size_t>(run->count);
     const void* source = at;
     if (type != DataType::float32) {

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "core/buffer.hpp"
-#include "model/state_runs.hpp"
+#include "model/state_ranges.hpp"
 
 namespace mlptrain {
 
@@ -27,12 +27,12 @@ std::vector<Hyperslab> hyperslabs_of_range(const std::vector<std::int64_t>& shap
 // Which part of a run moves: its fp32 master weights or AdamW moments, or its values (of the
 // param type: a 16-bit one is rounded from the file's float32 on the way in).
 enum class RunField { values, master, exp_avg, exp_avg_sq };
-void* field_of(const StateRun& run, RunField field);
+void* field_of(const StateRange& run, RunField field);
 
 // Collective (every rank calls it for the same dataset; a rank without runs passes none). The
 // dataset holds float32; `type` is the field's element type in memory (values may be of a 16-bit
 // type, rounded from the file's float32).
-bool read_runs(hid_t dataset, hid_t transfer, const std::vector<const StateRun*>& runs, RunField field,
+bool read_runs(hid_t dataset, hid_t transfer, const std::vector<const StateRange*>& runs, RunField field,
                DataType type, Allocator& allocator);
 
 }  // namespace mlptrain

@@ -137,13 +137,13 @@ std::vector<ReplicaSegment> replica_segments(const std::vector<ParameterTensor>&
   return segments;
 }
 
-RunCopies ParameterStore::copies_of(const ParameterTensor& tensor, const GridShape& shape,
+RangeCopies ParameterStore::copies_of(const ParameterTensor& tensor, const GridShape& shape,
                                    const GridCoordinates& place) {
-  RunCopies copies;
+  RangeCopies copies;
   if (tensor.replicated_over_data) {
     // Experts split over an EP group have dp/ep replicas, told apart by expert_replica.
     const bool by_expert = tensor.replica_group(shape) == GroupKind::expert_data;
-    copies = by_expert ? RunCopies{place.expert_replica, shape.dp / shape.ep} : RunCopies{place.dp, shape.dp};
+    copies = by_expert ? RangeCopies{place.expert_replica, shape.dp / shape.ep} : RangeCopies{place.dp, shape.dp};
   }
   if (tensor.replicated_over_tensor) copies = copies.within(place.tp, shape.tp);
   return copies;

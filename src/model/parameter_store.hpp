@@ -74,11 +74,11 @@ std::size_t store_size(const std::vector<ParameterTensor>& tensors, int unit_mul
 
 // The ranks that hold a run alike (the replicas of a tensor or of a shard) and which of them this
 // rank is: one of them counts the run in norms, and each writes its own slice of it to checkpoints.
-struct RunCopies {
+struct RangeCopies {
   int index = 0;
   int count = 1;
   // These copies, each held again by `inner_count` ranks (this rank being `inner_index` of those).
-  RunCopies within(int inner_index, int inner_count) const {
+  RangeCopies within(int inner_index, int inner_count) const {
     return {index * inner_count + inner_index, count * inner_count};
   }
 };
@@ -110,7 +110,7 @@ class ParameterStore {
 
   // The ranks holding this rank's part of a tensor alike (its data-parallel or expert-data
   // replicas, times its tensor-parallel copies where it is replicated there), and which one this is.
-  static RunCopies copies_of(const ParameterTensor& tensor, const GridShape& shape,
+  static RangeCopies copies_of(const ParameterTensor& tensor, const GridShape& shape,
                              const GridCoordinates& place);
 
  private:

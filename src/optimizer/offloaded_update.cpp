@@ -13,10 +13,10 @@ int grads_lane(std::size_t piece) { return static_cast<int>(2 * piece + 1); }
 
 }  // namespace
 
-std::vector<OffloadedUpdate::Piece> OffloadedUpdate::layer_pieces(const std::vector<StateRun>& runs,
+std::vector<OffloadedUpdate::Piece> OffloadedUpdate::layer_pieces(const std::vector<StateRange>& runs,
                                                                    const Precision& precision) {
   std::vector<Piece> pieces;
-  for (const StateRun& run : runs) {
+  for (const StateRange& run : runs) {
     const auto count = static_cast<std::size_t>(run.count);
     if (count == 0) continue;
     const int layer = run.tensor != nullptr ? run.tensor->layer : 0;
@@ -36,7 +36,7 @@ std::vector<OffloadedUpdate::Piece> OffloadedUpdate::layer_pieces(const std::vec
   return pieces;
 }
 
-OffloadedUpdate::OffloadedUpdate(Allocator& device, Kernels& host_kernels, const std::vector<StateRun>& runs,
+OffloadedUpdate::OffloadedUpdate(Allocator& device, Kernels& host_kernels, const std::vector<StateRange>& runs,
                                  const HostState& host)
     : host_kernels_(host_kernels), host_(host), pieces_(layer_pieces(runs, host.precision)) {
   copier_ = device.make_async_copier(static_cast<int>(std::max<std::size_t>(2 * pieces_.size(), 1)));

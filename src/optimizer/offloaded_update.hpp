@@ -17,7 +17,7 @@
 
 #include "core/buffer.hpp"
 #include "kernels/kernels.hpp"
-#include "model/state_runs.hpp"
+#include "model/state_ranges.hpp"
 
 namespace mlptrain {
 
@@ -34,7 +34,7 @@ class OffloadedUpdate {
   };
   // Pieces of `runs` updated in `host`'s buffers by `host_kernels` on the host thread; `device` is
   // where the runs' values and gradients live.
-  OffloadedUpdate(Allocator& device, Kernels& host_kernels, const std::vector<StateRun>& runs,
+  OffloadedUpdate(Allocator& device, Kernels& host_kernels, const std::vector<StateRange>& runs,
                   const HostState& host);
   ~OffloadedUpdate();  // waits for an update in flight, whatever happened meanwhile
   OffloadedUpdate(const OffloadedUpdate&) = delete;
@@ -62,7 +62,7 @@ class OffloadedUpdate {
   };
   // Runs of one layer that follow each other in values, gradients and moments at once, merged
   // (what one copy each way moves: usually a layer's weight and bias), in forward order.
-  static std::vector<Piece> layer_pieces(const std::vector<StateRun>& runs, const Precision& precision);
+  static std::vector<Piece> layer_pieces(const std::vector<StateRange>& runs, const Precision& precision);
   void update_pieces(AdamWStep settings);  // the host thread
   // The host's copy of what goes up to the device's values.
   void* host_values(std::size_t at) const;

@@ -34,7 +34,7 @@ AdamW::AdamW(const Config& config, Allocator& device, StatePlacement& placement,
   if (precision.keeps_master()) master_ = zeroed(MemoryState::optimizer, total, DataType::float32);
   exp_avg_ = zeroed(MemoryState::optimizer, total, DataType::float32);
   exp_avg_sq_ = zeroed(MemoryState::optimizer, total, DataType::float32);
-  for (StateRun& run : placement.updated) {
+  for (StateRange& run : placement.updated) {
     run.master = precision.keeps_master() ? master_.floats() + run.moment_offset : static_cast<float*>(run.values);
     run.exp_avg = exp_avg_.floats() + run.moment_offset;
     run.exp_avg_sq = exp_avg_sq_.floats() + run.moment_offset;
@@ -59,7 +59,7 @@ double AdamW::owned_square_sum(Kernels& kernels, const StatePlacement& placement
   const bool grads = field == Field::grads;
   const DataType type = grads ? placement.precision.reduce : placement.precision.param;
   double sum = 0;
-  for (const StateRun& run : placement.updated)
+  for (const StateRange& run : placement.updated)
     if (counts_in_norms(run)) sum += kernels.sum_of_squares(grads ? run.grads : run.values, type, static_cast<std::size_t>(run.count));
   return sum;
 }
@@ -83,7 +83,7 @@ double AdamW::update(Kernels& kernels, const StatePlacement& placement, double l
   const Precision& precision = placement.precision;
   std::vector<AdamWRange> ranges;
   ranges.reserve(placement.updated.size());
-  for (const StateRun& run : placement.updated)
+  for (const StateRange& run : placement.updated)
     ranges.push_back({.master = run.master, .grads = run.grads, .exp_avg = run.exp_avg, .exp_avg_sq = run.exp_avg_sq,
                       .count = static_cast<std::size_t>(run.count),
                       .compute_copy = precision.keeps_master() ? run.values : nullptr,

@@ -13,7 +13,7 @@
 #include "core/config.hpp"
 #include "device/compute_device.hpp"
 #include "kernels/kernels.hpp"
-#include "model/state_runs.hpp"
+#include "model/state_ranges.hpp"
 #include "optimizer/offloaded_update.hpp"
 
 namespace mlptrain {

@@ -1,6 +1,6 @@
 // One layout's answer from the planner: the memory by state of the rank that needs the most, its
 // communication per step by operation and by link class, and the step time, from the trainer's
-// own pure functions (layout/rank_plan.hpp) and a cluster's rates. Pure arithmetic: nothing of
+// own pure functions (strategies/rank_plan.hpp) and a cluster's rates. Pure arithmetic: nothing of
 // the model is allocated, no MPI, and the work is flat in the world size (ranks that differ only
 // in their data- or tensor-parallel coordinate hold and move the same amounts, so one rank per
 // pipeline stage stands for the world).
@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "layout/rank_plan.hpp"
+#include "strategies/rank_plan.hpp"
 #include "model/loss.hpp"
 #include "plan/cluster.hpp"
 

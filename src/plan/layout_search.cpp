@@ -2,7 +2,7 @@
 #include "plan/layout_search.hpp"
 
 #include "core/error.hpp"
-#include "layout/options.hpp"
+#include "command_line/parser.hpp"
 #include "schedule/schedule_table.hpp"
 #include "strategies/pipeline_parallel/pipeline_options.hpp"
 #include "strategies/tensor_parallel/tensor_options.hpp"

@@ -9,7 +9,7 @@
 #include <map>
 
 #include "core/error.hpp"
-#include "layout/options.hpp"
+#include "command_line/parser.hpp"
 #include "plan/cluster.hpp"
 #include "schedule/schedule_table.hpp"
 #include "strategies/registration.hpp"

@@ -14,7 +14,7 @@
 
 #include "core/error.hpp"
 #include "data/dataset.hpp"
-#include "layout/options.hpp"
+#include "command_line/parser.hpp"
 #include "plan/calibration.hpp"
 #include "plan/layout_search.hpp"
 #include "plan/listings.hpp"

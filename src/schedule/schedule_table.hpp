@@ -14,7 +14,7 @@
 #include <string_view>
 #include <vector>
 
-#include "core/option.hpp"
+#include "core/option_declaration.hpp"
 #include "schedule/schedule.hpp"
 
 namespace mlptrain {

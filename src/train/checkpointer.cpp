@@ -7,7 +7,7 @@
 
 #include "core/timer.hpp"
 #include "core/trace.hpp"
-#include "layout/options.hpp"
+#include "command_line/parser.hpp"
 
 namespace mlptrain {
 

@@ -11,7 +11,7 @@
 #include "comm/mpi_program.hpp"
 #include "core/error.hpp"
 #include "core/hdf5_handle.hpp"
-#include "layout/options.hpp"
+#include "command_line/parser.hpp"
 #include "train/trainer.hpp"
 
 int main(int argc, char** argv) {

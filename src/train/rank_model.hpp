@@ -12,9 +12,9 @@
 #include <vector>
 
 #include "device/compute_device.hpp"
-#include "layout/rank_plan.hpp"
+#include "strategies/rank_plan.hpp"
 #include "model/parameter_store.hpp"
-#include "model/state_runs.hpp"
+#include "model/state_ranges.hpp"
 #include "chunk/chunk_runner.hpp"
 #include "optimizer/optimizer.hpp"
 #include "strategies/strategy_stack.hpp"

@@ -8,8 +8,8 @@
 #include "comm/consensus.hpp"
 #include "core/timer.hpp"
 #include "io/checkpoint.hpp"
-#include "layout/options.hpp"
-#include "layout/rank_plan.hpp"
+#include "command_line/parser.hpp"
+#include "strategies/rank_plan.hpp"
 #include "report/trace_file.hpp"
 
 namespace mlptrain {
@@ -72,8 +72,8 @@ Run::Run(const Config& run_config, MPI_Comm world_comm, const CommSettings& comm
   model = std::make_unique<RankModel>(config, *groups, *device.kernels, *device.memory, specs, strategies,
                                       offload, agreed_allocation(world(), parameter_count(specs)));
 
-  data = std::make_unique<RunData>(config, std::move(dataset), *device.kernels, *device.memory,
-                                   RunData::ModelSide{.reads_inputs = model->reads_inputs(),
+  data = std::make_unique<RunSamples>(config, std::move(dataset), *device.kernels, *device.memory,
+                                   RunSamples::ModelSide{.reads_inputs = model->reads_inputs(),
                                                       .computes_loss = model->computes_loss(),
                                                       .activation_type = model->activation_type()},
                                    groups->place().dp, device.reader_threads);

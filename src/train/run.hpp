@@ -1,6 +1,6 @@
 // A training run on this rank, built from the configuration in dependency order: the ledgers, the
 // compute device (its staging carries the groups' messages), the process groups, the model on
-// this rank (train/rank_model.hpp), its data (feed/run_data.hpp), the step's schedule and its
+// this rank (train/rank_model.hpp), its data (feed/run_samples.hpp), the step's schedule and its
 // executor, and the reporter. A problem that some ranks meet and
 // others do not (a file one cannot read, memory one cannot get) is agreed on over the world, so
 // every rank stops with the same line. The loop, the checkpointer and the report work on it.
@@ -17,7 +17,7 @@
 #include "device/compute_device.hpp"
 #include "train/rank_model.hpp"
 #include "report/reporter.hpp"
-#include "feed/run_data.hpp"
+#include "feed/run_samples.hpp"
 #include "train/schedule_executor.hpp"
 
 namespace mlptrain {
@@ -57,7 +57,7 @@ struct Run {
   ComputeDevice device;
   std::unique_ptr<ProcessGroups> groups;
   std::unique_ptr<RankModel> model;
-  std::unique_ptr<RunData> data;
+  std::unique_ptr<RunSamples> data;
   std::vector<Action> schedule;  // a training step's actions
   std::unique_ptr<ScheduleExecutor> executor;
   std::unique_ptr<Reporter> reporter;

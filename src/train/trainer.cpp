@@ -12,11 +12,11 @@
 
 #include "comm/consensus.hpp"
 #include "core/timer.hpp"
-#include "layout/rank_plan.hpp"
+#include "strategies/rank_plan.hpp"
 #include "train/checkpointer.hpp"
 #include "optimizer/loss_scaler.hpp"
 #include "train/run.hpp"
-#include "train/run_records.hpp"
+#include "train/run_description.hpp"
 #include "train/step_totals.hpp"
 #include "train/stop_signals.hpp"
 #include "train/watchdog.hpp"

@@ -2,7 +2,7 @@
 // toward training trillion parameter models", 2020), over the units of zero_units.hpp: rank r of
 // N owns shard r of every unit: its optimizer state (all stages), its gradients (stages 2 and 3)
 // and its parameters (stage 3). A rank updates only what it owns; the loop and the optimizer see
-// that through the placement of the state (StateRun), never through this file.
+// that through the placement of the state (StateRange), never through this file.
 // A stage is a pair of paths over the shared units (zero_shards.hpp):
 //   stage 1: gradients reduced once (zero_gradients.hpp), parameters held (zero_parameters.hpp);
 //   stage 2: gradients reduced every micro-batch, parameters held;
@@ -117,7 +117,7 @@ StatePlacement Zero::state_placement() const {
         // Every element of the shard is this rank's alone within the piece's group; under hybrid
         // sharding the shard has a copy in each replica group, and a tensor replicated over the
         // tensor-parallel group a copy on each of its ranks.
-        RunCopies copies{shards_.replica_index(piece), piece.replicas};
+        RangeCopies copies{shards_.replica_index(piece), piece.replicas};
         if (tensor.replicated_over_tensor) copies = copies.within(place_.tp, shape_.tp);
         append_local_range(placement.updated, tensor, first - tensor.offset, last - first,
                            parameters_->shard_values(first, in_shard), gradients_->shard_grads(first, in_shard),

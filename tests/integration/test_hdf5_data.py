@@ -1,4 +1,4 @@
-"""Training on a user's HDF5 file made from a CSV by scripts/data/csv_to_hdf5.py, with held-out
+"""Training on a user's HDF5 file made from a CSV by scripts/datasets/csv_to_hdf5.py, with held-out
 evaluation: the converter's layout, eval loss and accuracy in the metrics, learning beyond chance,
 and the same numbers at one and two ranks."""
 import os

@@ -1,5 +1,5 @@
 """Image data as the MNIST family ships it: IDX files (gzipped and not) converted by
-scripts/data/idx_to_hdf5.py into uint8 images with a scale attribute, checked against the bytes the
+scripts/datasets/idx_to_hdf5.py into uint8 images with a scale attribute, checked against the bytes the
 IDX files hold (parsed here from the format's definition); the images fed as pixel * scale, the
 same losses whether the file is held in memory or read a batch at a time, and every layout equal
 to one process on these data; bad IDX files named in one line."""

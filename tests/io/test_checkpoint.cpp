@@ -32,7 +32,7 @@ struct Layout {
   StatePlacement placement;
   std::vector<std::vector<float>> memory;  // values, exp_avg, exp_avg_sq per run
 
-  void add(const ParameterTensor& tensor, std::int64_t offset, std::int64_t count, RunCopies copies = {}) {
+  void add(const ParameterTensor& tensor, std::int64_t offset, std::int64_t count, RangeCopies copies = {}) {
     memory.emplace_back(3 * count);
     float* base = memory.back().data();
     placement.updated.push_back({.tensor = &tensor, .offset = offset, .count = count, .values = base,
@@ -41,7 +41,7 @@ struct Layout {
     placement.held = placement.updated;
   }
   void fill() {
-    for (StateRun& run : placement.updated)
+    for (StateRange& run : placement.updated)
       for (std::int64_t i = 0; i < run.count; ++i) {
         run.master[i] = value_of(*run.tensor, run.offset + i, 0);
         run.exp_avg[i] = value_of(*run.tensor, run.offset + i, 1);
@@ -127,7 +127,7 @@ class CheckpointTest : public ::testing::Test {
     const GridShape replicated{.world = world.size(), .tp = 1, .dp = world.size(), .pp = 1, .ep = 1};
     StatePlacement loaded = store_placement(store, replicated, coordinates_of(replicated, world.rank()));
     std::vector<float> moments(2 * store.size());
-    for (StateRun& run : loaded.updated) {
+    for (StateRange& run : loaded.updated) {
       run.exp_avg = moments.data() + (run.master - static_cast<float*>(store.values()));
       run.exp_avg_sq = run.exp_avg + store.size();
     }
@@ -136,7 +136,7 @@ class CheckpointTest : public ::testing::Test {
     EXPECT_EQ(state.step, 7);
     EXPECT_EQ(state.optimizer_step, 6);
     EXPECT_EQ(state.data_position, 112);
-    for (const StateRun& run : loaded.updated)
+    for (const StateRange& run : loaded.updated)
       for (std::int64_t i = 0; i < run.count; ++i) {
         ASSERT_EQ(run.master[i], value_of(*run.tensor, run.offset + i, 0)) << run.tensor->path;
         ASSERT_EQ(run.exp_avg_sq[i], value_of(*run.tensor, run.offset + i, 2)) << run.tensor->path;
@@ -216,14 +216,14 @@ TEST_F(CheckpointTest, HalfParametersLoadTheMastersAndRoundTheirValues) {
   const GridShape replicated{.world = world.size(), .tp = 1, .dp = world.size(), .pp = 1, .ep = 1};
   StatePlacement loaded = store_placement(store, replicated, coordinates_of(replicated, world.rank()));
   std::vector<float> optimizer(3 * store.size());
-  for (StateRun& run : loaded.updated) {
+  for (StateRange& run : loaded.updated) {
     run.master = optimizer.data() + run.moment_offset;
     run.exp_avg = run.master + store.size();
     run.exp_avg_sq = run.exp_avg + store.size();
   }
   TrainingState state{.placement = loaded};
   load_checkpoint(dir, state, scope());
-  for (const StateRun& run : loaded.updated)
+  for (const StateRange& run : loaded.updated)
     for (std::int64_t i = 0; i < run.count; ++i) {
       const float stored = value_of(*run.tensor, run.offset + i, 0);
       ASSERT_EQ(run.master[i], stored) << run.tensor->path;

@@ -12,7 +12,7 @@
 #include "model/loss.hpp"
 #include "model/model_spec.hpp"
 #include "model/parameter_store.hpp"
-#include "model/state_runs.hpp"
+#include "model/state_ranges.hpp"
 
 using namespace mlptrain;
 
@@ -186,7 +186,7 @@ TEST(ParameterStore, AShardGeneratedAloneEqualsTheSliceOfTheWhole) {
       EXPECT_EQ(static_cast<const float*>(alone.values())[row * 5 + col], full[(2 + row) * 9 + 3 + col]);
   // And a flat range cutting through rows, as a ZeRO shard holds it.
   float piece[17];
-  const StateRun run{.tensor = &whole.tensor("layers/00/weight"), .offset = 13, .count = 17, .values = piece};
+  const StateRange run{.tensor = &whole.tensor("layers/00/weight"), .offset = 13, .count = 17, .values = piece};
   initialize_state({.held = {run}}, 42, allocator, allocator);
   for (int i = 0; i < 17; ++i) EXPECT_EQ(piece[i], full[13 + i]);
 }
@@ -220,7 +220,7 @@ TEST(ParameterStore, CopiesOfATensorAreNumberedOnceEach) {
     int counting = 0;
     for (int rank = 0; rank < shape.world; ++rank) {
       const GridCoordinates place = coordinates_of(shape, rank);
-      const RunCopies copies = ParameterStore::copies_of(tensor, shape, place);
+      const RangeCopies copies = ParameterStore::copies_of(tensor, shape, place);
       EXPECT_EQ(copies.count, tensor.replicated_over_tensor ? shape.world : shape.dp) << tensor.path;
       indices_by_part[tensor.replicated_over_tensor ? 0 : place.tp].insert(copies.index);
       counting += copies.index == tensor.global_index % copies.count ? 1 : 0;

@@ -10,7 +10,7 @@
 #include "core/rng.hpp"
 #include "model/moe.hpp"
 #include "model/parameter_store.hpp"
-#include "model/state_runs.hpp"
+#include "model/state_ranges.hpp"
 
 using namespace mlptrain;
 

@@ -80,12 +80,12 @@ TEST(AdamW, HalfParametersKeepFloatMastersAndTheirRoundedCopy) {
   ParameterStore fp32_store(model_parameter_tensors(specs, 0, 2), allocator);
   initialize_state(store_placement(fp32_store, {}, {}), 3, allocator, allocator);
   const auto check_copies = [&] {
-    for (const StateRun& run : placement.updated)
+    for (const StateRange& run : placement.updated)
       for (std::int64_t i = 0; i < run.count; ++i)
         ASSERT_EQ(load_element(run.values, static_cast<std::size_t>(i), DataType::bfloat16),
                   bfloat16_to_float(round_to_bfloat16(run.master[i])));
   };
-  for (const StateRun& run : placement.updated)
+  for (const StateRange& run : placement.updated)
     for (std::int64_t i = 0; i < run.count; ++i)
       ASSERT_EQ(run.master[i], static_cast<const float*>(fp32_store.values())[run.tensor->offset + i]);
   check_copies();

@@ -15,7 +15,7 @@
 #include "comm/process_groups.hpp"
 #include "core/half_float.hpp"
 #include "core/rng.hpp"
-#include "layout/rank_plan.hpp"
+#include "strategies/rank_plan.hpp"
 #include "train/rank_model.hpp"
 #include "train/schedule_executor.hpp"
 
@@ -91,7 +91,7 @@ struct Replica {
   // Calls visit(path, global index, master weight, gradient) for every element this rank updates.
   void each_updated(const std::function<void(const std::string&, std::int64_t, float, float)>& visit) const {
     const Precision& precision = model->placement.precision;
-    for (const StateRun& run : model->placement.updated)
+    for (const StateRange& run : model->placement.updated)
       for (std::int64_t i = 0; i < run.count; ++i)
         visit(run.tensor->path, run.offset + i, run.master[i],
               load_element(run.grads, static_cast<std::size_t>(i), precision.reduce));
@@ -99,7 +99,7 @@ struct Replica {
   // Calls visit(path, global index, value) for every value this rank holds.
   void each_held(const std::function<void(const std::string&, std::int64_t, float)>& visit) const {
     const Precision& precision = model->placement.precision;
-    for (const StateRun& run : model->placement.held)
+    for (const StateRange& run : model->placement.held)
       for (std::int64_t i = 0; i < run.count; ++i)
         visit(run.tensor->path, run.offset + i, load_element(run.values, static_cast<std::size_t>(i), precision.param));
   }
@@ -110,8 +110,8 @@ struct Replica {
   float grad(const std::string& path, std::int64_t index) const {
     return load_element(run_of(path).grads, static_cast<std::size_t>(index), model->placement.precision.reduce);
   }
-  const StateRun& run_of(const std::string& path) const {
-    for (const StateRun& run : model->placement.updated)
+  const StateRange& run_of(const std::string& path) const {
+    for (const StateRange& run : model->placement.updated)
       if (run.tensor->path == path) return run;
     throw std::logic_error("no run of " + path);
   }

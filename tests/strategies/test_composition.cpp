@@ -10,7 +10,7 @@
 #include <stdexcept>
 
 #include "core/error.hpp"
-#include "layout/rank_plan.hpp"
+#include "strategies/rank_plan.hpp"
 #include "strategies/zero/zero_options.hpp"
 
 using namespace mlptrain;

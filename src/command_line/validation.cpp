@@ -1,4 +1,4 @@
-// The options' rules (see options.hpp): every value and combination checked for a world of ranks,
+// The options' rules (see parser.hpp): every value and combination checked for a world of ranks,
 // section by section, the derived values filled in, each problem a UsageError naming the option.
 // The strategies' own rules run from their registrations.
 #include <fmt/format.h>
@@ -6,7 +6,7 @@
 #include <cmath>
 
 #include "core/error.hpp"
-#include "layout/options.hpp"
+#include "command_line/parser.hpp"
 #include "strategies/registration.hpp"
 
 namespace mlptrain {

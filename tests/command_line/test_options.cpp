@@ -5,7 +5,7 @@
 #include <fstream>
 
 #include "core/error.hpp"
-#include "layout/options.hpp"
+#include "command_line/parser.hpp"
 #include "strategies/pipeline_parallel/pipeline_options.hpp"
 #include "strategies/registration.hpp"
 #include "strategies/tensor_parallel/tensor_options.hpp"

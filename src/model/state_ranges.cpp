@@ -1,5 +1,5 @@
-// State runs (see state_runs.hpp).
-#include "model/state_runs.hpp"
+// State ranges (see state_ranges.hpp).
+#include "model/state_ranges.hpp"
 
 #include <algorithm>
 #include <cstddef>
@@ -22,9 +22,9 @@ StatePlacement store_placement(const ParameterStore& store, const GridShape& sha
   return placement;
 }
 
-void append_local_range(std::vector<StateRun>& runs, const ParameterTensor& tensor,
+void append_local_range(std::vector<StateRange>& ranges, const ParameterTensor& tensor,
                         std::size_t local_offset, std::size_t count, void* values, void* grads,
-                        std::size_t moment_offset, RunCopies copies, const Precision& precision) {
+                        std::size_t moment_offset, RangeCopies copies, const Precision& precision) {
   const auto begin = static_cast<std::int64_t>(local_offset);
   const auto end = begin + static_cast<std::int64_t>(count);
   for_each_run(tensor.global_shape, tensor.local_start, tensor.local_shape,
@@ -33,7 +33,7 @@ void append_local_range(std::vector<StateRun>& runs, const ParameterTensor& tens
                  const std::int64_t last = std::min(end, run_local + run_count);
                  if (first >= last) return;
                  const auto skip = static_cast<std::size_t>(first - begin);
-                 runs.push_back({.tensor = &tensor,
+                 ranges.push_back({.tensor = &tensor,
                                  .offset = global_offset + (first - run_local),
                                  .count = last - first,
                                  .values = advance(values, skip, precision.param),
@@ -48,34 +48,34 @@ void append_local_range(std::vector<StateRun>& runs, const ParameterTensor& tens
 
 void initialize_state(const StatePlacement& placement, std::uint64_t seed, Allocator& memory,
                       Allocator& master_memory) {
-  std::vector<float> drawn;                  // a run's values in fp32, as drawn
+  std::vector<float> drawn;                  // a range's values in fp32, as drawn
   std::vector<std::byte> rounded;            // ... and in the param type
   const DataType type = placement.precision.param;
-  const auto draw = [&](const StateRun& run) {
-    drawn.resize(static_cast<std::size_t>(run.count));
-    CounterRng(seed, run.tensor->path)
-        .fill_uniform(drawn.data(), static_cast<std::uint64_t>(run.offset), drawn.size(), -run.tensor->init_bound,
-                      run.tensor->init_bound);
+  const auto draw = [&](const StateRange& range) {
+    drawn.resize(static_cast<std::size_t>(range.count));
+    CounterRng(seed, range.tensor->path)
+        .fill_uniform(drawn.data(), static_cast<std::uint64_t>(range.offset), drawn.size(), -range.tensor->init_bound,
+                      range.tensor->init_bound);
   };
-  for (const StateRun& run : placement.held) {
-    draw(run);
+  for (const StateRange& range : placement.held) {
+    draw(range);
     rounded.resize(drawn.size() * size_of(type));
     for (std::size_t i = 0; i < drawn.size(); ++i) store_element(rounded.data(), i, type, drawn[i]);
-    memory.copy_host_to_any(run.values, rounded.data(), rounded.size());
+    memory.copy_host_to_any(range.values, rounded.data(), rounded.size());
   }
   if (!placement.precision.keeps_master()) return;  // the values are the masters
-  for (const StateRun& run : placement.updated) {
-    draw(run);
-    master_memory.copy_host_to_any(run.master, drawn.data(), drawn.size() * sizeof(float));
+  for (const StateRange& range : placement.updated) {
+    draw(range);
+    master_memory.copy_host_to_any(range.master, drawn.data(), drawn.size() * sizeof(float));
   }
 }
 
-std::vector<const StateRun*> runs_of(const std::vector<StateRun>& runs, int global_index) {
-  std::vector<const StateRun*> found;
-  for (const StateRun& run : runs)
-    if (run.tensor->global_index == global_index) found.push_back(&run);
+std::vector<const StateRange*> ranges_of(const std::vector<StateRange>& ranges, int global_index) {
+  std::vector<const StateRange*> found;
+  for (const StateRange& range : ranges)
+    if (range.tensor->global_index == global_index) found.push_back(&range);
   std::sort(found.begin(), found.end(),
-            [](const StateRun* a, const StateRun* b) { return a->offset < b->offset; });
+            [](const StateRange* a, const StateRange* b) { return a->offset < b->offset; });
   return found;
 }
 

@@ -72,7 +72,7 @@ MLPTRAIN_HOST_DEVICE inline float teacher_target(const SyntheticSamples& samples
 
 // Generates `count` samples on the host: for each stream index its inputs row (if `inputs`) and
 // its targets (teacher, if `targets`) or label (mixture, if `labels`).
-void generate_synthetic_samples(const SyntheticSamples& samples, const std::uint64_t* stream_indices, std::size_t count,
+void generate_builtin_samples(const SyntheticSamples& samples, const std::uint64_t* stream_indices, std::size_t count,
                                 float* inputs, float* targets, std::int32_t* labels);
 
 }  // namespace mlptrain

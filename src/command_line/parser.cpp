@@ -1,5 +1,5 @@
-// Option parsing and validation (see options.hpp).
-#include "layout/options.hpp"
+// Option parsing and validation (see parser.hpp).
+#include "command_line/parser.hpp"
 
 #include <boost/program_options.hpp>
 #include <fmt/format.h>
@@ -10,7 +10,7 @@
 #include <variant>
 
 #include "core/error.hpp"
-#include "core/option.hpp"
+#include "core/option_declaration.hpp"
 #include "strategies/registration.hpp"
 
 namespace mlptrain {

@@ -1,6 +1,6 @@
-// What a strategy declares of the command line: its options (core/option.hpp: name, help, and
+// What a strategy declares of the command line: its options (core/option_declaration.hpp: name, help, and
 // the field of the strategy's own block they set, whose initial value is the default) and the
-// rules it checks once the process grid is known. The option parser (layout/options.hpp)
+// rules it checks once the process grid is known. The option parser (command_line/parser.hpp)
 // collects every registration's options into --help, parsing and INI files, and runs every
 // registration's rules, wanted or not: an option of a strategy that does not take part is still
 // checked against what it needs.
@@ -13,7 +13,7 @@
 
 #include "core/config.hpp"
 #include "core/error.hpp"
-#include "core/option.hpp"
+#include "core/option_declaration.hpp"
 
 namespace mlptrain {
 

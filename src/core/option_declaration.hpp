@@ -1,7 +1,7 @@
 // One option of the command line and INI files, declared once where its value lives: its name,
 // the --help section it appears in, its help, and where its value is in a configuration (a field
-// of a section of Config, or of a strategy's own block). The option parser (layout/options.hpp)
-// reads these declarations: the run's from layout/options.cpp, each strategy's from its
+// of a section of Config, or of a strategy's own block). The option parser (command_line/parser.hpp)
+// reads these declarations: the run's from command_line/parser.cpp, each strategy's from its
 // registration; nothing else names an option's field.
 #pragma once
 

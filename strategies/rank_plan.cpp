@@ -1,5 +1,5 @@
 // The strategies' pure answers for a rank (see rank_plan.hpp).
-#include "layout/rank_plan.hpp"
+#include "strategies/rank_plan.hpp"
 
 #include <fmt/format.h>
 

@@ -1,4 +1,4 @@
-// The built-in datasets (core/synthetic_samples.hpp), generated from the sample index alone (no
+// The built-in datasets (core/builtin_samples.hpp), generated from the sample index alone (no
 // files, any slice on its own). Both have fixed train and test sizes and a fixed generator seed,
 // so the data never depends on --seed.
 #include <algorithm>
@@ -9,7 +9,7 @@
 
 #include "core/error.hpp"
 #include "core/rng.hpp"
-#include "core/synthetic_samples.hpp"
+#include "core/builtin_samples.hpp"
 #include "data/dataset.hpp"
 
 namespace mlptrain {
@@ -41,7 +41,7 @@ class SyntheticDataset final : public Dataset {
             std::int32_t* labels) override {
     std::vector<std::uint64_t> stream_indices(indices.size());
     for (std::size_t i = 0; i < indices.size(); ++i) stream_indices[i] = synthetic_stream_index(split, indices[i]);
-    generate_synthetic_samples(samples_, stream_indices.data(), stream_indices.size(), inputs, targets, labels);
+    generate_builtin_samples(samples_, stream_indices.data(), stream_indices.size(), inputs, targets, labels);
   }
 
  private:
@@ -80,7 +80,7 @@ std::unique_ptr<Dataset> make_teacher_dataset(std::int64_t input_dim, std::int64
       samples,
       normal_table("teacher/w1", static_cast<std::size_t>(input_dim * teacher_hidden_units),
                    1.0f / std::sqrt(static_cast<float>(input_dim))),
-      // W2 [output_dim, 64] as drawn, kept transposed (synthetic_samples.hpp).
+      // W2 [output_dim, 64] as drawn, kept transposed (builtin_samples.hpp).
       transposed(normal_table("teacher/w2", static_cast<std::size_t>(output_dim * teacher_hidden_units),
                               1.0f / std::sqrt(static_cast<float>(teacher_hidden_units))),
                  static_cast<std::size_t>(output_dim), teacher_hidden_units));

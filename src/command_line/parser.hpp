@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "core/config.hpp"
-#include "core/option.hpp"
+#include "core/option_declaration.hpp"
 #include "core/process_grid.hpp"
 
 namespace mlptrain {
@@ -22,7 +22,7 @@ struct ParsedOptions {
 // Parses argv and, with --config FILE, the INI file (command-line values win). Throws UsageError.
 ParsedOptions parse_options(const std::vector<std::string>& arguments);
 
-// The run's own options (run_options.cpp); each strategy declares its own in its registration.
+// The run's own options (run_option_list.cpp); each strategy declares its own in its registration.
 std::span<const Option> run_options();
 
 // Checks every value and combination for a world of `world_size` ranks and fills derived values

@@ -1,5 +1,5 @@
-// Reading a run's samples (see run_data.hpp).
-#include "feed/run_data.hpp"
+// Reading a run's samples (see run_samples.hpp).
+#include "feed/run_samples.hpp"
 
 #include <algorithm>
 
@@ -9,7 +9,7 @@
 
 namespace mlptrain {
 
-RunData::RunData(const Config& config, std::unique_ptr<Dataset> dataset, Kernels& kernels, Allocator& memory,
+RunSamples::RunSamples(const Config& config, std::unique_ptr<Dataset> dataset, Kernels& kernels, Allocator& memory,
                  ModelSide model, int data_rank, int reader_threads)
     : dataset_(std::move(dataset)),
       kernels_(kernels),
@@ -26,13 +26,13 @@ RunData::RunData(const Config& config, std::unique_ptr<Dataset> dataset, Kernels
                            .labels = model.computes_loss && loss_kind_ == LossKind::cross_entropy},
                           reader_threads)) {}
 
-std::unique_ptr<SampleSource> RunData::make_source(SampleParts parts, int reader_threads) const {
+std::unique_ptr<SampleSource> RunSamples::make_source(SampleParts parts, int reader_threads) const {
   if (memory_.device() != Device::cpu)
     if (const auto samples = dataset_->synthetic()) return std::make_unique<DeviceSamples>(*samples, kernels_, memory_, parts);
   return std::make_unique<SampleFeed>(*dataset_, memory_, parts, reader_threads);
 }
 
-void RunData::read_training(std::int64_t step, int micro_batch, MicroBatchActivations& activations, bool inputs) {
+void RunSamples::read_training(std::int64_t step, int micro_batch, MicroBatchActivations& activations, bool inputs) {
   const double start_ms = now_ms();
   read(Split::train, training_samples(step, micro_batch), activations, inputs);
   wait_ms_ += now_ms() - start_ms;
@@ -48,7 +48,7 @@ void RunData::read_training(std::int64_t step, int micro_batch, MicroBatchActiva
 }
 
 // Samples are read as fp32 and rounded to the param type before the first layer.
-void RunData::read(Split split, const std::vector<std::int64_t>& indices, MicroBatchActivations& activations,
+void RunSamples::read(Split split, const std::vector<std::int64_t>& indices, MicroBatchActivations& activations,
                    bool inputs) {
   const DataType type = model_.activation_type;
   if (type == DataType::float32 || !model_.reads_inputs || !inputs) {

@@ -1,8 +1,8 @@
-// The run's own options (see options.hpp): name, --help section, field and help of each, in
+// The run's own options (see parser.hpp): name, --help section, field and help of each, in
 // --help order within each section. The strategies declare theirs in their registrations.
-#include "layout/options.hpp"
+#include "command_line/parser.hpp"
 
-#include "core/option.hpp"
+#include "core/option_declaration.hpp"
 
 namespace mlptrain {
 

@@ -1,5 +1,5 @@
-// The run's header, prediction, summary and trace (see run_records.hpp).
-#include "train/run_records.hpp"
+// The run's header, prediction, summary and trace (see run_description.hpp).
+#include "train/run_description.hpp"
 
 #include <fmt/format.h>
 
@@ -7,7 +7,7 @@
 #include <cmath>
 
 #include "comm/consensus.hpp"
-#include "layout/rank_plan.hpp"
+#include "strategies/rank_plan.hpp"
 #include "strategies/registration.hpp"
 #include "report/trace_file.hpp"
 

@@ -10,8 +10,8 @@ KMNIST; gzipped or not) into the `hdf5` dataset layout mlptrain reads:
 Each image is flattened row by row. Images stay one byte a pixel on disk and in memory; the
 default scale maps 0..255 to 0..1.
 
-usage: scripts/data/idx_to_hdf5.py --from /usr/share/datasets/fashion-mnist --output fashion-mnist.h5
-       scripts/data/idx_to_hdf5.py --images train-images-idx3-ubyte.gz --labels train-labels-idx1-ubyte.gz \\
+usage: scripts/datasets/idx_to_hdf5.py --from /usr/share/datasets/fashion-mnist --output fashion-mnist.h5
+       scripts/datasets/idx_to_hdf5.py --images train-images-idx3-ubyte.gz --labels train-labels-idx1-ubyte.gz \\
            [--test-images ... --test-labels ...] --output out.h5 [--scale S] [--offset O]
 
 A file that is not IDX, is cut short, or whose image and label counts differ ends the script

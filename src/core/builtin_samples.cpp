@@ -1,15 +1,15 @@
-// The built-in datasets' samples generated on the host (see synthetic_samples.hpp), with the same
+// The built-in datasets' samples generated on the host (see builtin_samples.hpp), with the same
 // inline functions as a device's kernel, a row at a time so that the loops vectorize. The teacher's
 // sums run with the summed index outside and the sums inside (vectorized over the hidden units,
 // then over the outputs): each sum still adds its terms in the order teacher_hidden and
 // teacher_target add them.
-#include "core/synthetic_samples.hpp"
+#include "core/builtin_samples.hpp"
 
 #include <vector>
 
 namespace mlptrain {
 
-void generate_synthetic_samples(const SyntheticSamples& samples, const std::uint64_t* stream_indices, std::size_t count,
+void generate_builtin_samples(const SyntheticSamples& samples, const std::uint64_t* stream_indices, std::size_t count,
                                 float* inputs, float* targets, std::int32_t* labels) {
   const std::int64_t in = samples.input_dim, out = samples.output_dim;
   const bool teacher = samples.kind == SyntheticKind::teacher;

@@ -1,6 +1,6 @@
 // What a run says about itself beyond each step: the header it starts with (layout, model, data,
 // device and kernels, and every strategy's sentence), its prediction for this rank from the cost
-// model (layout/rank_plan.hpp, with what the MoE routing showed), the end-of-run summary's
+// model (strategies/rank_plan.hpp, with what the MoE routing showed), the end-of-run summary's
 // figures gathered from every rank, and the trace file.
 #pragma once
 

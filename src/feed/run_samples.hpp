@@ -21,7 +21,7 @@
 
 namespace mlptrain {
 
-class RunData {
+class RunSamples {
  public:
   // What the rank's model needs of the samples: inputs where it starts, targets or labels where
   // it computes the loss, in its activations' type.
@@ -30,7 +30,7 @@ class RunData {
     bool computes_loss = false;
     DataType activation_type = DataType::float32;
   };
-  RunData(const Config& config, std::unique_ptr<Dataset> dataset, Kernels& kernels, Allocator& memory,
+  RunSamples(const Config& config, std::unique_ptr<Dataset> dataset, Kernels& kernels, Allocator& memory,
           ModelSide model, int data_rank, int reader_threads);
 
   const DatasetInfo& info() const { return dataset_->info(); }
