@@ -87,6 +87,15 @@ constexpr std::int64_t fp8_scale_count(Fp8Scaling scaling, std::int64_t rows, st
 // (Hopper's fp8 tensor cores take both operands with the summed dimension contiguous).
 enum class Fp8CodeLayout { as_is, transposed };
 
+// One coding of an operand for quantize_fp8_pair: its scales (fp8_scale_count of them), their
+// amax (fp32, the kernels' memory), where its codes and their inverse scales go.
+struct Fp8Coding {
+  Fp8Scaling scaling = Fp8Scaling::tensor;
+  const float* amax = nullptr;
+  std::uint8_t* codes = nullptr;
+  float* inverse_scales = nullptr;
+};
+
 // c [m, n] (of c_type, row-major, leading dimension n) = sum over k of a[i, k] b[j, k], times
 // a's inverse scale of i and b's of j (each one for the whole operand, or one per i or j as
 // `a_scales` and `b_scales` say: tensor or rows), + bias[j] (of c_type; may be null), + c[i, j]
@@ -169,6 +178,20 @@ class Kernels {
   virtual void gelu_backward(const void* grad_activated, const void* pre, void* grad_pre, DataType type,
                              void* bias_grad, DataType bias_grad_type, bool accumulate, std::int64_t rows,
                              std::int64_t cols) = 0;
+  // gelu_forward and gelu_backward that also take the amax of what they write (amax[0] = the
+  // largest |activated| or |grad_pre| as stored): an fp8 operand's tensorwise amax taken where the
+  // operand is made (§2.7), equal to absolute_max's over it. The defaults run the two passes.
+  virtual void gelu_forward_amax(const void* pre, void* activated, std::int64_t rows, std::int64_t cols,
+                                 DataType type, float* amax) {
+    gelu_forward(pre, activated, rows, cols, type);
+    absolute_max(activated, type, rows, cols, Fp8Scaling::tensor, amax);
+  }
+  virtual void gelu_backward_amax(const void* grad_activated, const void* pre, void* grad_pre, DataType type,
+                                  void* bias_grad, DataType bias_grad_type, bool accumulate, std::int64_t rows,
+                                  std::int64_t cols, float* amax) {
+    gelu_backward(grad_activated, pre, grad_pre, type, bias_grad, bias_grad_type, accumulate, rows, cols);
+    absolute_max(grad_pre, type, rows, cols, Fp8Scaling::tensor, amax);
+  }
   // sums (of `sums_type`) = (or +=) the column sums of data (of `type`), summed in fp32.
   virtual void column_sums(const void* data, DataType type, void* sums, DataType sums_type, bool accumulate,
                            std::int64_t rows, std::int64_t cols) = 0;
@@ -241,6 +264,18 @@ class Kernels {
                             Fp8Scaling /*scaling*/, const float* /*amax*/, Fp8Format /*format*/,
                             Fp8CodeLayout /*layout*/, std::uint8_t* /*codes*/, float* /*inverse_scales*/) {
     unsupported("fp8 operands");
+  }
+  // An operand two products read, coded for both in one pass over it (Transformer Engine's
+  // cast-transpose): `summed_columns` as quantize_fp8 codes it as_is, `summed_rows` as it codes
+  // it in `summed_rows_layout` (the weight for the forward and the input gradient; d(pre) for the
+  // input and the weight gradients). The default runs the two passes.
+  virtual void quantize_fp8_pair(const void* data, DataType type, std::int64_t rows, std::int64_t cols,
+                                 Fp8Format format, const Fp8Coding& summed_columns, const Fp8Coding& summed_rows,
+                                 Fp8CodeLayout summed_rows_layout) {
+    quantize_fp8(data, type, rows, cols, summed_columns.scaling, summed_columns.amax, format, Fp8CodeLayout::as_is,
+                 summed_columns.codes, summed_columns.inverse_scales);
+    quantize_fp8(data, type, rows, cols, summed_rows.scaling, summed_rows.amax, format, summed_rows_layout,
+                 summed_rows.codes, summed_rows.inverse_scales);
   }
   // How an operand whose rows a product sums over is best coded for this backend's fp8 GEMM:
   // transposed (the summed dimension contiguous, as tensor cores take it; the default) or as it

@@ -108,19 +108,38 @@ class CpuKernels final : public Kernels {
 
   void gelu_backward(const void* grad_activated, const void* pre, void* grad_pre, DataType type, void* bias_grad,
                      DataType bias_grad_type, bool accumulate, std::int64_t rows, std::int64_t cols) override {
-    with_element(type, [&](auto element) {
-      using E = decltype(element);
-      column_sums_into(bias_grad, bias_grad_type, accumulate, rows, cols, [&](std::int64_t row, float* running) {
-        const std::int64_t at = row * cols;
-        if constexpr (std::is_same_v<E, Fp32>) {
-          gelu_backward_row<E>(elements<E>(grad_activated) + at, elements<E>(pre) + at, elements<E>(grad_pre) + at,
-                               running, cols);
-        } else {
-          gelu_backward_row<E>(elements<E>(grad_activated) + at, elements<E>(pre) + at, elements<E>(grad_pre) + at,
-                               running, gelu_table<E>().derivative.data(), cols);
-        }
-      });
-    });
+    gelu_backward_rows(grad_activated, pre, grad_pre, type, bias_grad, bias_grad_type, accumulate, rows, cols,
+                       [](std::int64_t) {});
+  }
+
+  // The amax of each block of rows taken while it is in cache.
+  void gelu_forward_amax(const void* pre, void* activated, std::int64_t rows, std::int64_t cols, DataType type,
+                         float* amax) override {
+    constexpr std::int64_t block_rows = 16;
+    float largest = 0.0f;
+    for (std::int64_t first = 0; first < rows; first += block_rows) {
+      const std::int64_t block = std::min(block_rows, rows - first);
+      const auto at = static_cast<std::size_t>(first * cols);
+      void* out = advance(activated, at, type);
+      gelu_forward(advance(pre, at, type), out, block, cols, type);
+      float block_largest = 0.0f;
+      cpu_fp8::absolute_max(out, type, block, cols, Fp8Scaling::tensor, &block_largest);
+      largest = cpu_fp8::larger_magnitude(largest, block_largest);
+    }
+    amax[0] = largest;
+  }
+  void gelu_backward_amax(const void* grad_activated, const void* pre, void* grad_pre, DataType type, void* bias_grad,
+                          DataType bias_grad_type, bool accumulate, std::int64_t rows, std::int64_t cols,
+                          float* amax) override {
+    float largest = 0.0f;
+    gelu_backward_rows(grad_activated, pre, grad_pre, type, bias_grad, bias_grad_type, accumulate, rows, cols,
+                       [&](std::int64_t row) {
+                         float row_largest = 0.0f;
+                         cpu_fp8::absolute_max(advance(grad_pre, static_cast<std::size_t>(row * cols), type), type, 1,
+                                               cols, Fp8Scaling::tensor, &row_largest);
+                         largest = cpu_fp8::larger_magnitude(largest, row_largest);
+                       });
+    amax[0] = largest;
   }
 
   void column_sums(const void* data, DataType type, void* sums, DataType sums_type, bool accumulate,
@@ -243,6 +262,11 @@ class CpuKernels final : public Kernels {
                     float* inverse_scales) override {
     cpu_fp8::quantize(data, type, rows, cols, scaling, amax, format, layout, codes, inverse_scales);
   }
+  void quantize_fp8_pair(const void* data, DataType type, std::int64_t rows, std::int64_t cols, Fp8Format format,
+                         const Fp8Coding& summed_columns, const Fp8Coding& summed_rows,
+                         Fp8CodeLayout summed_rows_layout) override {
+    cpu_fp8::quantize_pair(data, type, rows, cols, format, summed_columns, summed_rows, summed_rows_layout);
+  }
   // oneDNN reads a transposed operand through its strides: no transposing pass.
   Fp8CodeLayout fp8_summed_rows_layout() const override { return Fp8CodeLayout::as_is; }
   void fp8_gemm(const Fp8Gemm& call) override {
@@ -297,6 +321,27 @@ class CpuKernels final : public Kernels {
   }
 
  private:
+  // grad_pre and the bias sums row by row, `after_row(row)` once a row of grad_pre is stored.
+  template <typename AfterRow>
+  void gelu_backward_rows(const void* grad_activated, const void* pre, void* grad_pre, DataType type, void* bias_grad,
+                          DataType bias_grad_type, bool accumulate, std::int64_t rows, std::int64_t cols,
+                          AfterRow after_row) {
+    with_element(type, [&](auto element) {
+      using E = decltype(element);
+      column_sums_into(bias_grad, bias_grad_type, accumulate, rows, cols, [&](std::int64_t row, float* running) {
+        const std::int64_t at = row * cols;
+        if constexpr (std::is_same_v<E, Fp32>) {
+          gelu_backward_row<E>(elements<E>(grad_activated) + at, elements<E>(pre) + at, elements<E>(grad_pre) + at,
+                               running, cols);
+        } else {
+          gelu_backward_row<E>(elements<E>(grad_activated) + at, elements<E>(pre) + at, elements<E>(grad_pre) + at,
+                               running, gelu_table<E>().derivative.data(), cols);
+        }
+        after_row(row);
+      });
+    });
+  }
+
   template <typename E>
   const HalfGeluTable& gelu_table() const {
     return std::is_same_v<E, Bf16> ? bf16_gelu_ : fp16_gelu_;

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <initializer_list>
 #include <vector>
 
 #include "core/elements.hpp"
@@ -127,46 +128,92 @@ void absolute_max(const void* data, DataType type, std::int64_t rows, std::int64
   });
 }
 
-void quantize(const void* data, DataType type, std::int64_t rows, std::int64_t cols, Fp8Scaling scaling,
-              const float* amax, Fp8Format format, Fp8CodeLayout layout, std::uint8_t* codes, float* inverse_scales) {
-  const std::int64_t count = fp8_scale_count(scaling, rows, cols);
-  std::vector<float> scales(static_cast<std::size_t>(count));
-  for (std::int64_t index = 0; index < count; ++index) {
-    scales[index] = fp8::scale_for(amax[index], format);
-    inverse_scales[index] = 1.0f / scales[index];
+namespace {
+
+// One coding of an operand: each scale and its inverse (written out), the per-column scales a
+// row's loop multiplies by (a scale per row multiplies the row instead).
+struct Coder {
+  Coder(Fp8Scaling scaling, const float* amax, float* inverse_scales, std::int64_t rows, std::int64_t cols,
+        Fp8Format format)
+      : scaling(scaling), scales(static_cast<std::size_t>(fp8_scale_count(scaling, rows, cols))) {
+    for (std::size_t index = 0; index < scales.size(); ++index) {
+      scales[index] = fp8::scale_for(amax[index], format);
+      inverse_scales[index] = 1.0f / scales[index];
+    }
+    column_scales = scaling == Fp8Scaling::rows ? std::vector<float>(static_cast<std::size_t>(cols), 1.0f)
+                                                : per_column(scales.data(), scaling, cols);
   }
-  // A scale per row multiplies the row; any other is a row of column scales.
-  const std::vector<float> column_scales =
-      scaling == Fp8Scaling::rows ? std::vector<float>(static_cast<std::size_t>(cols), 1.0f)
-                                  : per_column(scales.data(), scaling, cols);
+  float row_scale(std::int64_t row) const { return scaling == Fp8Scaling::rows ? scales[row] : 1.0f; }
+
+  Fp8Scaling scaling;
+  std::vector<float> scales;
+  std::vector<float> column_scales;
+};
+
+// Codes of the operand's rows [first_col, last_col) of `row` into `out`, contiguous.
+template <typename E>
+void code_row(const typename E::Storage* in, std::int64_t cols, const Coder& coder, std::int64_t row,
+              std::int64_t first_col, std::int64_t last_col, Fp8Format format, std::uint8_t* out) {
+  code_span<E>(in + row * cols + first_col, coder.column_scales.data() + first_col, coder.row_scale(row),
+               last_col - first_col, format, out);
+}
+
+// The operand coded by each of `coders` into its codes in its layout, in one pass: a row's codes
+// as_is straight out; transposed ones through a tile whose rows are coded along the source's rows,
+// then written out by columns.
+struct CodedOutput {
+  const Coder& coder;
+  Fp8CodeLayout layout;
+  std::uint8_t* codes;
+};
+void code_operand(const void* data, DataType type, std::int64_t rows, std::int64_t cols, Fp8Format format,
+                  std::initializer_list<CodedOutput> outputs) {
   with_element(type, [&](auto element) {
     using E = decltype(element);
     const auto* in = elements<E>(data);
-    // One row's codes into `out`, contiguous.
-    const auto code_row = [&](std::int64_t row, std::int64_t first, std::int64_t last, std::uint8_t* out) {
-      code_span<E>(in + row * cols + first, column_scales.data() + first,
-                   scaling == Fp8Scaling::rows ? scales[row] : 1.0f, last - first, format, out);
-    };
-    if (layout == Fp8CodeLayout::as_is) {
-#pragma omp parallel for schedule(static) if (rows * cols >= threaded_elements)
-      for (std::int64_t row = 0; row < rows; ++row) code_row(row, 0, cols, codes + row * cols);
-      return;
-    }
-    // Transposed: a tile's rows coded along the source's rows, then written out by columns.
     constexpr std::int64_t tile = 64;
 #pragma omp parallel for schedule(static) if (rows * cols >= threaded_elements)
     for (std::int64_t row_tile = 0; row_tile < rows; row_tile += tile) {
       std::uint8_t block[tile][tile];
       const std::int64_t row_end = std::min(rows, row_tile + tile);
-      for (std::int64_t col_tile = 0; col_tile < cols; col_tile += tile) {
-        const std::int64_t col_end = std::min(cols, col_tile + tile);
-        for (std::int64_t row = row_tile; row < row_end; ++row) code_row(row, col_tile, col_end, block[row - row_tile]);
-        for (std::int64_t col = col_tile; col < col_end; ++col)
+      for (const CodedOutput& output : outputs) {
+        if (output.layout == Fp8CodeLayout::as_is) {
           for (std::int64_t row = row_tile; row < row_end; ++row)
-            codes[col * rows + row] = block[row - row_tile][col - col_tile];
+            code_row<E>(in, cols, output.coder, row, 0, cols, format, output.codes + row * cols);
+          continue;
+        }
+        for (std::int64_t col_tile = 0; col_tile < cols; col_tile += tile) {
+          const std::int64_t col_end = std::min(cols, col_tile + tile);
+          for (std::int64_t row = row_tile; row < row_end; ++row)
+            code_row<E>(in, cols, output.coder, row, col_tile, col_end, format, block[row - row_tile]);
+          for (std::int64_t col = col_tile; col < col_end; ++col)
+            for (std::int64_t row = row_tile; row < row_end; ++row)
+              output.codes[col * rows + row] = block[row - row_tile][col - col_tile];
+        }
       }
     }
   });
+}
+
+}  // namespace
+
+void quantize(const void* data, DataType type, std::int64_t rows, std::int64_t cols, Fp8Scaling scaling,
+              const float* amax, Fp8Format format, Fp8CodeLayout layout, std::uint8_t* codes, float* inverse_scales) {
+  const Coder coder(scaling, amax, inverse_scales, rows, cols, format);
+  code_operand(data, type, rows, cols, format, {{coder, layout, codes}});
+}
+
+void quantize_pair(const void* data, DataType type, std::int64_t rows, std::int64_t cols, Fp8Format format,
+                   const Fp8Coding& summed_columns, const Fp8Coding& summed_rows, Fp8CodeLayout summed_rows_layout) {
+  const Coder first(summed_columns.scaling, summed_columns.amax, summed_columns.inverse_scales, rows, cols, format);
+  const Coder second(summed_rows.scaling, summed_rows.amax, summed_rows.inverse_scales, rows, cols, format);
+  code_operand(data, type, rows, cols, format,
+               {{first, Fp8CodeLayout::as_is, summed_columns.codes}, {second, summed_rows_layout, summed_rows.codes}});
+}
+
+float larger_magnitude(float a, float b) {
+  // Non-negative floats (NaN's magnitude above infinity's) order as their bits.
+  return std::bit_cast<std::uint32_t>(a) >= std::bit_cast<std::uint32_t>(b) ? a : b;
 }
 
 std::size_t gemm_workspace_bytes(std::int64_t m, std::int64_t n, std::int64_t k) {

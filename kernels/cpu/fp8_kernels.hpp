@@ -18,6 +18,11 @@ void absolute_max(const void* data, DataType type, std::int64_t rows, std::int64
                   float* amax);
 void quantize(const void* data, DataType type, std::int64_t rows, std::int64_t cols, Fp8Scaling scaling,
               const float* amax, Fp8Format format, Fp8CodeLayout layout, std::uint8_t* codes, float* inverse_scales);
+// Both codings of quantize_fp8_pair in one pass over the operand, a tile of rows at a time.
+void quantize_pair(const void* data, DataType type, std::int64_t rows, std::int64_t cols, Fp8Format format,
+                   const Fp8Coding& summed_columns, const Fp8Coding& summed_rows, Fp8CodeLayout summed_rows_layout);
+// The larger of two maxima (non-negative, or NaN: the larger of all).
+float larger_magnitude(float a, float b);
 
 // The emulated fp8 GEMM: its workspace (both operands' values in bf16, the fp32 sums), and the
 // GEMM itself, whose bf16 product `bf16_gemm` computes.

@@ -20,7 +20,7 @@ constexpr int row_lanes = 8;
 template <typename E, int V, bool gelu>
 __global__ void column_partials_kernel(const Stored<E>* data, const Stored<E>* pre, Stored<E>* grad_pre,
                                        float* partials, std::int64_t rows, std::int64_t cols,
-                                       std::int64_t rows_per_block) {
+                                       std::int64_t rows_per_block, std::uint32_t* amax_bits) {
   const std::int64_t packs_per_row = cols / V;
   const std::int64_t pack = blockIdx.x * static_cast<std::int64_t>(column_tile_packs) + threadIdx.x;
   const std::int64_t first_row = blockIdx.y * rows_per_block;
@@ -28,6 +28,7 @@ __global__ void column_partials_kernel(const Stored<E>* data, const Stored<E>* p
   float sums[V];
 #pragma unroll
   for (int v = 0; v < V; ++v) sums[v] = 0.0f;
+  std::uint32_t largest = 0;
   if (pack < packs_per_row) {
     const auto* in = reinterpret_cast<const Pack<E, V>*>(data);
     const auto* saved = reinterpret_cast<const Pack<E, V>*>(pre);
@@ -43,6 +44,7 @@ __global__ void column_partials_kernel(const Stored<E>* data, const Stored<E>* p
         for (int v = 0; v < V; ++v) {
           gradient.values[v] = E::store(E::load(upstream.values[v]) * gelu_slope(E::load(x.values[v])));
           sums[v] += E::load(gradient.values[v]);
+          largest = max(largest, magnitude_bits_of(E::load(gradient.values[v])));
         }
         out[at] = gradient;
       } else {
@@ -51,6 +53,8 @@ __global__ void column_partials_kernel(const Stored<E>* data, const Stored<E>* p
       }
     }
   }
+  // A warp is one row lane of the tile (blockDim.x is a warp): every lane reaches this.
+  if (gelu && amax_bits != nullptr) warp_amax(largest, amax_bits);
   __shared__ float lanes[row_lanes][column_tile_packs * V];
 #pragma unroll
   for (int v = 0; v < V; ++v) lanes[threadIdx.y][threadIdx.x * V + v] = sums[v];
@@ -99,17 +103,19 @@ void ColumnSums::run(const ColumnSumsCall& call) const {
     auto* partials = static_cast<float*>(scratch.reserve(static_cast<std::size_t>(row_blocks * cols) * sizeof(float)));
     const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(row_blocks));
     const dim3 block(column_tile_packs, row_lanes);
+    auto* amax_bits = reinterpret_cast<std::uint32_t*>(call.amax);
+    if (amax_bits != nullptr) check(cudaMemsetAsync(amax_bits, 0, sizeof(float), stream), "cudaMemsetAsync");
     const auto* in = static_cast<const Stored<E>*>(call.data);
     const auto* saved = static_cast<const Stored<E>*>(call.pre);
     auto* out = static_cast<Stored<E>*>(call.grad_pre);
     if (packed && gelu)
-      column_partials_kernel<E, V, true><<<grid, block, 0, stream>>>(in, saved, out, partials, rows, cols, rows_per_block);
+      column_partials_kernel<E, V, true><<<grid, block, 0, stream>>>(in, saved, out, partials, rows, cols, rows_per_block, amax_bits);
     else if (packed)
-      column_partials_kernel<E, V, false><<<grid, block, 0, stream>>>(in, saved, out, partials, rows, cols, rows_per_block);
+      column_partials_kernel<E, V, false><<<grid, block, 0, stream>>>(in, saved, out, partials, rows, cols, rows_per_block, amax_bits);
     else if (gelu)
-      column_partials_kernel<E, 1, true><<<grid, block, 0, stream>>>(in, saved, out, partials, rows, cols, rows_per_block);
+      column_partials_kernel<E, 1, true><<<grid, block, 0, stream>>>(in, saved, out, partials, rows, cols, rows_per_block, amax_bits);
     else
-      column_partials_kernel<E, 1, false><<<grid, block, 0, stream>>>(in, saved, out, partials, rows, cols, rows_per_block);
+      column_partials_kernel<E, 1, false><<<grid, block, 0, stream>>>(in, saved, out, partials, rows, cols, rows_per_block, amax_bits);
     check(cudaGetLastError(), "column_partials_kernel launch");
     with_device_element(call.sums_type, [&](auto sums_element) {
       using S = decltype(sums_element);

@@ -14,7 +14,8 @@
 namespace mlptrain {
 
 // sums (of sums_type) = (or +=) the column sums of `data` [rows, cols] (of `type`); with `pre`,
-// of grad_pre = round(data * GELU'(pre)), stored into `grad_pre` as they are summed.
+// of grad_pre = round(data * GELU'(pre)), stored into `grad_pre` as they are summed (and, with
+// `amax`, their largest magnitude taken on the way).
 struct ColumnSumsCall {
   const void* data = nullptr;
   const void* pre = nullptr;  // null: plain column sums
@@ -25,6 +26,7 @@ struct ColumnSumsCall {
   bool accumulate = false;
   std::int64_t rows = 0;
   std::int64_t cols = 0;
+  float* amax = nullptr;  // with `pre`: the largest |grad_pre| as stored, where asked
 };
 
 struct ColumnSums {

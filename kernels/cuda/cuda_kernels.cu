@@ -103,6 +103,33 @@ class CudaKernels final : public Kernels {
                count);
     });
   }
+  void gelu_forward_amax(const void* pre, void* activated, std::int64_t rows, std::int64_t cols, DataType type,
+                         float* amax) override {
+    check(cudaMemsetAsync(amax, 0, sizeof(float), stream_), "cudaMemsetAsync");
+    auto* amax_bits = reinterpret_cast<std::uint32_t*>(amax);
+    with_device_element(type, [&](auto element) {
+      using E = decltype(element);
+      constexpr int V = pack_width<E>;
+      const std::int64_t count = rows * cols;
+      if (packs_fit({pre, activated}, count, V))
+        launch(gelu_forward_amax_kernel<E, V>, count / V, static_cast<const Stored<E>*>(pre),
+               static_cast<Stored<E>*>(activated), count / V, amax_bits);
+      else
+        launch(gelu_forward_amax_kernel<E, 1>, count, static_cast<const Stored<E>*>(pre),
+               static_cast<Stored<E>*>(activated), count, amax_bits);
+    });
+  }
+  void gelu_backward_amax(const void* grad_activated, const void* pre, void* grad_pre, DataType type, void* bias_grad,
+                          DataType bias_grad_type, bool accumulate, std::int64_t rows, std::int64_t cols,
+                          float* amax) override {
+    if (cols <= 0) {
+      check(cudaMemsetAsync(amax, 0, sizeof(float), stream_), "cudaMemsetAsync");
+      return;
+    }
+    column_sums_->run({.data = grad_activated, .pre = pre, .grad_pre = grad_pre, .type = type, .sums = bias_grad,
+                       .sums_type = bias_grad_type, .accumulate = accumulate, .rows = rows, .cols = cols,
+                       .amax = amax});
+  }
   void bias_add(void* data, const void* bias, std::int64_t rows, std::int64_t cols, DataType type) override {
     with_device_element(type, [&](auto element) {
       using E = decltype(element);
@@ -243,6 +270,11 @@ class CudaKernels final : public Kernels {
                     const float* amax, Fp8Format format, Fp8CodeLayout layout, std::uint8_t* codes,
                     float* inverse_scales) override {
     fp8_->quantize(data, type, rows, cols, scaling, amax, format, layout, codes, inverse_scales);
+  }
+  void quantize_fp8_pair(const void* data, DataType type, std::int64_t rows, std::int64_t cols, Fp8Format format,
+                         const Fp8Coding& summed_columns, const Fp8Coding& summed_rows,
+                         Fp8CodeLayout summed_rows_layout) override {
+    fp8_->quantize_pair(data, type, rows, cols, format, summed_columns, summed_rows, summed_rows_layout);
   }
   void fp8_gemm(const Fp8Gemm& call) override { fp8_->gemm(call); }
   void encode_fp8(const void* values, DataType type, std::size_t count, const float* amax, Fp8Format format,

@@ -78,6 +78,35 @@ __device__ std::uint8_t operand_code(const Stored<E>* data, std::int64_t row, st
   return fp8::code_of(E::load(data[row * cols + col]) * scale, format);
 }
 
+// V elements read as one aligned access, and their V codes written as one.
+template <typename E, int V>
+struct alignas(sizeof(Stored<E>) * V) ValuesPack {
+  Stored<E> values[V];
+};
+template <int V>
+struct alignas(V) CodesPack {
+  std::uint8_t codes[V];
+};
+// Elements of E in a 16-byte pack.
+template <typename E>
+constexpr int values_per_pack = static_cast<int>(16 / sizeof(Stored<E>));
+
+// One scale for the whole operand, read once a thread; packs of V elements.
+template <typename E, int V>
+__global__ void quantize_tensor_kernel(const Stored<E>* data, std::int64_t packs, const float* amax, Fp8Format format,
+                                       std::uint8_t* codes) {
+  const float scale = fp8::scale_for(amax[0], format);
+  const auto* in = reinterpret_cast<const ValuesPack<E, V>*>(data);
+  auto* out = reinterpret_cast<CodesPack<V>*>(codes);
+  GRID_STRIDE(p, packs) {
+    const ValuesPack<E, V> values = in[p];
+    CodesPack<V> coded;
+#pragma unroll
+    for (int v = 0; v < V; ++v) coded.codes[v] = fp8::code_of(E::load(values.values[v]) * scale, format);
+    out[p] = coded;
+  }
+}
+
 template <typename E>
 __global__ void quantize_kernel(const Stored<E>* data, std::int64_t rows, std::int64_t cols, Fp8Scaling scaling,
                                 const float* amax, Fp8Format format, std::uint8_t* codes) {
@@ -103,6 +132,37 @@ __global__ void quantize_transposed_kernel(const Stored<E>* data, std::int64_t r
     for (int line = threadIdx.y; line < tile; line += tile_rows) {
       const std::int64_t col = first_col + line, row = first_row + threadIdx.x;
       if (row < rows && col < cols) codes[col * rows + row] = block[threadIdx.x][line];
+    }
+    __syncthreads();
+  }
+}
+
+// The cast-transpose: one read of each element gives its code for `codes` [rows, cols] (scales of
+// `scaling`) and for `transposed_codes` [cols, rows] (scales of `transposed_scaling`), the latter
+// through the tile as quantize_transposed_kernel writes it.
+template <typename E>
+__global__ void quantize_pair_kernel(const Stored<E>* data, std::int64_t rows, std::int64_t cols, Fp8Format format,
+                                     Fp8Scaling scaling, const float* amax, std::uint8_t* codes,
+                                     Fp8Scaling transposed_scaling, const float* transposed_amax,
+                                     std::uint8_t* transposed_codes) {
+  __shared__ std::uint8_t block[tile][tile + 4];
+  const std::int64_t first_col = static_cast<std::int64_t>(blockIdx.x) * tile;
+  for (std::int64_t first_row = static_cast<std::int64_t>(blockIdx.y) * tile; first_row < rows;
+       first_row += static_cast<std::int64_t>(gridDim.y) * tile) {
+    for (int line = threadIdx.y; line < tile; line += tile_rows) {
+      const std::int64_t row = first_row + line, col = first_col + threadIdx.x;
+      if (row < rows && col < cols) {
+        const float value = E::load(data[row * cols + col]);
+        const float scale = fp8::scale_for(amax[scale_index(scaling, row, col)], format);
+        const float transposed_scale = fp8::scale_for(transposed_amax[scale_index(transposed_scaling, row, col)], format);
+        codes[row * cols + col] = fp8::code_of(value * scale, format);
+        block[line][threadIdx.x] = fp8::code_of(value * transposed_scale, format);
+      }
+    }
+    __syncthreads();
+    for (int line = threadIdx.y; line < tile; line += tile_rows) {
+      const std::int64_t col = first_col + line, row = first_row + threadIdx.x;
+      if (row < rows && col < cols) transposed_codes[col * rows + row] = block[threadIdx.x][line];
     }
     __syncthreads();
   }
@@ -181,7 +241,14 @@ void CudaFp8::quantize(const void* data, DataType type, std::int64_t rows, std::
     with_device_element(type, [&](auto element) {
       using E = decltype(element);
       const auto* in = static_cast<const Stored<E>*>(data);
-      if (layout == Fp8CodeLayout::as_is) {
+      constexpr int V = values_per_pack<E>;
+      const std::int64_t count = rows * cols;
+      const bool packed = count % V == 0 && reinterpret_cast<std::uintptr_t>(data) % 16 == 0 &&
+                          reinterpret_cast<std::uintptr_t>(codes) % V == 0;
+      if (layout == Fp8CodeLayout::as_is && scaling == Fp8Scaling::tensor && packed) {
+        quantize_tensor_kernel<E, V><<<blocks_for(count / V), block_threads, 0, stream_>>>(in, count / V, amax, format,
+                                                                                         codes);
+      } else if (layout == Fp8CodeLayout::as_is) {
         quantize_kernel<E><<<blocks_for(rows * cols), block_threads, 0, stream_>>>(in, rows, cols, scaling, amax,
                                                                                    format, codes);
       } else {
@@ -193,6 +260,34 @@ void CudaFp8::quantize(const void* data, DataType type, std::int64_t rows, std::
     });
   }
   check_launch("fp8 quantize");
+}
+
+void CudaFp8::quantize_pair(const void* data, DataType type, std::int64_t rows, std::int64_t cols, Fp8Format format,
+                            const Fp8Coding& summed_columns, const Fp8Coding& summed_rows,
+                            Fp8CodeLayout summed_rows_layout) {
+  if (summed_rows_layout == Fp8CodeLayout::as_is) {  // nothing to transpose: two plain passes
+    quantize(data, type, rows, cols, summed_columns.scaling, summed_columns.amax, format, Fp8CodeLayout::as_is,
+             summed_columns.codes, summed_columns.inverse_scales);
+    quantize(data, type, rows, cols, summed_rows.scaling, summed_rows.amax, format, Fp8CodeLayout::as_is,
+             summed_rows.codes, summed_rows.inverse_scales);
+    return;
+  }
+  for (const Fp8Coding* coding : {&summed_columns, &summed_rows}) {
+    const std::int64_t count = fp8_scale_count(coding->scaling, rows, cols);
+    inverse_scales_kernel<<<blocks_for(count), block_threads, 0, stream_>>>(coding->amax, count, format,
+                                                                            coding->inverse_scales);
+  }
+  if (rows * cols > 0) {
+    with_device_element(type, [&](auto element) {
+      using E = decltype(element);
+      const dim3 grid(static_cast<unsigned>((cols + tile - 1) / tile),
+                      static_cast<unsigned>(std::min<std::int64_t>((rows + tile - 1) / tile, 65535)));
+      quantize_pair_kernel<E><<<grid, dim3(tile, tile_rows), 0, stream_>>>(
+          static_cast<const Stored<E>*>(data), rows, cols, format, summed_columns.scaling, summed_columns.amax,
+          summed_columns.codes, summed_rows.scaling, summed_rows.amax, summed_rows.codes);
+    });
+  }
+  check_launch("fp8 quantize pair");
 }
 
 void CudaFp8::gemm(const Fp8Gemm& call) {

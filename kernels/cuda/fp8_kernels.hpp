@@ -27,6 +27,10 @@ class CudaFp8 {
                     float* amax);
   void quantize(const void* data, DataType type, std::int64_t rows, std::int64_t cols, Fp8Scaling scaling,
                 const float* amax, Fp8Format format, Fp8CodeLayout layout, std::uint8_t* codes, float* inverse_scales);
+  // Both codings in one pass (Kernels::quantize_fp8_pair): a tile read once, its as_is codes
+  // written along the rows and its transposed ones through shared memory.
+  void quantize_pair(const void* data, DataType type, std::int64_t rows, std::int64_t cols, Fp8Format format,
+                     const Fp8Coding& summed_columns, const Fp8Coding& summed_rows, Fp8CodeLayout summed_rows_layout);
   void gemm(const Fp8Gemm& call);
   void encode(const void* values, DataType type, std::size_t count, const float* amax, Fp8Format format,
               std::uint8_t* codes);

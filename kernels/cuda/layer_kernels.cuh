@@ -44,6 +44,38 @@ __global__ void gelu_forward_kernel(const Stored<E>* pre, Stored<E>* activated, 
   }
 }
 
+// |value|'s bits: non-negative floats (NaN's above infinity's) order as their bits, so maxima
+// combine with atomicMax on them.
+__device__ std::uint32_t magnitude_bits_of(float value) { return __float_as_uint(value) & 0x7fffffffu; }
+
+// The warp's largest magnitude into *amax_bits, one atomic a warp (every lane must call it).
+__device__ void warp_amax(std::uint32_t largest, std::uint32_t* amax_bits) {
+  largest = __reduce_max_sync(0xffffffffu, largest);
+  if (threadIdx.x % 32 == 0 && largest > 0) atomicMax(amax_bits, largest);
+}
+
+// gelu_forward_kernel that also takes the largest |output| as stored (an fp8 operand's amax where
+// it is made); *amax_bits starts at 0.
+template <typename E, int V>
+__global__ void gelu_forward_amax_kernel(const Stored<E>* pre, Stored<E>* activated, std::int64_t packs,
+                                         std::uint32_t* amax_bits) {
+  const auto* in = reinterpret_cast<const Pack<E, V>*>(pre);
+  auto* out = reinterpret_cast<Pack<E, V>*>(activated);
+  std::uint32_t largest = 0;
+  GRID_STRIDE(p, packs) {
+    const Pack<E, V> x = in[p];
+    Pack<E, V> y;
+#pragma unroll
+    for (int v = 0; v < V; ++v) {
+      const float value = E::load(x.values[v]);
+      y.values[v] = E::store(value * normal_cdf(value));
+      largest = max(largest, magnitude_bits_of(E::load(y.values[v])));
+    }
+    out[p] = y;
+  }
+  warp_amax(largest, amax_bits);
+}
+
 // c[r, j] = (sums[r, j] + bias[j]) added in fp32 and rounded once into c's type: a biased GEMM
 // whose bias no epilogue added.
 template <typename B, typename Out>

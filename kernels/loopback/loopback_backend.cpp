@@ -186,6 +186,16 @@ class LoopbackKernels final : public Kernels {
     cpu_->gelu_backward(host(grad_activated), host(pre), host(grad_pre), type, host(bias_grad), bias_grad_type,
                         accumulate, rows, cols);
   }
+  void gelu_forward_amax(const void* pre, void* activated, std::int64_t rows, std::int64_t cols, DataType type,
+                         float* amax) override {
+    cpu_->gelu_forward_amax(host(pre), host(activated), rows, cols, type, host(amax));
+  }
+  void gelu_backward_amax(const void* grad_activated, const void* pre, void* grad_pre, DataType type, void* bias_grad,
+                          DataType bias_grad_type, bool accumulate, std::int64_t rows, std::int64_t cols,
+                          float* amax) override {
+    cpu_->gelu_backward_amax(host(grad_activated), host(pre), host(grad_pre), type, host(bias_grad), bias_grad_type,
+                             accumulate, rows, cols, host(amax));
+  }
   void column_sums(const void* data, DataType type, void* sums, DataType sums_type, bool accumulate,
                    std::int64_t rows, std::int64_t cols) override {
     cpu_->column_sums(host(data), type, host(sums), sums_type, accumulate, rows, cols);
@@ -241,6 +251,16 @@ class LoopbackKernels final : public Kernels {
                     float* inverse_scales) override {
     cpu_->quantize_fp8(host(data), type, rows, cols, scaling, host(amax), format, layout, host(codes),
                        host(inverse_scales));
+  }
+  void quantize_fp8_pair(const void* data, DataType type, std::int64_t rows, std::int64_t cols, Fp8Format format,
+                         const Fp8Coding& summed_columns, const Fp8Coding& summed_rows,
+                         Fp8CodeLayout summed_rows_layout) override {
+    const auto on_host = [this](const Fp8Coding& coding) {
+      return Fp8Coding{.scaling = coding.scaling, .amax = host(coding.amax), .codes = host(coding.codes),
+                       .inverse_scales = host(coding.inverse_scales)};
+    };
+    cpu_->quantize_fp8_pair(host(data), type, rows, cols, format, on_host(summed_columns), on_host(summed_rows),
+                            summed_rows_layout);
   }
   // fp8_summed_rows_layout stays Kernels' default, a GPU's (transposed codes), not the CPU's: the
   // device path's layout runs here.

@@ -37,6 +37,7 @@ LossSums ChunkRunner::forward(MicroBatchActivations& activations, int micro_batc
   activations.moe.resize(count);
   activations.layer_rows.resize(count);
   activations.output_rows.resize(count);
+  activations.fp8_amax.resize(count);
   for (std::size_t local = 0; local < count; ++local) {
     step_.forward(activations, local, nullptr,
                   {.micro_batch = micro_batch, .micro_batches = micro_batches, .training = training});

@@ -1,9 +1,10 @@
 // A layer's forward and backward with the strategies' hooks (see layer_step.hpp).
 #include "chunk/layer_step.hpp"
 
-#include <utility>
+#include <fmt/format.h>
 
-#include "model/fp8_linear.hpp"
+#include <stdexcept>
+#include <utility>
 
 namespace mlptrain {
 
@@ -36,16 +37,36 @@ void LayerStep::forward(MicroBatchActivations& activations, std::size_t local, v
   const ForwardProduct computed{
       layer_call, layer_rows, output_rows, product, pre,
       start.bias_after_sum() ? std::optional<const void*>(placed.linear.bias) : std::nullopt};
+  // The input's amax the previous layer's GELU took holds for the input this layer computes on
+  // where no hook substituted another.
+  const bool amax_taken = amax_taken_for_ == local && start.layer_input() == layers_.input_of(activations, local) &&
+                          layer_rows == layers_.input_rows(activations, local);
+  amax_taken_for_.reset();
   if (const std::optional<MoeLayer>& moe = layers_.moe(local)) {
     const MoeLayer::Pass moe_pass{tools_.kernels, tools_.allocator, tools_.strategies.expert_exchange(), &placed.moe};
     moe->forward(moe_pass, start.layer_input(), layer_rows, product, activations.moe[local],
                  pass.training ? &moe_statistics_ : nullptr);
     tools_.strategies.after_layer_matmul(computed);
   } else {
-    forward_product(layer_call, placed.linear, start.layer_input(), layer_rows, product,
+    if (placed.linear.precision.fp8_gemms()) {
+      // The weight is coded once a step, at its first forward (after the hooks placed it).
+      if (pass.micro_batch == 0 && !pass.recomputing)
+        weight_codes_[local].emplace(Fp8Products{tools_.kernels, tools_.allocator, agreement(layer_call)},
+                                     placed.linear);
+      activations.fp8_amax[local].input.state = amax_taken ? AmaxState::local : AmaxState::absent;
+    }
+    forward_product(activations, local, layer_call, placed.linear, start.layer_input(), layer_rows, product,
                     start.bias_after_sum() ? BiasPlace::after_sum : BiasPlace::in_product);
     tools_.strategies.after_layer_matmul(computed);
-    linear_forward_finish(tools_.kernels, placed.linear, output_rows, pre, spec.gelu ? output : pre);
+    // The GELU takes the amax of the next layer's input where that layer's products want it.
+    std::optional<float*> next_amax;
+    if (scratch == nullptr && local + 1 < layers_.size() && takes_fp8_amax(local + 1)) {
+      SharedAmax& next = activations.fp8_amax[local + 1].input;
+      if (next.value.empty()) next.value = tools_.allocator.allocate_floats(MemoryState::workspace, 1);
+      next_amax = next.value.floats();
+      amax_taken_for_ = local + 1;
+    }
+    linear_forward_finish(tools_.kernels, placed.linear, output_rows, pre, spec.gelu ? output : pre, next_amax);
   }
   tools_.strategies.after_layer_forward(ForwardDone{layer_call});
 }
@@ -78,13 +99,24 @@ LayerStep::ProductGradient LayerStep::product_gradient(MicroBatchActivations& ac
   if (!sums_bias)
     made.unused_bias_sums =
         tools_.allocator.allocate_elements(MemoryState::workspace, static_cast<std::size_t>(out), layer.precision.reduce);
+  // Unsplit, the GELU's backward makes the products' d(pre) and takes its amax on the way.
+  std::optional<float*> grad_amax;
+  if (layer.precision.fp8_gemms()) {
+    SharedAmax& shared = activations.fp8_amax[local].output_grad;
+    shared.state = AmaxState::absent;
+    if (!split && layer.spec.gelu && takes_fp8_amax(local)) {
+      if (shared.value.empty()) shared.value = tools_.allocator.allocate_floats(MemoryState::workspace, 1);
+      grad_amax = shared.value.floats();
+      shared.state = AmaxState::local;
+    }
+  }
   const void* activation_grad =
       layers_.moe(local)
           ? grad_output
           : linear_backward_activation(tools_.kernels, layer, activations.pre[local].as<void>(), grad_output,
                                        output_rows, split ? made.split_grad_pre.as<void>() : destination,
                                        sums_bias ? layer.bias_grad : made.unused_bias_sums.as<void>(),
-                                       sums_bias && start.unit.accumulate_grads);
+                                       sums_bias && start.unit.accumulate_grads, grad_amax);
   // Unsplit, the products' gradient is d loss / d pre itself, which no hook writes then. Without
   // a GELU that is the incoming gradient, which the next layer's B overwrites: B keeps a copy.
   made.values = split ? destination : const_cast<void*>(activation_grad);
@@ -124,8 +156,8 @@ void LayerStep::backward(MicroBatchActivations& activations, std::size_t local, 
     const ProductGradients which = part == BackwardPart::whole   ? ProductGradients::both
                                    : part == BackwardPart::input ? ProductGradients::input
                                                                  : ProductGradients::weight;
-    backward_products(start, layer, layer_input, product_grad.values, start.layer_rows, layer_grad_input, accumulate,
-                      which);
+    backward_products(activations, local, start, layer, layer_input, product_grad.values, start.layer_rows,
+                      layer_grad_input, accumulate, which);
   }
   BackwardDone done{start, part, start.rows, start.layer_rows, std::nullopt};
   if (start.grad_input && start.layer_grad_input())
@@ -140,37 +172,48 @@ MoeStatistics LayerStep::take_moe_statistics() {
   return taken;
 }
 
-namespace {
+bool LayerStep::takes_fp8_amax(std::size_t local) const {
+  const Precision& precision = layers_.place(local, layers_.unit(local, false)).linear.precision;
+  return !layers_.moe(local) && precision.fp8_gemms() && precision.fp8 == Fp8Recipe::tensorwise;
+}
 
-// The strategies' agreement on an operand's amax, for the layer's call.
-AmaxAgreement agreement_for(StrategyStack& strategies, const LayerCall& call) {
-  return [&strategies, &call](const Fp8OperandScales& scales, float* amax) {
+const Fp8WeightCodes& LayerStep::weight_codes(std::size_t local) const {
+  if (!weight_codes_[local])
+    throw std::logic_error(fmt::format("layer {}: an fp8 product before the step's first forward coded its weight",
+                                       layers_.global(local)));
+  return *weight_codes_[local];
+}
+
+AmaxAgreement LayerStep::agreement(const LayerCall& call) const {
+  StrategyStack& strategies = tools_.strategies;
+  return [&strategies, call](const Fp8OperandScales& scales, float* amax) {
     strategies.agree_operand_amax(OperandAmax{call, scales, amax});
   };
 }
 
-}  // namespace
-
-void LayerStep::forward_product(const LayerCall& call, const LinearLayer& layer, const void* input, std::int64_t rows,
-                                void* pre, BiasPlace bias) const {
+void LayerStep::forward_product(MicroBatchActivations& activations, std::size_t local, const LayerCall& call,
+                                const LinearLayer& layer, const void* input, std::int64_t rows, void* pre,
+                                BiasPlace bias) {
   if (!layer.precision.fp8_gemms()) {
     linear_forward_matmul(tools_.kernels, layer, input, rows, pre, bias);
     return;
   }
-  const AmaxAgreement agree = agreement_for(tools_.strategies, call);
-  fp8_forward_matmul({tools_.kernels, tools_.allocator, agree}, layer, input, rows, pre, bias);
+  const AmaxAgreement agree = agreement(call);
+  fp8_forward_matmul({tools_.kernels, tools_.allocator, agree}, layer, weight_codes(local), input, rows, pre,
+                     activations.fp8_amax[local].input, bias);
 }
 
-void LayerStep::backward_products(const LayerCall& call, const LinearLayer& layer, const void* input,
-                                  const void* grad_pre, std::int64_t rows, void* grad_input, bool accumulate,
+void LayerStep::backward_products(MicroBatchActivations& activations, std::size_t local, const LayerCall& call,
+                                  const LinearLayer& layer, const void* input, const void* grad_pre,
+                                  std::int64_t rows, void* grad_input, bool accumulate,
                                   ProductGradients which) const {
   if (!layer.precision.fp8_gemms()) {
     linear_backward_matmul(tools_.kernels, layer, input, grad_pre, rows, grad_input, accumulate, which);
     return;
   }
-  const AmaxAgreement agree = agreement_for(tools_.strategies, call);
-  fp8_backward_matmul({tools_.kernels, tools_.allocator, agree}, layer, input, grad_pre, rows, grad_input, accumulate,
-                      which);
+  const AmaxAgreement agree = agreement(call);
+  fp8_backward_matmul({tools_.kernels, tools_.allocator, agree}, layer, weight_codes(local), input, grad_pre, rows,
+                      grad_input, accumulate, activations.fp8_amax[local], which);
 }
 
 }  // namespace mlptrain

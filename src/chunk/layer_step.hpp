@@ -44,7 +44,8 @@ struct ForwardPass {
 
 class LayerStep {
  public:
-  LayerStep(const StepTools& tools, const ChunkLayers& layers) : tools_(tools), layers_(layers) {}
+  LayerStep(const StepTools& tools, const ChunkLayers& layers)
+      : tools_(tools), layers_(layers), weight_codes_(layers.size()) {}
 
   // Layer `local` forward from the input it receives, into its pre-activation and output
   // (allocated for its rows unless kept); the output goes to `scratch` when given (a recomputed
@@ -73,10 +74,18 @@ class LayerStep {
   LayerCall call(std::size_t local, int micro_batch, int micro_batches, bool training) const;
   // A Linear layer's products, in its param type or (--fp8) from fp8 operands whose amax the
   // strategies agree on as `call`'s.
-  void forward_product(const LayerCall& call, const LinearLayer& layer, const void* input, std::int64_t rows,
-                       void* pre, BiasPlace bias) const;
-  void backward_products(const LayerCall& call, const LinearLayer& layer, const void* input, const void* grad_pre,
-                         std::int64_t rows, void* grad_input, bool accumulate, ProductGradients which) const;
+  void forward_product(MicroBatchActivations& activations, std::size_t local, const LayerCall& call,
+                       const LinearLayer& layer, const void* input, std::int64_t rows, void* pre, BiasPlace bias);
+  void backward_products(MicroBatchActivations& activations, std::size_t local, const LayerCall& call,
+                         const LinearLayer& layer, const void* input, const void* grad_pre, std::int64_t rows,
+                         void* grad_input, bool accumulate, ProductGradients which) const;
+  // Under --fp8 tensorwise, where a layer's GELU takes the amax of what it writes: the next
+  // layer's input (forward), its own d(pre) (backward).
+  bool takes_fp8_amax(std::size_t local) const;
+  // The strategies' agreement on an fp8 operand's amax, for the layer's call.
+  AmaxAgreement agreement(const LayerCall& call) const;
+  // The layer's weight codes, made at the step's first forward of it.
+  const Fp8WeightCodes& weight_codes(std::size_t local) const;
   // d loss / d product of a whole backward or B (with a Linear layer's bias sums where the part
   // computes them), and the buffers d loss / d pre took, held until the layer's backward ends: a
   // hook's transfer may still read them.
@@ -92,6 +101,10 @@ class LayerStep {
   const ChunkLayers& layers_;
   std::function<void(int layer)> gate_;
   MoeStatistics moe_statistics_;
+  // Per local layer under --fp8: its weight's codes for the step (fp8_linear.hpp).
+  std::vector<std::optional<Fp8WeightCodes>> weight_codes_;
+  // The local layer whose input's amax the last forward's GELU took, for that layer's forward.
+  std::optional<std::size_t> amax_taken_for_;
 };
 
 }  // namespace mlptrain

@@ -24,12 +24,14 @@ void for_each_fp8_product(const RankLayout& layout, const std::function<void(con
       if (spec.moe()) continue;  // an MoE layer's experts compute in the param type
       const int local = layout.layers.local_index(layer);
       const std::int64_t rows = local == 0 ? layout.rows : layout.layer_output_rows(static_cast<std::size_t>(local - 1));
-      const auto run = [&](LinearProduct product) { visit({layer, spec, product, rows}); };
-      if (forward) run(LinearProduct::forward);
+      const auto run = [&](LinearProduct product, bool codes_weight) {
+        visit({layer, spec, product, rows, codes_weight, layer > 0});
+      };
+      if (forward) run(LinearProduct::forward, action.micro_batch == 0);
       // Backward's B first recomputes the forward of a layer whose pre-activation forward dropped.
-      if (input_part && !recompute.keeps_pre(in_chunk, true)) run(LinearProduct::forward);
-      if (input_part && layer > 0) run(LinearProduct::input_gradient);
-      if (weight_part) run(LinearProduct::weight_gradient);
+      if (input_part && !recompute.keeps_pre(in_chunk, true)) run(LinearProduct::forward, false);
+      if (input_part && layer > 0) run(LinearProduct::input_gradient, false);
+      if (weight_part) run(LinearProduct::weight_gradient, false);
     }
   }
 }

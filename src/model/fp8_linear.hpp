@@ -5,11 +5,18 @@
 // (Kernels::fp8_gemm: fp32 sums, the product unscaled, the bias or the gradient already there
 // added in fp32, rounded once). What each product reads and writes is what
 // linear_forward_matmul and linear_backward_matmul read and write.
+//
+// Each operand's amax is taken once and its codes made once for every product that reads them:
+// the weight's for both its products once a step (Fp8WeightCodes); under tensorwise scaling x's
+// by the forward (or by the GELU that made it) for the weight gradient too, and d(pre)'s by its
+// first product (or by the GELU's backward) for the other (Fp8LayerAmax); an operand two
+// products read in one micro-batch is coded for both in one pass (Kernels::quantize_fp8_pair).
 #pragma once
 
 #include <array>
 #include <cstdint>
 #include <functional>
+#include <vector>
 
 #include "model/linear.hpp"
 
@@ -22,8 +29,7 @@ enum class LinearProduct { forward, input_gradient, weight_gradient };
 
 // What a product quantizes, in its order: each operand, how it is scaled, its scales (`rows`:
 // the rows the layer computes on), and whether the product sums over the operand's rows (rather
-// than its columns). The products below and the cost model's count of the agreements both read
-// it.
+// than its columns).
 struct Fp8OperandScales {
   Fp8Operand operand;
   Fp8Scaling scaling;
@@ -35,7 +41,7 @@ std::array<Fp8OperandScales, 2> fp8_operands(Fp8Recipe recipe, LinearProduct pro
 
 // Makes an operand's absolute maxima (fp32, `scales.count` of them in the kernels' memory) those
 // of its whole population: the operand on every rank that holds a part of it. Called for every
-// operand before it is scaled; the strategies that split a population agree on it.
+// amax a product takes (fp8_operands_taken); the strategies that split a population agree on it.
 using AmaxAgreement = std::function<void(const Fp8OperandScales& scales, float* amax)>;
 
 struct Fp8Products {
@@ -44,12 +50,65 @@ struct Fp8Products {
   const AmaxAgreement& agree;
 };
 
-// As linear_forward_matmul: pre [rows, out] = input W^T (+ b), from fp8 operands.
-void fp8_forward_matmul(const Fp8Products& products, const LinearLayer& layer, const void* input, std::int64_t rows,
-                        void* pre, BiasPlace bias = BiasPlace::in_product);
-// As linear_backward_matmul: grad_input (if not null) and the weight gradient (written or added).
-void fp8_backward_matmul(const Fp8Products& products, const LinearLayer& layer, const void* input,
-                         const void* grad_pre, std::int64_t rows, void* grad_input, bool accumulate,
-                         ProductGradients which = ProductGradients::both);
+// An operand's codes as a product reads them: the codes (a byte an element), the inverses of its
+// scales, its format, how its scales run along the GEMM's operand (one for all, or one a row of
+// it), and whether the codes lie transposed to it.
+struct Fp8Codes {
+  Buffer codes;
+  Buffer inverse_scales;
+  Fp8Format format = Fp8Format::e4m3;
+  Fp8Scaling scales = Fp8Scaling::tensor;
+  Transpose stored = Transpose::no;
+};
+
+// A tensorwise amax the products of one micro-batch share (one float, the kernels' memory):
+// absent; `local`, taken over this rank's part by the kernel that made the operand and still to
+// be agreed; or agreed, its population's.
+enum class AmaxState { absent, local, agreed };
+struct SharedAmax {
+  Buffer value;
+  AmaxState state = AmaxState::absent;
+};
+// A layer's, for one micro-batch: x's (the forward agrees it, the weight gradient reads it) and
+// d(pre)'s (its first product agrees it, the other reads it; B's is W's). Rowwise scales these
+// operands differently in each product and shares neither.
+struct Fp8LayerAmax {
+  SharedAmax input;
+  SharedAmax output_grad;
+};
+
+// A layer's weight coded for its forward and its input gradient in one pass, its amax taken and
+// agreed (tensorwise once; rowwise by rows for the forward and by columns for the input
+// gradient). Made at a step's first forward of the layer; every product of the step reads them
+// (the weight does not change within a step).
+class Fp8WeightCodes {
+ public:
+  Fp8WeightCodes(const Fp8Products& products, const LinearLayer& layer);
+  const Fp8Codes& forward() const { return forward_; }
+  const Fp8Codes& input_gradient() const { return input_gradient_; }
+
+ private:
+  Fp8Codes forward_;
+  Fp8Codes input_gradient_;
+};
+
+// As linear_forward_matmul: pre [rows, out] = input W^T (+ b), from fp8 operands; x's amax into
+// (or, where its producer took it, from) `input_amax`.
+void fp8_forward_matmul(const Fp8Products& products, const LinearLayer& layer, const Fp8WeightCodes& weight,
+                        const void* input, std::int64_t rows, void* pre, SharedAmax& input_amax,
+                        BiasPlace bias = BiasPlace::in_product);
+// As linear_backward_matmul: grad_input (if not null) and the weight gradient (written or added),
+// sharing the micro-batch's amax of x and d(pre) in `amax`.
+void fp8_backward_matmul(const Fp8Products& products, const LinearLayer& layer, const Fp8WeightCodes& weight,
+                         const void* input, const void* grad_pre, std::int64_t rows, void* grad_input,
+                         bool accumulate, Fp8LayerAmax& amax, ProductGradients which = ProductGradients::both);
+
+// The operands whose amax each product takes and agrees on itself (the cost model counts the
+// agreements from it): the weight's two codings once a step (`codes_weight`, a step's first
+// forward of the layer), x in the forward, d(pre) in its first product (the input gradient, or
+// the weight gradient where the layer computes no input gradient); rowwise, the weight
+// gradient's d(pre) and x as well.
+std::vector<Fp8OperandScales> fp8_operands_taken(Fp8Recipe recipe, LinearProduct product, const LayerSpec& spec,
+                                                 std::int64_t rows, bool codes_weight, bool computes_input_gradient);
 
 }  // namespace mlptrain

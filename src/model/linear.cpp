@@ -28,8 +28,12 @@ void linear_forward_matmul(Kernels& kernels, const LinearLayer& layer, const voi
 }
 
 void linear_forward_finish(Kernels& kernels, const LinearLayer& layer, std::int64_t rows,
-                           const void* pre, void* activated) {
-  if (layer.spec.gelu) kernels.gelu_forward(pre, activated, rows, layer.spec.out_features, layer.precision.param);
+                           const void* pre, void* activated, std::optional<float*> amax) {
+  if (!layer.spec.gelu) return;
+  if (amax)
+    kernels.gelu_forward_amax(pre, activated, rows, layer.spec.out_features, layer.precision.param, *amax);
+  else
+    kernels.gelu_forward(pre, activated, rows, layer.spec.out_features, layer.precision.param);
 }
 
 void linear_backward(Kernels& kernels, const LinearLayer& layer, const void* input,
@@ -42,14 +46,17 @@ void linear_backward(Kernels& kernels, const LinearLayer& layer, const void* inp
 
 const void* linear_backward_activation(Kernels& kernels, const LinearLayer& layer, const void* pre,
                                        const void* grad_output, std::int64_t rows, void* grad_pre,
-                                       void* bias_grad, bool accumulate) {
+                                       void* bias_grad, bool accumulate, std::optional<float*> amax) {
   const std::int64_t out = layer.spec.out_features;
   const DataType type = layer.precision.param, grad_type = layer.precision.reduce;
   if (!layer.spec.gelu) {
     kernels.column_sums(grad_output, type, bias_grad, grad_type, accumulate, rows, out);
     return grad_output;
   }
-  kernels.gelu_backward(grad_output, pre, grad_pre, type, bias_grad, grad_type, accumulate, rows, out);
+  if (amax)
+    kernels.gelu_backward_amax(grad_output, pre, grad_pre, type, bias_grad, grad_type, accumulate, rows, out, *amax);
+  else
+    kernels.gelu_backward(grad_output, pre, grad_pre, type, bias_grad, grad_type, accumulate, rows, out);
   return grad_pre;
 }
 

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 
 #include "kernels/kernels.hpp"
 #include "model/model_spec.hpp"
@@ -34,9 +35,10 @@ enum class BiasPlace { in_product, after_sum };
 // pre [rows, out] = input [rows, in] W^T (+ b, in the fp32 accumulator), rounded once.
 void linear_forward_matmul(Kernels& kernels, const LinearLayer& layer, const void* input,
                            std::int64_t rows, void* pre, BiasPlace bias = BiasPlace::in_product);
-// activated = GELU(pre) when the layer has one (nothing to do otherwise).
+// activated = GELU(pre) when the layer has one (nothing to do otherwise); with `amax`, the largest
+// |activated| too (Kernels::gelu_forward_amax: the next layer's fp8 input's, taken where it is made).
 void linear_forward_finish(Kernels& kernels, const LinearLayer& layer, std::int64_t rows, const void* pre,
-                           void* activated);
+                           void* activated, std::optional<float*> amax = std::nullopt);
 
 // From grad_output (d loss / d output of the layer: of the GELU if it has one, else of pre):
 // grad_pre (workspace [rows, out]) = d loss / d pre, bias and weight gradients written
@@ -49,10 +51,11 @@ void linear_backward(Kernels& kernels, const LinearLayer& layer, const void* inp
 // linear_backward's two halves, for a caller that runs something between them. The activation's:
 // grad_pre = d loss / d pre (GELU's backward, or grad_output itself: then grad_pre is returned
 // as grad_output), and the column sums of it into `bias_grad`. The products': grad_input (if
-// not null) and the weight gradient, from d loss / d pre of `rows` rows.
+// not null) and the weight gradient, from d loss / d pre of `rows` rows. With `amax`, a layer
+// with a GELU also takes the largest |grad_pre| (Kernels::gelu_backward_amax).
 const void* linear_backward_activation(Kernels& kernels, const LinearLayer& layer, const void* pre,
                                        const void* grad_output, std::int64_t rows, void* grad_pre,
-                                       void* bias_grad, bool accumulate);
+                                       void* bias_grad, bool accumulate, std::optional<float*> amax = std::nullopt);
 // Which products' gradients linear_backward_matmul computes: both, or one of them (a split
 // backward's B or W).
 enum class ProductGradients { both, input, weight };

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "core/buffer.hpp"
+#include "model/fp8_linear.hpp"
 #include "model/moe.hpp"
 
 namespace mlptrain {
@@ -29,6 +30,8 @@ struct MicroBatchActivations {
   // Per Linear layer, between a backward's B and W: d loss / d product ([layer_rows, out]),
   // which the weight gradients need.
   std::vector<Buffer> product_grad;
+  // Per local layer under --fp8: the amax its products share (model/fp8_linear.hpp).
+  std::vector<Fp8LayerAmax> fp8_amax;
 };
 
 }  // namespace mlptrain

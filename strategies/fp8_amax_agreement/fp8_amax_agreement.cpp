@@ -42,7 +42,7 @@ bool wanted(const Config& config, const GridShape& shape) {
 // An all-reduce of each agreed operand's maxima (fp32) per product run.
 void predict(const RankLayout& layout, Prediction& prediction) {
   for_each_fp8_product(layout, [&](const Fp8ProductRun& run) {
-    for (const Fp8OperandScales& scales : fp8_operands(layout.config.precision.fp8, run.product, run.spec, run.input_rows))
+    for (const Fp8OperandScales& scales : run.operands_taken(layout.config.precision.fp8, run.input_rows))
       if (spans_replicas(scales))
         prediction.add_comm(GroupKind::data, CommOp::all_reduce,
                             scales.count * static_cast<std::int64_t>(sizeof(float)));

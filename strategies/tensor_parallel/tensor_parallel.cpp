@@ -336,7 +336,7 @@ void predict(const RankLayout& layout, Prediction& prediction) {
   for_each_fp8_product(layout, [&](const Fp8ProductRun& run) {
     const std::int64_t rows =
         run.input_rows * (gathers_input(run.layer, layout.model, layout.layers, split_rows) ? layout.shape.tp : 1);
-    for (const Fp8OperandScales& scales : fp8_operands(config.precision.fp8, run.product, run.spec, rows))
+    for (const Fp8OperandScales& scales : run.operands_taken(config.precision.fp8, rows))
       if (scale_spans_ranks(part_of(run.layer, layout.model), scales))
         amax_bytes += scales.count * static_cast<std::int64_t>(sizeof(float));
   });

@@ -202,3 +202,64 @@ TEST_F(CudaKernelsTest, Fp8GemmOfOddShapesMatchesTheEmulation) {
 }
 
 }  // namespace
+
+// The fused passes against the GPU's own separate ones, bit for bit: GELU forward and backward
+// taking the amax of what they write (packed and unpacked shapes), and one operand coded for two
+// products in one pass (tensorwise and rowwise pairs; the tensorwise as_is codes in packs too),
+// whose codes are also the CPU's.
+TEST_F(CudaKernelsTest, Fp8FusedPassesEqualTheSeparateOnes) {
+  const std::pair<std::int64_t, std::int64_t> shapes[] = {{70, 131}, {64, 128}};
+  for (const auto& [rows, cols] : shapes) {
+    const std::int64_t count = rows * cols;
+    const std::vector<std::uint8_t> pre = operand(*cpu, rows, cols, 23);
+    const std::vector<std::uint8_t> upstream = operand(*cpu, rows, cols, 24);
+    DeviceArray<std::uint8_t> device_pre(pre), device_upstream(upstream);
+    DeviceArray<std::uint8_t> fused(std::vector<std::uint8_t>(pre.size())), plain(std::vector<std::uint8_t>(pre.size()));
+    DeviceArray<float> amax{std::vector<float>{-1.0f}}, expected{std::vector<float>{-2.0f}};
+    gpu->gelu_forward_amax(device_pre.get(), fused.get(), rows, cols, DataType::bfloat16, amax.get());
+    gpu->gelu_forward(device_pre.get(), plain.get(), rows, cols, DataType::bfloat16);
+    gpu->absolute_max(plain.get(), DataType::bfloat16, rows, cols, Fp8Scaling::tensor, expected.get());
+    ASSERT_EQ(fused.host(), plain.host());
+    ASSERT_EQ(amax.host(), expected.host());
+    DeviceArray<float> fused_sums{std::vector<float>(cols, 0.0f)}, plain_sums{std::vector<float>(cols, 0.0f)};
+    gpu->gelu_backward_amax(device_upstream.get(), device_pre.get(), fused.get(), DataType::bfloat16, fused_sums.get(),
+                            DataType::float32, false, rows, cols, amax.get());
+    gpu->gelu_backward(device_upstream.get(), device_pre.get(), plain.get(), DataType::bfloat16, plain_sums.get(),
+                       DataType::float32, false, rows, cols);
+    gpu->absolute_max(plain.get(), DataType::bfloat16, rows, cols, Fp8Scaling::tensor, expected.get());
+    ASSERT_EQ(fused.host(), plain.host());
+    ASSERT_EQ(fused_sums.host(), plain_sums.host());
+    ASSERT_EQ(amax.host(), expected.host());
+
+    const std::pair<Fp8Scaling, Fp8Scaling> scalings[] = {{Fp8Scaling::tensor, Fp8Scaling::tensor},
+                                                          {Fp8Scaling::rows, Fp8Scaling::columns}};
+    for (const auto& [first, second] : scalings) {
+      const auto first_count = static_cast<std::size_t>(fp8_scale_count(first, rows, cols));
+      const auto second_count = static_cast<std::size_t>(fp8_scale_count(second, rows, cols));
+      std::vector<float> first_amax(first_count), second_amax(second_count);
+      cpu->absolute_max(pre.data(), DataType::bfloat16, rows, cols, first, first_amax.data());
+      cpu->absolute_max(pre.data(), DataType::bfloat16, rows, cols, second, second_amax.data());
+      std::vector<std::uint8_t> cpu_first(count), cpu_second(count);
+      std::vector<float> cpu_first_inverse(first_count), cpu_second_inverse(second_count);
+      cpu->quantize_fp8(pre.data(), DataType::bfloat16, rows, cols, first, first_amax.data(), Fp8Format::e4m3,
+                        Fp8CodeLayout::as_is, cpu_first.data(), cpu_first_inverse.data());
+      cpu->quantize_fp8(pre.data(), DataType::bfloat16, rows, cols, second, second_amax.data(), Fp8Format::e4m3,
+                        Fp8CodeLayout::transposed, cpu_second.data(), cpu_second_inverse.data());
+      DeviceArray<float> device_first_amax(first_amax), device_second_amax(second_amax);
+      DeviceArray<std::uint8_t> first_codes{std::vector<std::uint8_t>(count)}, second_codes{std::vector<std::uint8_t>(count)};
+      DeviceArray<float> first_inverse{std::vector<float>(first_count)}, second_inverse{std::vector<float>(second_count)};
+      gpu->quantize_fp8_pair(device_pre.get(), DataType::bfloat16, rows, cols, Fp8Format::e4m3,
+                             {first, device_first_amax.get(), first_codes.get(), first_inverse.get()},
+                             {second, device_second_amax.get(), second_codes.get(), second_inverse.get()},
+                             Fp8CodeLayout::transposed);
+      ASSERT_EQ(first_codes.host(), cpu_first);
+      ASSERT_EQ(second_codes.host(), cpu_second);
+      ASSERT_EQ(first_inverse.host(), cpu_first_inverse);
+      ASSERT_EQ(second_inverse.host(), cpu_second_inverse);
+      // The single cast's packed tensorwise path too.
+      gpu->quantize_fp8(device_pre.get(), DataType::bfloat16, rows, cols, first, device_first_amax.get(),
+                        Fp8Format::e4m3, Fp8CodeLayout::as_is, first_codes.get(), first_inverse.get());
+      ASSERT_EQ(first_codes.host(), cpu_first);
+    }
+  }
+}

@@ -2,7 +2,9 @@
 // scale's elements (one for all, one per row, one per column), the operand scaled by the power of
 // two of core/fp8.hpp, rounded and coded (its rounding is tested against the formats' tables in
 // tests/core/test_fp8.cpp), as it is or transposed, and the GEMM of codes unscaled with the bias
-// or the gradient already there added in fp32 and rounded once.
+// or the gradient already there added in fp32 and rounded once. The fused passes (GELU forward
+// and backward taking the amax of what they write; one operand coded for two products in one
+// pass) equal the separate passes bit for bit, on the CPU and on the loopback device.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -13,6 +15,7 @@
 #include "core/half_float.hpp"
 #include "core/rng.hpp"
 #include "kernels/kernels.hpp"
+#include "kernels/loopback/loopback_backend.hpp"
 
 using namespace mlptrain;
 
@@ -171,6 +174,140 @@ TEST(Fp8Kernels, GemmOfCodesIsTheirUnscaledProductRoundedOnce) {
         const double added = sum * factor + 0.75;
         ASSERT_LE(std::fabs(grads[i * n + j] - added), accumulation + std::ldexp(std::fabs(added), -23))
             << i << "," << j;
+      }
+  }
+}
+
+namespace {
+
+// A backend and host arrays moved to and from its memory (the loopback device's is not the
+// host's: its pointers only reach the host through the allocator's copies).
+struct Backend {
+  Backend(const char* name, bool loopback)
+      : name(name),
+        kernels(loopback ? make_loopback_kernels() : make_cpu_kernels()),
+        memory(loopback ? make_loopback_allocator(ledger) : std::make_unique<HostAllocator>(ledger)) {}
+
+  const char* name;
+  std::unique_ptr<Kernels> kernels;
+  MemoryLedger ledger;
+  std::unique_ptr<Allocator> memory;
+
+  template <typename T>
+  Buffer upload(const std::vector<T>& values) {
+    Buffer buffer = memory->allocate(MemoryState::workspace, values.size() * sizeof(T));
+    memory->copy_to_device(buffer.as<void>(), values.data(), values.size() * sizeof(T));
+    return buffer;
+  }
+  template <typename T>
+  std::vector<T> download(const Buffer& buffer, std::size_t count) {
+    std::vector<T> values(count);
+    memory->copy_to_host(values.data(), buffer.as<void>(), count * sizeof(T));
+    return values;
+  }
+};
+
+std::vector<std::unique_ptr<Backend>> backends() {
+  std::vector<std::unique_ptr<Backend>> made;
+  made.push_back(std::make_unique<Backend>("cpu", false));
+  made.push_back(std::make_unique<Backend>("loopback", true));
+  return made;
+}
+
+// `count` values of `type` over several binades, one far above the rest at `outlier`.
+std::vector<std::uint8_t> spread_values(std::int64_t count, DataType type, std::uint64_t seed, std::int64_t outlier) {
+  std::vector<float> values(static_cast<std::size_t>(count));
+  CounterRng(seed, "fp8-fused").fill_uniform(values.data(), 0, values.size(), -3.0f, 3.0f);
+  std::vector<std::uint8_t> stored(static_cast<std::size_t>(count) * size_of(type));
+  for (std::int64_t i = 0; i < count; ++i)
+    store_element(stored.data(), i, type, std::ldexp(values[i], static_cast<int>(i % 5) - 2) * (i == outlier ? 40.0f : 1.0f));
+  return stored;
+}
+
+}  // namespace
+
+// Rows crossing the CPU's blocks of 16 and tiles of 64; the largest magnitude in the last block.
+TEST(Fp8Kernels, GeluPassesTakeTheAmaxOfWhatTheyWriteAsAPassOverItWould) {
+  constexpr std::int64_t gelu_rows = 70, gelu_cols = 33;
+  constexpr std::int64_t count = gelu_rows * gelu_cols;
+  for (auto& backend : backends())
+    for (DataType type : {DataType::float32, DataType::bfloat16}) {
+      SCOPED_TRACE(std::string(backend->name) + " " + std::string(data_type_name(type)));
+      Kernels& kernels = *backend->kernels;
+      const std::size_t bytes = static_cast<std::size_t>(count) * size_of(type);
+      Buffer pre = backend->upload(spread_values(count, type, 1, count - 3));
+      Buffer upstream = backend->upload(spread_values(count, type, 2, count - 40));
+      Buffer fused_out = backend->memory->allocate(MemoryState::workspace, bytes);
+      Buffer plain_out = backend->memory->allocate(MemoryState::workspace, bytes);
+      Buffer amax = backend->upload(std::vector<float>{-1.0f}), expected = backend->upload(std::vector<float>{-2.0f});
+      kernels.gelu_forward_amax(pre.as<void>(), fused_out.as<void>(), gelu_rows, gelu_cols, type, amax.floats());
+      kernels.gelu_forward(pre.as<void>(), plain_out.as<void>(), gelu_rows, gelu_cols, type);
+      kernels.absolute_max(plain_out.as<void>(), type, gelu_rows, gelu_cols, Fp8Scaling::tensor, expected.floats());
+      EXPECT_EQ(backend->download<std::uint8_t>(fused_out, bytes), backend->download<std::uint8_t>(plain_out, bytes));
+      EXPECT_EQ(backend->download<float>(amax, 1), backend->download<float>(expected, 1));
+      EXPECT_GT(backend->download<float>(amax, 1)[0], 0.0f);
+      // Backward: d(pre) and the bias sums as gelu_backward's, and the amax of d(pre).
+      Buffer fused_sums = backend->upload(std::vector<float>(gelu_cols, 0.5f));
+      Buffer plain_sums = backend->upload(std::vector<float>(gelu_cols, 0.5f));
+      kernels.gelu_backward_amax(upstream.as<void>(), pre.as<void>(), fused_out.as<void>(), type, fused_sums.as<void>(),
+                                 DataType::float32, true, gelu_rows, gelu_cols, amax.floats());
+      kernels.gelu_backward(upstream.as<void>(), pre.as<void>(), plain_out.as<void>(), type, plain_sums.as<void>(),
+                            DataType::float32, true, gelu_rows, gelu_cols);
+      kernels.absolute_max(plain_out.as<void>(), type, gelu_rows, gelu_cols, Fp8Scaling::tensor, expected.floats());
+      EXPECT_EQ(backend->download<std::uint8_t>(fused_out, bytes), backend->download<std::uint8_t>(plain_out, bytes));
+      EXPECT_EQ(backend->download<float>(fused_sums, gelu_cols), backend->download<float>(plain_sums, gelu_cols));
+      EXPECT_EQ(backend->download<float>(amax, 1), backend->download<float>(expected, 1));
+    }
+}
+
+// Both codings of a pair, in both layouts of the rows-summed one and every pair of scalings a
+// product pair uses, equal quantize_fp8's two passes; the transposed codes cross tiles of 64.
+TEST(Fp8Kernels, OneOperandCodedForTwoProductsEqualsTwoSeparateCasts) {
+  constexpr std::int64_t pair_rows = 70, pair_cols = 131;
+  constexpr std::int64_t count = pair_rows * pair_cols;
+  for (auto& backend : backends()) {
+    Kernels& kernels = *backend->kernels;
+    Buffer data = backend->upload(spread_values(count, DataType::bfloat16, 3, 5 * pair_cols + 9));
+    const std::pair<Fp8Scaling, Fp8Scaling> scalings[] = {{Fp8Scaling::tensor, Fp8Scaling::tensor},
+                                                          {Fp8Scaling::rows, Fp8Scaling::columns}};
+    for (const auto& [first_scaling, second_scaling] : scalings)
+      for (Fp8CodeLayout layout : {Fp8CodeLayout::as_is, Fp8CodeLayout::transposed}) {
+        SCOPED_TRACE(std::string(backend->name) + (layout == Fp8CodeLayout::as_is ? " as_is" : " transposed"));
+        const std::int64_t first_count = fp8_scale_count(first_scaling, pair_rows, pair_cols);
+        const std::int64_t second_count = fp8_scale_count(second_scaling, pair_rows, pair_cols);
+        Buffer first_amax = backend->upload(std::vector<float>(first_count));
+        Buffer second_amax = backend->upload(std::vector<float>(second_count));
+        kernels.absolute_max(data.as<void>(), DataType::bfloat16, pair_rows, pair_cols, first_scaling, first_amax.floats());
+        kernels.absolute_max(data.as<void>(), DataType::bfloat16, pair_rows, pair_cols, second_scaling,
+                             second_amax.floats());
+        const auto room = [&](std::int64_t scales) {
+          return std::pair{backend->memory->allocate(MemoryState::workspace, static_cast<std::size_t>(count)),
+                           backend->upload(std::vector<float>(scales, -1.0f))};
+        };
+        auto [paired_first, paired_first_inverse] = room(first_count);
+        auto [paired_second, paired_second_inverse] = room(second_count);
+        auto [single_first, single_first_inverse] = room(first_count);
+        auto [single_second, single_second_inverse] = room(second_count);
+        kernels.quantize_fp8_pair(
+            data.as<void>(), DataType::bfloat16, pair_rows, pair_cols, Fp8Format::e4m3,
+            {first_scaling, first_amax.floats(), paired_first.as<std::uint8_t>(), paired_first_inverse.floats()},
+            {second_scaling, second_amax.floats(), paired_second.as<std::uint8_t>(), paired_second_inverse.floats()},
+            layout);
+        kernels.quantize_fp8(data.as<void>(), DataType::bfloat16, pair_rows, pair_cols, first_scaling,
+                             first_amax.floats(), Fp8Format::e4m3, Fp8CodeLayout::as_is,
+                             single_first.as<std::uint8_t>(), single_first_inverse.floats());
+        kernels.quantize_fp8(data.as<void>(), DataType::bfloat16, pair_rows, pair_cols, second_scaling,
+                             second_amax.floats(), Fp8Format::e4m3, layout, single_second.as<std::uint8_t>(),
+                             single_second_inverse.floats());
+        const auto codes = [&](const Buffer& buffer) { return backend->download<std::uint8_t>(buffer, count); };
+        EXPECT_EQ(codes(paired_first), codes(single_first));
+        EXPECT_EQ(codes(paired_second), codes(single_second));
+        EXPECT_EQ(backend->download<float>(paired_first_inverse, first_count),
+                  backend->download<float>(single_first_inverse, first_count));
+        EXPECT_EQ(backend->download<float>(paired_second_inverse, second_count),
+                  backend->download<float>(single_second_inverse, second_count));
+        // The two codings differ where their scales do: the test would see a swapped pair.
+        if (first_scaling != second_scaling) EXPECT_NE(codes(paired_first), codes(paired_second));
       }
   }
 }
