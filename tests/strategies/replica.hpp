@@ -61,9 +61,12 @@ struct Replica {
     const GridCoordinates& place = groups->place();
     const auto read = [&](int micro_batch, MicroBatchActivations& activations, bool inputs) {
       const std::int64_t first = micro_batch * config.data.global_batch / config.data.micro_batches + place.dp * local_rows();
-      if (inputs)
-        CounterRng(3, "inputs").fill_normal(activations.input.floats(), first * input_dim,
-                                           activations.rows * input_dim, 0.0f, 1.0f);
+      if (inputs) {  // drawn in fp32, rounded to the param type
+        std::vector<float> drawn(static_cast<std::size_t>(activations.rows * input_dim));
+        CounterRng(3, "inputs").fill_normal(drawn.data(), first * input_dim, drawn.size(), 0.0f, 1.0f);
+        kernels->convert(drawn.data(), DataType::float32, activations.input.as<void>(),
+                         model->placement.precision.param, drawn.size());
+      }
       if (!activations.targets.empty())  // the chunk that computes the loss
         CounterRng(3, "targets").fill_normal(activations.targets.floats(), first * output_dim,
                                             activations.rows * output_dim, 0.0f, 1.0f);

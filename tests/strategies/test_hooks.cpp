@@ -1,7 +1,8 @@
 // The loop's seam, pinned down with strategies of the test's own: the order in which the runner
 // and the executor call every hook over a step (with and without recomputation), and a strategy
 // that substitutes a layer's input and row count, which the runner must honour in forward,
-// backward and recomputation. Each rank runs its own one-process model.
+// backward and recomputation; and under --fp8, which amax the products take and agree on (each
+// once: the weight's once a step). Each rank runs its own one-process model.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -156,5 +157,59 @@ TEST(Hooks, SubstitutedRowsAreHonouredInForwardBackwardAndRecomputation) {
     });
     // Layer 1's outputs were allocated for twice the rows.
     EXPECT_GT(doubled.memory.peak(MemoryState::activations), plain.memory.peak(MemoryState::activations));
+  }
+}
+
+namespace {
+
+// Counts the fp8 amax agreements of a step by operand and scaling, and at which micro-batches
+// the weight's happen.
+class AmaxRecorder final : public Strategy, public LayerHooks {
+ public:
+  explicit AmaxRecorder(const StrategyContext&) {}
+  std::map<std::pair<Fp8Operand, Fp8Scaling>, int> agreements;
+  std::vector<int> weight_micro_batches;
+
+  void agree_operand_amax(const OperandAmax& event) override {
+    ++agreements[{event.scales.operand, event.scales.scaling}];
+    if (event.scales.operand == Fp8Operand::weight) weight_micro_batches.push_back(event.micro_batch);
+  }
+};
+
+const StrategyRegistration amax_recorder = register_strategy<AmaxRecorder>({.name = "amax_recorder", .wanted = always});
+
+}  // namespace
+
+// Three dense layers, two micro-batches, counted from the contract (DESIGN.md §2.7): tensorwise,
+// the weight is coded once a step (one agreement a layer, at micro-batch 0), x agreed by each
+// forward (the weight gradient reuses it) and d(pre) by its first product (the input gradient;
+// the first layer's weight gradient): 3 + 6 + 6. Rowwise scales x and d(pre) by rows in one
+// product and by columns in the other, the weight by rows and by columns (both once a step).
+// Recomputation's forwards agree x again, never the weight.
+TEST(Hooks, Fp8ProductsAgreeEachAmaxOnce) {
+  struct Case {
+    Fp8Recipe recipe;
+    bool recompute;
+    std::map<std::pair<Fp8Operand, Fp8Scaling>, int> expected;
+  };
+  using O = Fp8Operand;
+  using S = Fp8Scaling;
+  const Case cases[] = {
+      {Fp8Recipe::tensorwise, false, {{{O::weight, S::tensor}, 3}, {{O::input, S::tensor}, 6}, {{O::output_grad, S::tensor}, 6}}},
+      {Fp8Recipe::rowwise, false,
+       {{{O::weight, S::rows}, 3}, {{O::weight, S::columns}, 3}, {{O::input, S::rows}, 6}, {{O::input, S::columns}, 6},
+        {{O::output_grad, S::rows}, 4}, {{O::output_grad, S::columns}, 6}}},
+      // Segments of one layer: the backward recomputes layers 1 and 2 (the first keeps its input).
+      {Fp8Recipe::tensorwise, true, {{{O::weight, S::tensor}, 3}, {{O::input, S::tensor}, 10}, {{O::output_grad, S::tensor}, 6}}},
+  };
+  for (const Case& test : cases) {
+    Config config = three_layers(test.recompute);
+    config.precision.param_dtype = DataType::bfloat16;
+    config.precision.fp8 = test.recipe;
+    Replica replica(MPI_COMM_SELF, config, Strategies{&amax_recorder});
+    auto& recorder = dynamic_cast<AmaxRecorder&>(replica.model->strategies->object("amax_recorder"));
+    replica.step();
+    EXPECT_EQ(recorder.agreements, test.expected) << choice_name(test.recipe) << (test.recompute ? " recompute" : "");
+    EXPECT_EQ(recorder.weight_micro_batches, std::vector<int>(recorder.weight_micro_batches.size(), 0));
   }
 }
