@@ -13,7 +13,11 @@ together mean anything):
            targets: bf16 at most 0.90x eager and 1.0x compiled, fp32 and TF32 at most 1.0x eager)
   fp8      the same step with fp8 products (--fp8 tensorwise, rowwise, and tensorwise with
            --fp8-fast-accumulation) against the bf16 step of the same run (target: tensorwise at
-           most 0.65x bf16's)
+           most 0.65x bf16's), and each run's last loss against bf16's (target: within 2 %)
+
+Every run trains the model as a user would (training_flags: a learning rate for its width,
+warm-up, clipping) and its losses are kept beside its times; a run whose loss is not finite,
+rises tenfold over its first or ends no lower than it began gives no figure (`refused`).
   kernels  every kernel besides the GEMMs on a layer of 8192 x 8192 (layerbench's kernel table):
            its time, the bytes it moves and their rate against a device copy of as many bytes
            (target: at least 0.7), and the built-in samples generated per second
@@ -31,6 +35,7 @@ Writes OUTPUT_DIR/step.json (with the fp8 figures), kernels.json, staging.json a
 commbench.json (default results/gpu/). With --device loopback and --tiny it runs the same code without a GPU (the test
 suite does): that checks the script, and measures nothing about a GPU."""
 import argparse
+import math
 import os
 import statistics
 import subprocess
@@ -78,13 +83,45 @@ def torch_step_ms(args, precision, compiled=False):
         return None
 
 
+def training_flags(args):
+    """How the benchmark's model is trained. A deep MLP without residuals or norms, in PyTorch's
+    initialization, takes AdamW's per-element steps of about lr on weights of about 1 / sqrt(width)
+    summed over `width` inputs: lr x width sets how far a step moves a layer's output. At 1e-3 the
+    8192-wide model diverges within 6 steps (lr x width = 8); near 1 it leaves its initial loss
+    after a few dozen steps (16 layers of 512 and 1024 on the CPU, mixture data) and then falls.
+    Warm-up and clipping keep the first steps from overshooting."""
+    lr = args.lr if args.lr is not None else 1.0 / args.hidden
+    # A diverging run goes on (its steps skipped) so that its losses say why it gives no figure.
+    return ["--lr", f"{lr:.4g}", "--warmup-steps", "10", "--grad-clip", "1", "--on-nan", "skip"]
+
+
+def loss_verdict(losses):
+    """Why a run's speed is no figure (None where its model trained): a loss that is not finite,
+    one that rises tenfold over the first, or a last loss no lower than the first."""
+    if not losses or not all(math.isfinite(loss) for loss in losses):
+        return "a loss is not finite"
+    if max(losses) > 10 * losses[0]:
+        return f"the loss rose tenfold ({losses[0]:.4g} to {max(losses):.4g})"
+    if losses[-1] >= losses[0]:
+        return f"the loss did not fall ({losses[0]:.4g} to {losses[-1]:.4g})"
+    return None
+
+
 def timed_step(args, name, flags):
-    """mlptrain's median step, its median wait for data and its summary on the benchmark's model."""
+    """mlptrain's median step, its median wait for data, its summary and its losses on the
+    benchmark's model, trained (training_flags); the times are None where loss_verdict refuses
+    them."""
     ms, summary = train(1, ["--dataset", "mixture", "--layers", args.layers, "--hidden", args.hidden,
                             "--input-dim", args.hidden, "--output-dim", 10, "--global-batch", args.batch,
-                            "--steps", args.steps, "--device", args.device] + flags, name)
-    data_ms = statistics.median(r["data_ms"] for r in read_records(name) if not r.get("summary"))
-    return ms, data_ms, summary
+                            "--steps", args.steps, "--device", args.device] + training_flags(args) + flags, name)
+    records = [r for r in read_records(name) if not r.get("summary")]
+    losses = {"every_step": [r["loss"] for r in records]}
+    refused = loss_verdict(losses["every_step"])
+    losses.update({"first": losses["every_step"][0], "last": losses["every_step"][-1]} if records else {})
+    if refused:
+        print(f"bench: {name}: no figure: {refused}", flush=True)
+        return None, None, summary, dict(losses, refused=refused)
+    return ms, statistics.median(r["data_ms"] for r in records), summary, losses
 
 
 def step_figures(args, precision):
@@ -99,8 +136,10 @@ def step_figures(args, precision):
                sum(last[k] for k in gemms))
     other_ms = ((hidden["gelu_forward_ms"] + hidden["gelu_backward_ms"] + hidden["adamw_ms"]) * (layers - 1)
                 + last["adamw_ms"])
-    step_ms, data_ms, summary = timed_step(args, f"gpu-step-{precision}", PRECISIONS[precision]["mlptrain"])
-    figures = {"gemm_ms_per_step": gemm_ms, "other_kernels_ms_per_step": other_ms, "step_ms": step_ms,
+    step_ms, data_ms, summary, losses = timed_step(args, f"gpu-step-{precision}", PRECISIONS[precision]["mlptrain"])
+    if step_ms is None:
+        return {"losses": losses, "refused": losses["refused"]}
+    figures = {"gemm_ms_per_step": gemm_ms, "other_kernels_ms_per_step": other_ms, "step_ms": step_ms, "losses": losses,
                "data_wait_ms": data_ms, "data_wait_share_of_step": data_ms / step_ms,
                "gemm_share_of_step": gemm_ms / step_ms, "other_kernels_share_of_step": other_ms / step_ms,
                "mfu": summary.get("mfu"), "layerbench_hidden_layer": hidden, "layerbench_last_layer": last}
@@ -112,19 +151,24 @@ def step_figures(args, precision):
     return figures
 
 
-def fp8_figures(args, bf16_ms):
-    """Each fp8 recipe's step against the bf16 step measured in the same run (one is timed here
-    where the step part did not run)."""
-    if bf16_ms is None:
-        bf16_ms, _, _ = timed_step(args, "gpu-step-fp8-baseline-bf16", PRECISIONS["bf16"]["mlptrain"])
-    figures = {"bf16_step_ms": bf16_ms}
+def fp8_figures(args, bf16):
+    """Each fp8 recipe's step and last loss against the bf16 step measured in the same run
+    (timed_step's four figures; one is timed here where the step part did not run)."""
+    bf16_ms, _, _, bf16_losses = bf16 if bf16 else timed_step(args, "gpu-step-fp8-baseline-bf16",
+                                                               PRECISIONS["bf16"]["mlptrain"])
+    figures = {"bf16_step_ms": bf16_ms, "bf16_losses": bf16_losses}
     for recipe, flags in FP8_RECIPES.items():
         if "--fp8-fast-accumulation" in flags and args.device != "cuda":
             continue  # the tensor cores' accumulator: nothing to ask of the CPU's emulation
-        ms, data_ms, _ = timed_step(args, "gpu-step-fp8-" + recipe.replace(" ", "-"),
-                                    PRECISIONS["bf16"]["mlptrain"] + flags)
-        figures[recipe] = {"step_ms": ms, "data_wait_ms": data_ms, "step_over_bf16": ms / bf16_ms}
-        print(f"bench: fp8 {recipe} step {ms:.2f} ms, {ms / bf16_ms:.2f}x bf16's {bf16_ms:.2f} ms", flush=True)
+        ms, data_ms, _, losses = timed_step(args, "gpu-step-fp8-" + recipe.replace(" ", "-"),
+                                            PRECISIONS["bf16"]["mlptrain"] + flags)
+        figures[recipe] = {"step_ms": ms, "data_wait_ms": data_ms, "losses": losses,
+                           "step_over_bf16": ms / bf16_ms if ms and bf16_ms else None,
+                           "last_loss_over_bf16": losses["last"] / bf16_losses["last"]
+                           if "last" in losses and "last" in bf16_losses else None}
+        if ms and bf16_ms:
+            print(f"bench: fp8 {recipe} step {ms:.2f} ms, {ms / bf16_ms:.2f}x bf16's {bf16_ms:.2f} ms; last loss "
+                  f"{losses['last']:.4f} against bf16's {bf16_losses['last']:.4f}", flush=True)
     return figures
 
 
@@ -218,7 +262,9 @@ def main():
     parser.add_argument("--device", choices=("cuda", "loopback"), default="cuda")
     parser.add_argument("--tiny", action="store_true", help="small sizes: a smoke run of the script")
     parser.add_argument("--rounds", type=int, default=3, help="staging measurements per world size (median)")
-    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=60,
+                        help="steps of each run (the model leaves its initial loss after a few dozen)")
+    parser.add_argument("--lr", type=float, default=None, help="learning rate (default: 1 / width, training_flags)")
     parser.add_argument("--output-dir", default=os.path.join(ROOT, "results", "gpu"))
     parser.add_argument("--parts", default="step,fp8,kernels,staging,commbench",
                         help="which measurements, comma-separated (a GPU lent for minutes may not hold them all: "
@@ -245,7 +291,8 @@ def main():
         for precision in PRECISIONS if args.device == "cuda" else ("fp32",):
             step[precision] = step_figures(args, precision)
     if "fp8" in parts:
-        step["fp8"] = fp8_figures(args, step.get("bf16", {}).get("step_ms"))
+        bf16 = step.get("bf16", {})
+        step["fp8"] = fp8_figures(args, (bf16["step_ms"], None, None, bf16["losses"]) if bf16.get("step_ms") else None)
     if "step" in parts or "fp8" in parts:
         write_result(os.path.join(args.output_dir, "step.json"), step)
     if "kernels" in parts:
@@ -268,7 +315,7 @@ def main():
         write_result(os.path.join(args.output_dir, "commbench.json"),
                      {"device": args.device, "rows": every_collective(args)})
     for precision in PRECISIONS:
-        if precision in step:
+        if precision in step and step[precision].get("step_ms"):
             figures = step[precision]
             versus = (f", PyTorch {figures['pytorch_step_ms']:.2f} ms ({figures['step_over_pytorch']:.2f}x)"
                       if figures.get("step_over_pytorch") else "")

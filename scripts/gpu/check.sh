@@ -8,7 +8,8 @@
 #   <check>.log     each check's output; summary.txt one line per check: ok or FAILED (exit code)
 #   results/        bench.py's step.json, kernels.json, staging.json and commbench.json, the
 #                   planner's calibration rows, plans and plan_vs_measured.json, and the
-#                   profile's kernels_ncu.json (scripts/gpu/ncu_kernels.py)
+#                   profile's kernel tables of a bf16 and an fp8 tensorwise step,
+#                   kernels_ncu.json and kernels_ncu_fp8.json (scripts/gpu/ncu_kernels.py)
 # Checks: build, cuda_kernels (test_cuda_kernels), device (tests/integration/test_device.py:
 # every layout on CUDA against the CPU, host-staged MPI at 2 and 4 ranks sharing the GPU, NCCL at
 # one rank, offloaded update, checkpoints across devices), offload, commbench (mpi-staged and
@@ -209,15 +210,23 @@ for phase in "${phases[@]}"; do
       # from the second step on: a step of 16 layers launches about 110 kernels, so 250 hold two
       # updates, and the table covers the launches between them, one whole step.
       check copy_rate sh -c "build-gpu/layerbench 8192 8192 8192 3 --device cuda --dtype bf16 > '$output/layerbench_bf16.json'"
-      check profile sh -c "ncu --clock-control none --csv --print-units base \
-          --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \
-          --launch-skip ${PROFILE_SKIP:-200} --launch-count ${PROFILE_COUNT:-250} build-gpu/mlptrain --dataset mixture \
-          --layers 16 --hidden 8192 --input-dim 8192 --output-dim 10 --global-batch 8192 --steps 5 \
-          --param-dtype bf16 --device cuda --log-every 0 > '$output/profile.csv'"
+      # The bf16 step, and the fp8 tensorwise step beside it (about 30 launches a layer: more
+      # skipped and counted to hold two updates).
       copy_gbps=$("${python:-python3}" -c "import json, sys; rows = json.load(open(sys.argv[1]))['kernel_table']
 print(next(r['gbytes_per_s'] / r['of_copy_rate'] for r in rows if r['kernel'] == 'gelu_forward'))" "$output/layerbench_bf16.json")
-      check kernel_table "${python:-python3}" scripts/gpu/ncu_kernels.py "$output/profile.csv" --copy-gbps "$copy_gbps" \
-        --output "$output/results/kernels_ncu.json"
+      for profiled in "bf16::${PROFILE_SKIP:-200}:${PROFILE_COUNT:-250}" \
+                      "fp8:--fp8 tensorwise:${PROFILE_FP8_SKIP:-800}:${PROFILE_FP8_COUNT:-1000}"; do
+        IFS=: read -r name flags skip count <<<"$profiled"
+        suffix=${name/bf16/}
+        check "profile${suffix:+_$suffix}" sh -c "ncu --clock-control none --csv --print-units base \
+            --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \
+            --launch-skip $skip --launch-count $count build-gpu/mlptrain --dataset mixture \
+            --layers 16 --hidden 8192 --input-dim 8192 --output-dim 10 --global-batch 8192 --steps 5 \
+            --param-dtype bf16 $flags --device cuda --log-every 0 > '$output/profile${suffix:+_$suffix}.csv'"
+        check "kernel_table${suffix:+_$suffix}" "${python:-python3}" scripts/gpu/ncu_kernels.py \
+          "$output/profile${suffix:+_$suffix}.csv" --copy-gbps "$copy_gbps" \
+          --output "$output/results/kernels_ncu${suffix:+_$suffix}.json"
+      done
       ;;
   esac
 done

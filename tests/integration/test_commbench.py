@@ -137,10 +137,18 @@ class Commbench(TrainingTestCase):
             steps = json.load(handle)
         step = steps["fp32"]
         # fp8 steps against a bf16 step of the same run (the CPU's emulation here).
-        self.assertEqual({"tensorwise", "rowwise"} | {"bf16_step_ms"}, set(steps["fp8"]))
+        self.assertEqual({"tensorwise", "rowwise", "bf16_step_ms", "bf16_losses"}, set(steps["fp8"]))
         for recipe in ("tensorwise", "rowwise"):
             self.assertAlmostEqual(steps["fp8"][recipe]["step_over_bf16"],
                                    steps["fp8"][recipe]["step_ms"] / steps["fp8"]["bf16_step_ms"])
+        # Every timed run trained: its losses kept, the last below the first; fp8's against bf16's.
+        for losses in [step["losses"], steps["fp8"]["bf16_losses"]] + [steps["fp8"][r]["losses"] for r in ("tensorwise", "rowwise")]:
+            self.assertEqual(len(losses["every_step"]), 60)
+            self.assertLess(losses["last"], losses["first"])
+            self.assertNotIn("refused", losses)
+        for recipe in ("tensorwise", "rowwise"):
+            self.assertAlmostEqual(steps["fp8"][recipe]["last_loss_over_bf16"],
+                                   steps["fp8"][recipe]["losses"]["last"] / steps["fp8"]["bf16_losses"]["last"])
         self.assertGreater(step["gemm_ms_per_step"], 0)
         self.assertAlmostEqual(step["gemm_share_of_step"], step["gemm_ms_per_step"] / step["step_ms"])
         self.assertAlmostEqual(step["data_wait_share_of_step"], step["data_wait_ms"] / step["step_ms"])
@@ -166,6 +174,19 @@ class Commbench(TrainingTestCase):
         self.assertTrue({"all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast", "send_recv"} <=
                         {row["collective"] for row in rows})
         self.assertTrue(all(row["correct"] for row in rows))
+        # A diverging run gives no figure: its speed refused, the reason beside its losses.
+        diverging = os.path.join(self.directory, "diverging")
+        result = subprocess.run([sys.executable, os.path.join(SOURCE_ROOT, "scripts", "gpu", "bench.py"),
+                                 "--device", "loopback", "--tiny", "--parts", "fp8", "--lr", "5", "--steps", "20",
+                                 "--output-dir", diverging], capture_output=True, text=True, timeout=300)
+        self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
+        with open(os.path.join(diverging, "step.json")) as handle:
+            fp8 = json.load(handle)["fp8"]
+        self.assertIsNone(fp8["bf16_step_ms"])
+        for recipe in ("tensorwise", "rowwise"):
+            self.assertIsNone(fp8[recipe]["step_ms"])
+            self.assertIsNone(fp8[recipe]["step_over_bf16"])
+            self.assertIn("rose tenfold", fp8[recipe]["losses"]["refused"])
         # A short loan measures a part alone: staging at the world sizes asked, nothing else written.
         part = os.path.join(self.directory, "part")
         result = subprocess.run([sys.executable, os.path.join(SOURCE_ROOT, "scripts", "gpu", "bench.py"),
