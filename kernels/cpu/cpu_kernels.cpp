@@ -122,9 +122,7 @@ class CpuKernels final : public Kernels {
       const auto at = static_cast<std::size_t>(first * cols);
       void* out = advance(activated, at, type);
       gelu_forward(advance(pre, at, type), out, block, cols, type);
-      float block_largest = 0.0f;
-      cpu_fp8::absolute_max(out, type, block, cols, Fp8Scaling::tensor, &block_largest);
-      largest = cpu_fp8::larger_magnitude(largest, block_largest);
+      largest = cpu_fp8::larger_magnitude(largest, cpu_fp8::largest_magnitude(out, type, block * cols));
     }
     amax[0] = largest;
   }
@@ -134,10 +132,8 @@ class CpuKernels final : public Kernels {
     float largest = 0.0f;
     gelu_backward_rows(grad_activated, pre, grad_pre, type, bias_grad, bias_grad_type, accumulate, rows, cols,
                        [&](std::int64_t row) {
-                         float row_largest = 0.0f;
-                         cpu_fp8::absolute_max(advance(grad_pre, static_cast<std::size_t>(row * cols), type), type, 1,
-                                               cols, Fp8Scaling::tensor, &row_largest);
-                         largest = cpu_fp8::larger_magnitude(largest, row_largest);
+                         const void* stored = advance(grad_pre, static_cast<std::size_t>(row * cols), type);
+                         largest = cpu_fp8::larger_magnitude(largest, cpu_fp8::largest_magnitude(stored, type, cols));
                        });
     amax[0] = largest;
   }

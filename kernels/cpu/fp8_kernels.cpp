@@ -211,6 +211,18 @@ void quantize_pair(const void* data, DataType type, std::int64_t rows, std::int6
                {{first, Fp8CodeLayout::as_is, summed_columns.codes}, {second, summed_rows_layout, summed_rows.codes}});
 }
 
+float largest_magnitude(const void* data, DataType type, std::int64_t count) {
+  float largest = 0.0f;
+  with_element(type, [&](auto element) {
+    using E = decltype(element);
+    const auto* values = elements<E>(data);
+    std::uint32_t bits = 0;
+    for (std::int64_t i = 0; i < count; ++i) bits = std::max(bits, magnitude_bits(values[i]));
+    largest = from_magnitude_bits<E>(bits);
+  });
+  return largest;
+}
+
 float larger_magnitude(float a, float b) {
   // Non-negative floats (NaN's magnitude above infinity's) order as their bits.
   return std::bit_cast<std::uint32_t>(a) >= std::bit_cast<std::uint32_t>(b) ? a : b;

@@ -21,7 +21,10 @@ void quantize(const void* data, DataType type, std::int64_t rows, std::int64_t c
 // Both codings of quantize_fp8_pair in one pass over the operand, a tile of rows at a time.
 void quantize_pair(const void* data, DataType type, std::int64_t rows, std::int64_t cols, Fp8Format format,
                    const Fp8Coding& summed_columns, const Fp8Coding& summed_rows, Fp8CodeLayout summed_rows_layout);
-// The larger of two maxima (non-negative, or NaN: the larger of all).
+// The largest |value| of `count` contiguous values, on the calling thread (a pass fused into
+// another kernel's loop over rows it has in cache); the larger of two such maxima (NaN the
+// largest of all).
+float largest_magnitude(const void* data, DataType type, std::int64_t count);
 float larger_magnitude(float a, float b);
 
 // The emulated fp8 GEMM: its workspace (both operands' values in bf16, the fp32 sums), and the

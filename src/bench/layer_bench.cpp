@@ -96,6 +96,30 @@ nlohmann::json kernel_table(Kernels& kernels, Allocator& memory, DataType type, 
   add("convert_samples", repeated([&] { kernels.convert(floats.as<void>(), DataType::float32, output.as<void>(), type, count); }),
       (4 + element) * elements);
   add("adamw", adamw_ms, adamw_bytes);
+  // An fp8 step's passes (tensorwise; DESIGN.md §2.7): GELU taking the amax of what it writes,
+  // an amax pass, and the casts of an operand for one product or, in one pass, for two.
+  Buffer amax = buffer(DataType::float32, 1.0f), inverse = buffer(DataType::float32, 1.0f);
+  Buffer codes = memory.allocate(MemoryState::workspace, count), transposed = memory.allocate(MemoryState::workspace, count);
+  add("gelu_forward_amax", repeated([&] {
+        kernels.gelu_forward_amax(pre.as<void>(), output.as<void>(), rows, out, type, amax.floats());
+      }), 2 * element * elements);
+  add("gelu_backward_amax_with_bias_grad", repeated([&] {
+        kernels.gelu_backward_amax(upstream.as<void>(), pre.as<void>(), output.as<void>(), type, sums.as<void>(),
+                                   DataType::float32, true, rows, out, amax.floats());
+      }), 3 * element * elements);
+  add("fp8_amax", repeated([&] { kernels.absolute_max(pre.as<void>(), type, rows, out, Fp8Scaling::tensor, amax.floats()); }),
+      element * elements);
+  for (const auto& [name, layout] : {std::pair{"fp8_cast", Fp8CodeLayout::as_is}, {"fp8_cast_transposed", Fp8CodeLayout::transposed}})
+    add(name, repeated([&] {
+          kernels.quantize_fp8(pre.as<void>(), type, rows, out, Fp8Scaling::tensor, amax.floats(), Fp8Format::e4m3, layout,
+                               codes.as<std::uint8_t>(), inverse.floats());
+        }), (element + 1) * elements);
+  add("fp8_cast_pair", repeated([&] {
+        kernels.quantize_fp8_pair(pre.as<void>(), type, rows, out, Fp8Format::e4m3,
+                                  {Fp8Scaling::tensor, amax.floats(), codes.as<std::uint8_t>(), inverse.floats()},
+                                  {Fp8Scaling::tensor, amax.floats(), transposed.as<std::uint8_t>(), inverse.floats()},
+                                  kernels.fp8_summed_rows_layout());
+      }), (element + 2) * elements);
   // Samples of `out` inputs generated where the kernels run (a mixture's, with labels).
   const auto dataset = open_dataset({.kind = DatasetKind::mixture, .input_dim = out, .output_dim = 10});
   SyntheticSamples samples = *dataset->synthetic();
