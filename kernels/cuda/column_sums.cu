@@ -44,7 +44,7 @@ __global__ void column_partials_kernel(const Stored<E>* data, const Stored<E>* p
         for (int v = 0; v < V; ++v) {
           gradient.values[v] = E::store(E::load(upstream.values[v]) * gelu_slope(E::load(x.values[v])));
           sums[v] += E::load(gradient.values[v]);
-          largest = max(largest, magnitude_bits_of(E::load(gradient.values[v])));
+          largest = max(largest, magnitude_bits(E::load(gradient.values[v])));
         }
         out[at] = gradient;
       } else {

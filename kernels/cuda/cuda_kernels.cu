@@ -91,33 +91,12 @@ class CudaKernels final : public Kernels {
   }
 
   void gelu_forward(const void* pre, void* activated, std::int64_t rows, std::int64_t cols, DataType type) override {
-    with_device_element(type, [&](auto element) {
-      using E = decltype(element);
-      constexpr int V = pack_width<E>;
-      const std::int64_t count = rows * cols;
-      if (packs_fit({pre, activated}, count, V))
-        launch(gelu_forward_kernel<E, V>, count / V, static_cast<const Stored<E>*>(pre), static_cast<Stored<E>*>(activated),
-               count / V);
-      else
-        launch(gelu_forward_kernel<E, 1>, count, static_cast<const Stored<E>*>(pre), static_cast<Stored<E>*>(activated),
-               count);
-    });
+    launch_gelu_forward<false>(pre, activated, rows * cols, type, nullptr);
   }
   void gelu_forward_amax(const void* pre, void* activated, std::int64_t rows, std::int64_t cols, DataType type,
                          float* amax) override {
     check(cudaMemsetAsync(amax, 0, sizeof(float), stream_), "cudaMemsetAsync");
-    auto* amax_bits = reinterpret_cast<std::uint32_t*>(amax);
-    with_device_element(type, [&](auto element) {
-      using E = decltype(element);
-      constexpr int V = pack_width<E>;
-      const std::int64_t count = rows * cols;
-      if (packs_fit({pre, activated}, count, V))
-        launch(gelu_forward_amax_kernel<E, V>, count / V, static_cast<const Stored<E>*>(pre),
-               static_cast<Stored<E>*>(activated), count / V, amax_bits);
-      else
-        launch(gelu_forward_amax_kernel<E, 1>, count, static_cast<const Stored<E>*>(pre),
-               static_cast<Stored<E>*>(activated), count, amax_bits);
-    });
+    launch_gelu_forward<true>(pre, activated, rows * cols, type, reinterpret_cast<std::uint32_t*>(amax));
   }
   void gelu_backward_amax(const void* grad_activated, const void* pre, void* grad_pre, DataType type, void* bias_grad,
                           DataType bias_grad_type, bool accumulate, std::int64_t rows, std::int64_t cols,
@@ -324,6 +303,21 @@ class CudaKernels final : public Kernels {
     if (count <= 0) return;
     kernel<<<blocks_for(count), block_threads, 0, stream_>>>(arguments...);
     check(cudaGetLastError(), "kernel launch");
+  }
+  // GELU in packs where the pointers and the count allow, one element at a time otherwise.
+  template <bool takes_amax>
+  void launch_gelu_forward(const void* pre, void* activated, std::int64_t count, DataType type,
+                           std::uint32_t* amax_bits) {
+    with_device_element(type, [&](auto element) {
+      using E = decltype(element);
+      constexpr int V = pack_width<E>;
+      const auto* in = static_cast<const Stored<E>*>(pre);
+      auto* out = static_cast<Stored<E>*>(activated);
+      if (packs_fit({pre, activated}, count, V))
+        launch(gelu_forward_kernel<E, V, takes_amax>, count / V, in, out, count / V, amax_bits);
+      else
+        launch(gelu_forward_kernel<E, 1, takes_amax>, count, in, out, count, amax_bits);
+    });
   }
   void clear_totals() { check(cudaMemsetAsync(totals_device_, 0, 2 * sizeof(double), stream_), "cudaMemsetAsync"); }
   const double* read_totals() {

@@ -73,6 +73,17 @@ __device__ void block_sum_into(double value, double* total) {
   if (threadIdx.x == 0) atomicAdd(total, sum);
 }
 
+// |value|'s bits: non-negative floats (NaN's above infinity's) order as their bits, so maxima
+// (fp8's amax) combine with atomicMax on them.
+__device__ std::uint32_t magnitude_bits(float value) { return __float_as_uint(value) & 0x7fffffffu; }
+
+// The warp's largest magnitude bits into *amax_bits, one atomic a warp (every lane of a whole
+// warp must call it; *amax_bits starts at 0).
+__device__ void warp_amax(std::uint32_t largest, std::uint32_t* amax_bits) {
+  largest = __reduce_max_sync(0xffffffffu, largest);
+  if (threadIdx.x % 32 == 0 && largest > 0) atomicMax(amax_bits, largest);
+}
+
 #define GRID_STRIDE(index, count)                                                              \
   for (std::int64_t index = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; \
        index < (count); index += static_cast<std::int64_t>(gridDim.x) * blockDim.x)

@@ -6,6 +6,7 @@
 #include "kernels/cuda/fp8_kernels.hpp"
 
 #include <algorithm>
+#include <initializer_list>
 
 #include "core/fp8.hpp"
 #include "kernels/cuda/cuda_check.hpp"
@@ -19,8 +20,6 @@ constexpr int warp_size = 32;
 constexpr int tile = 32;       // the transposing tile's side, and the column tiles' width
 constexpr int tile_rows = 8;   // rows of threads a tile's block walks it with
 
-__device__ std::uint32_t magnitude_bits(float value) { return __float_as_uint(value) & 0x7fffffffu; }
-
 __device__ std::int64_t scale_index(Fp8Scaling scaling, std::int64_t row, std::int64_t col) {
   return scaling == Fp8Scaling::tensor ? 0 : scaling == Fp8Scaling::rows ? row : col;
 }
@@ -30,8 +29,7 @@ template <typename E>
 __global__ void tensor_amax_kernel(const Stored<E>* data, std::int64_t count, std::uint32_t* amax_bits) {
   std::uint32_t largest = 0;
   GRID_STRIDE(i, count) largest = max(largest, magnitude_bits(E::load(data[i])));
-  largest = __reduce_max_sync(0xffffffffu, largest);
-  if (threadIdx.x % warp_size == 0 && largest > 0) atomicMax(amax_bits, largest);
+  warp_amax(largest, amax_bits);
 }
 
 // One block a row.
@@ -113,38 +111,15 @@ __global__ void quantize_kernel(const Stored<E>* data, std::int64_t rows, std::i
   GRID_STRIDE(i, rows * cols) codes[i] = operand_code<E>(data, i / cols, i % cols, cols, scaling, amax, format);
 }
 
-// codes [cols, rows]: a tile coded along the operand's rows into shared memory, written out along
-// the codes' rows. Tiles down the rows by grid stride (a grid's y is at most 65535 blocks).
-template <typename E>
-__global__ void quantize_transposed_kernel(const Stored<E>* data, std::int64_t rows, std::int64_t cols,
-                                           Fp8Scaling scaling, const float* amax, Fp8Format format,
-                                           std::uint8_t* codes) {
-  __shared__ std::uint8_t block[tile][tile + 4];
-  const std::int64_t first_col = static_cast<std::int64_t>(blockIdx.x) * tile;
-  for (std::int64_t first_row = static_cast<std::int64_t>(blockIdx.y) * tile; first_row < rows;
-       first_row += static_cast<std::int64_t>(gridDim.y) * tile) {
-    for (int line = threadIdx.y; line < tile; line += tile_rows) {
-      const std::int64_t row = first_row + line, col = first_col + threadIdx.x;
-      if (row < rows && col < cols)
-        block[line][threadIdx.x] = operand_code<E>(data, row, col, cols, scaling, amax, format);
-    }
-    __syncthreads();
-    for (int line = threadIdx.y; line < tile; line += tile_rows) {
-      const std::int64_t col = first_col + line, row = first_row + threadIdx.x;
-      if (row < rows && col < cols) codes[col * rows + row] = block[threadIdx.x][line];
-    }
-    __syncthreads();
-  }
-}
-
-// The cast-transpose: one read of each element gives its code for `codes` [rows, cols] (scales of
-// `scaling`) and for `transposed_codes` [cols, rows] (scales of `transposed_scaling`), the latter
-// through the tile as quantize_transposed_kernel writes it.
-template <typename E>
-__global__ void quantize_pair_kernel(const Stored<E>* data, std::int64_t rows, std::int64_t cols, Fp8Format format,
-                                     Fp8Scaling scaling, const float* amax, std::uint8_t* codes,
-                                     Fp8Scaling transposed_scaling, const float* transposed_amax,
-                                     std::uint8_t* transposed_codes) {
+// Codes of a tile of the operand, read once along its rows: `transposed_codes` [cols, rows]
+// (scales of `transposed_scaling`) through shared memory, written out along the codes' rows, and,
+// as a cast-transpose (`as_is_too`), `codes` [rows, cols] (scales of `scaling`) straight out.
+// Tiles down the rows by grid stride (a grid's y is at most 65535 blocks).
+template <typename E, bool as_is_too>
+__global__ void quantize_tiles_kernel(const Stored<E>* data, std::int64_t rows, std::int64_t cols, Fp8Format format,
+                                      Fp8Scaling transposed_scaling, const float* transposed_amax,
+                                      std::uint8_t* transposed_codes, Fp8Scaling scaling, const float* amax,
+                                      std::uint8_t* codes) {
   __shared__ std::uint8_t block[tile][tile + 4];
   const std::int64_t first_col = static_cast<std::int64_t>(blockIdx.x) * tile;
   for (std::int64_t first_row = static_cast<std::int64_t>(blockIdx.y) * tile; first_row < rows;
@@ -153,10 +128,11 @@ __global__ void quantize_pair_kernel(const Stored<E>* data, std::int64_t rows, s
       const std::int64_t row = first_row + line, col = first_col + threadIdx.x;
       if (row < rows && col < cols) {
         const float value = E::load(data[row * cols + col]);
-        const float scale = fp8::scale_for(amax[scale_index(scaling, row, col)], format);
-        const float transposed_scale = fp8::scale_for(transposed_amax[scale_index(transposed_scaling, row, col)], format);
-        codes[row * cols + col] = fp8::code_of(value * scale, format);
-        block[line][threadIdx.x] = fp8::code_of(value * transposed_scale, format);
+        const float scale = fp8::scale_for(transposed_amax[scale_index(transposed_scaling, row, col)], format);
+        block[line][threadIdx.x] = fp8::code_of(value * scale, format);
+        if constexpr (as_is_too)
+          codes[row * cols + col] =
+              fp8::code_of(value * fp8::scale_for(amax[scale_index(scaling, row, col)], format), format);
       }
     }
     __syncthreads();
@@ -166,6 +142,90 @@ __global__ void quantize_pair_kernel(const Stored<E>* data, std::int64_t rows, s
     }
     __syncthreads();
   }
+}
+
+// quantize_tiles_kernel in packs, for a 16-bit operand whose rows and columns are multiples of 8
+// (packs_fit_codes): tiles of 64 x 64, each thread reading 8 elements of a row as one 16-byte
+// access and writing 8 codes as one 8-byte access, as_is along the row, transposed along a
+// column of the tile in shared memory. The same codes as quantize_tiles_kernel.
+constexpr int packed_tile = 64, packed_values = 8, packed_lanes = packed_tile / packed_values;
+constexpr int packed_tile_rows = block_threads / packed_lanes;  // rows of a tile a pass covers
+
+template <typename E, bool as_is_too>
+__global__ void quantize_tiles_packed_kernel(const Stored<E>* data, std::int64_t rows, std::int64_t cols,
+                                             Fp8Format format, Fp8Scaling transposed_scaling,
+                                             const float* transposed_amax, std::uint8_t* transposed_codes,
+                                             Fp8Scaling scaling, const float* amax, std::uint8_t* codes) {
+  __shared__ alignas(16) std::uint8_t block[packed_tile][packed_tile + packed_values];  // [column][row] of the tile
+  const float transposed_tensor_scale =
+      transposed_scaling == Fp8Scaling::tensor ? fp8::scale_for(transposed_amax[0], format) : 0.0f;
+  const float tensor_scale = as_is_too && scaling == Fp8Scaling::tensor ? fp8::scale_for(amax[0], format) : 0.0f;
+  const int lane = threadIdx.x % packed_lanes, line = threadIdx.x / packed_lanes;
+  const std::int64_t first_col = static_cast<std::int64_t>(blockIdx.x) * packed_tile;
+  for (std::int64_t first_row = static_cast<std::int64_t>(blockIdx.y) * packed_tile; first_row < rows;
+       first_row += static_cast<std::int64_t>(gridDim.y) * packed_tile) {
+    for (int tile_row = line; tile_row < packed_tile; tile_row += packed_tile_rows) {
+      const std::int64_t row = first_row + tile_row, col = first_col + lane * packed_values;
+      if (row >= rows || col >= cols) continue;
+      const auto values = *reinterpret_cast<const ValuesPack<E, packed_values>*>(data + row * cols + col);
+      CodesPack<packed_values> coded;
+#pragma unroll
+      for (int v = 0; v < packed_values; ++v) {
+        const float value = E::load(values.values[v]);
+        const float transposed_scale =
+            transposed_scaling == Fp8Scaling::tensor
+                ? transposed_tensor_scale
+                : fp8::scale_for(transposed_amax[scale_index(transposed_scaling, row, col + v)], format);
+        block[lane * packed_values + v][tile_row] = fp8::code_of(value * transposed_scale, format);
+        if constexpr (as_is_too) {
+          const float scale = scaling == Fp8Scaling::tensor
+                                  ? tensor_scale
+                                  : fp8::scale_for(amax[scale_index(scaling, row, col + v)], format);
+          coded.codes[v] = fp8::code_of(value * scale, format);
+        }
+      }
+      if constexpr (as_is_too) *reinterpret_cast<CodesPack<packed_values>*>(codes + row * cols + col) = coded;
+    }
+    __syncthreads();
+    // A column of the tile is a row of the transposed codes: 8 of its rows a thread.
+    for (int tile_col = line; tile_col < packed_tile; tile_col += packed_tile_rows) {
+      const std::int64_t col = first_col + tile_col, row = first_row + lane * packed_values;
+      if (row >= rows || col >= cols) continue;
+      *reinterpret_cast<CodesPack<packed_values>*>(transposed_codes + col * rows + row) =
+          *reinterpret_cast<const CodesPack<packed_values>*>(&block[tile_col][lane * packed_values]);
+    }
+    __syncthreads();
+  }
+}
+
+// Whether an operand's tiles run in packs: 16-bit values, rows and columns multiples of 8, the
+// values 16-byte and the codes 8-byte aligned.
+bool packs_fit_codes(std::size_t value_bytes, std::int64_t rows, std::int64_t cols, const void* data,
+                     std::initializer_list<const std::uint8_t*> codes) {
+  if (value_bytes != 2 || rows % packed_values != 0 || cols % packed_values != 0) return false;
+  if (reinterpret_cast<std::uintptr_t>(data) % 16 != 0) return false;
+  for (const std::uint8_t* out : codes)
+    if (out != nullptr && reinterpret_cast<std::uintptr_t>(out) % packed_values != 0) return false;
+  return true;
+}
+
+// The tiles' grid over an operand [rows, cols].
+dim3 tile_grid(std::int64_t rows, std::int64_t cols, int side = tile) {
+  return dim3(static_cast<unsigned>((cols + side - 1) / side),
+              static_cast<unsigned>(std::min<std::int64_t>((rows + side - 1) / side, 65535)));
+}
+
+// The codes of quantize_tiles_kernel, in packs where they fit.
+template <typename E, bool as_is_too>
+void launch_tiles(cudaStream_t stream, const Stored<E>* data, std::int64_t rows, std::int64_t cols, Fp8Format format,
+                  Fp8Scaling transposed_scaling, const float* transposed_amax, std::uint8_t* transposed_codes,
+                  Fp8Scaling scaling, const float* amax, std::uint8_t* codes) {
+  if (packs_fit_codes(sizeof(Stored<E>), rows, cols, data, {transposed_codes, codes}))
+    quantize_tiles_packed_kernel<E, as_is_too><<<tile_grid(rows, cols, packed_tile), block_threads, 0, stream>>>(
+        data, rows, cols, format, transposed_scaling, transposed_amax, transposed_codes, scaling, amax, codes);
+  else
+    quantize_tiles_kernel<E, as_is_too><<<tile_grid(rows, cols), dim3(tile, tile_rows), 0, stream>>>(
+        data, rows, cols, format, transposed_scaling, transposed_amax, transposed_codes, scaling, amax, codes);
 }
 
 __global__ void inverse_scales_kernel(const float* amax, std::int64_t count, Fp8Format format, float* inverse) {
@@ -252,10 +312,7 @@ void CudaFp8::quantize(const void* data, DataType type, std::int64_t rows, std::
         quantize_kernel<E><<<blocks_for(rows * cols), block_threads, 0, stream_>>>(in, rows, cols, scaling, amax,
                                                                                    format, codes);
       } else {
-        const dim3 grid(static_cast<unsigned>((cols + tile - 1) / tile),
-                        static_cast<unsigned>(std::min<std::int64_t>((rows + tile - 1) / tile, 65535)));
-        quantize_transposed_kernel<E><<<grid, dim3(tile, tile_rows), 0, stream_>>>(in, rows, cols, scaling, amax,
-                                                                                   format, codes);
+        launch_tiles<E, false>(stream_, in, rows, cols, format, scaling, amax, codes, scaling, amax, nullptr);
       }
     });
   }
@@ -280,11 +337,9 @@ void CudaFp8::quantize_pair(const void* data, DataType type, std::int64_t rows, 
   if (rows * cols > 0) {
     with_device_element(type, [&](auto element) {
       using E = decltype(element);
-      const dim3 grid(static_cast<unsigned>((cols + tile - 1) / tile),
-                      static_cast<unsigned>(std::min<std::int64_t>((rows + tile - 1) / tile, 65535)));
-      quantize_pair_kernel<E><<<grid, dim3(tile, tile_rows), 0, stream_>>>(
-          static_cast<const Stored<E>*>(data), rows, cols, format, summed_columns.scaling, summed_columns.amax,
-          summed_columns.codes, summed_rows.scaling, summed_rows.amax, summed_rows.codes);
+      launch_tiles<E, true>(stream_, static_cast<const Stored<E>*>(data), rows, cols, format, summed_rows.scaling,
+                            summed_rows.amax, summed_rows.codes, summed_columns.scaling, summed_columns.amax,
+                            summed_columns.codes);
     });
   }
   check_launch("fp8 quantize pair");

@@ -27,38 +27,11 @@ __device__ float normal_pdf(float x) { return 0.39894228040143268f * expf(-0.5f 
 // GELU's derivative: Phi(x) + x phi(x).
 __device__ float gelu_slope(float x) { return normal_cdf(x) + x * normal_pdf(x); }
 
-// GELU of the pre-activation as stored, `packs` packs of V elements.
-template <typename E, int V>
-__global__ void gelu_forward_kernel(const Stored<E>* pre, Stored<E>* activated, std::int64_t packs) {
-  const auto* in = reinterpret_cast<const Pack<E, V>*>(pre);
-  auto* out = reinterpret_cast<Pack<E, V>*>(activated);
-  GRID_STRIDE(p, packs) {
-    const Pack<E, V> x = in[p];
-    Pack<E, V> y;
-#pragma unroll
-    for (int v = 0; v < V; ++v) {
-      const float value = E::load(x.values[v]);
-      y.values[v] = E::store(value * normal_cdf(value));
-    }
-    out[p] = y;
-  }
-}
-
-// |value|'s bits: non-negative floats (NaN's above infinity's) order as their bits, so maxima
-// combine with atomicMax on them.
-__device__ std::uint32_t magnitude_bits_of(float value) { return __float_as_uint(value) & 0x7fffffffu; }
-
-// The warp's largest magnitude into *amax_bits, one atomic a warp (every lane must call it).
-__device__ void warp_amax(std::uint32_t largest, std::uint32_t* amax_bits) {
-  largest = __reduce_max_sync(0xffffffffu, largest);
-  if (threadIdx.x % 32 == 0 && largest > 0) atomicMax(amax_bits, largest);
-}
-
-// gelu_forward_kernel that also takes the largest |output| as stored (an fp8 operand's amax where
-// it is made); *amax_bits starts at 0.
-template <typename E, int V>
-__global__ void gelu_forward_amax_kernel(const Stored<E>* pre, Stored<E>* activated, std::int64_t packs,
-                                         std::uint32_t* amax_bits) {
+// GELU of the pre-activation as stored, `packs` packs of V elements; with `takes_amax`, also the
+// largest |output| as stored into *amax_bits (an fp8 operand's amax where it is made).
+template <typename E, int V, bool takes_amax>
+__global__ void gelu_forward_kernel(const Stored<E>* pre, Stored<E>* activated, std::int64_t packs,
+                                    std::uint32_t* amax_bits) {
   const auto* in = reinterpret_cast<const Pack<E, V>*>(pre);
   auto* out = reinterpret_cast<Pack<E, V>*>(activated);
   std::uint32_t largest = 0;
@@ -69,11 +42,11 @@ __global__ void gelu_forward_amax_kernel(const Stored<E>* pre, Stored<E>* activa
     for (int v = 0; v < V; ++v) {
       const float value = E::load(x.values[v]);
       y.values[v] = E::store(value * normal_cdf(value));
-      largest = max(largest, magnitude_bits_of(E::load(y.values[v])));
+      if constexpr (takes_amax) largest = max(largest, magnitude_bits(E::load(y.values[v])));
     }
     out[p] = y;
   }
-  warp_amax(largest, amax_bits);
+  if constexpr (takes_amax) warp_amax(largest, amax_bits);
 }
 
 // c[r, j] = (sums[r, j] + bias[j]) added in fp32 and rounded once into c's type: a biased GEMM

@@ -39,7 +39,7 @@ def fashion_mnist_file(path):
     if not os.path.exists(converted):
         if not os.path.isdir(DEBIAN_FOLDER):
             sys.exit(f"bench_data: {DEBIAN_FOLDER} is missing: apt-get install dataset-fashion-mnist, or give --data FILE")
-        subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "data", "idx_to_hdf5.py"), "--from", DEBIAN_FOLDER,
+        subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "datasets", "idx_to_hdf5.py"), "--from", DEBIAN_FOLDER,
                         "--output", converted], check=True)
     return converted
 

@@ -60,7 +60,7 @@ void LayerStep::forward(MicroBatchActivations& activations, std::size_t local, v
     tools_.strategies.after_layer_matmul(computed);
     // The GELU takes the amax of the next layer's input where that layer's products want it.
     std::optional<float*> next_amax;
-    if (scratch == nullptr && local + 1 < layers_.size() && takes_fp8_amax(local + 1)) {
+    if (spec.gelu && scratch == nullptr && local + 1 < layers_.size() && takes_fp8_amax(local + 1)) {
       SharedAmax& next = activations.fp8_amax[local + 1].input;
       if (next.value.empty()) next.value = tools_.allocator.allocate_floats(MemoryState::workspace, 1);
       next_amax = next.value.floats();

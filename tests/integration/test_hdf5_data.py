@@ -29,7 +29,7 @@ class Hdf5Data(TrainingTestCase):
     def test_convert_train_and_evaluate(self):
         csv = self.make_csv()
         data = self.path("blobs.h5")
-        subprocess.run([sys.executable, os.path.join(SOURCE_ROOT, "scripts", "data", "csv_to_hdf5.py"), csv,
+        subprocess.run([sys.executable, os.path.join(SOURCE_ROOT, "scripts", "datasets", "csv_to_hdf5.py"), csv,
                         data, "--test-fraction", "0.2", "--standardize", "--seed", "1"],
                        check=True, capture_output=True)
         with h5py.File(data, "r") as file:

@@ -14,7 +14,7 @@ import numpy as np
 
 from common import SOURCE_ROOT, TrainingTestCase
 
-CONVERTER = os.path.join(SOURCE_ROOT, "scripts", "data", "idx_to_hdf5.py")
+CONVERTER = os.path.join(SOURCE_ROOT, "scripts", "datasets", "idx_to_hdf5.py")
 TRAIN, TEST, SIDE, CLASSES = 96, 32, 6, 4
 
 
