@@ -19,20 +19,24 @@ Fp8Format format_of(const LinearLayer& layer, Fp8Operand operand) {
   return operand == Fp8Operand::output_grad ? layer.precision.fp8_grad_format : Fp8Format::e4m3;
 }
 
-// An operand's amax for `scales`, taken by the kernels' pass and agreed: into `shared` where the
-// products share it (tensorwise, which reads it there when it is agreed already, and agrees it
-// when its producer took it), else into `own`.
-const float* amax_of(const Fp8Products& products, const LinearLayer& layer, const Fp8OperandScales& scales,
-                     const void* data, std::int64_t rows, std::int64_t cols, SharedAmax* shared, Buffer& own) {
-  const bool shares = shared != nullptr && scales.scaling == Fp8Scaling::tensor;
-  if (shares && shared->state == AmaxState::agreed) return shared->value.floats();
-  Buffer& amax = shares ? shared->value : own;
+// An operand's amax for `scales`, taken by the kernels' pass into `amax` and agreed.
+const float* take_amax(const Fp8Products& products, const LinearLayer& layer, const Fp8OperandScales& scales,
+                       const void* data, std::int64_t rows, std::int64_t cols, Buffer& amax) {
   if (amax.empty()) amax = products.allocator.allocate_floats(MemoryState::workspace, static_cast<std::size_t>(scales.count));
-  if (!shares || shared->state == AmaxState::absent)
-    products.kernels.absolute_max(data, layer.precision.param, rows, cols, scales.scaling, amax.floats());
+  products.kernels.absolute_max(data, layer.precision.param, rows, cols, scales.scaling, amax.floats());
   products.agree(scales, amax.floats());
-  if (shares) shared->state = AmaxState::agreed;
   return amax.floats();
+}
+
+// The same where the micro-batch's products share it (a tensorwise scale): read from `shared`
+// once agreed, agreed there where its producer took it, else taken there; other scales into `own`.
+const float* shared_amax(const Fp8Products& products, const LinearLayer& layer, const Fp8OperandScales& scales,
+                         const void* data, std::int64_t rows, std::int64_t cols, SharedAmax& shared, Buffer& own) {
+  if (scales.scaling != Fp8Scaling::tensor) return take_amax(products, layer, scales, data, rows, cols, own);
+  if (shared.state == AmaxState::local) products.agree(scales, shared.value.floats());
+  if (shared.state == AmaxState::absent) take_amax(products, layer, scales, data, rows, cols, shared.value);
+  shared.state = AmaxState::agreed;
+  return shared.value.floats();
 }
 
 // Room for an operand's codes as `scales` says: the GEMM's operand is [lines not summed, summed],
@@ -118,12 +122,12 @@ Fp8WeightCodes::Fp8WeightCodes(const Fp8Products& products, const LinearLayer& l
   const Fp8OperandScales forward = fp8_operands(recipe, LinearProduct::forward, layer.spec, 0)[1];
   const Fp8OperandScales input_gradient = fp8_operands(recipe, LinearProduct::input_gradient, layer.spec, 0)[1];
   Buffer forward_amax, input_gradient_amax;
-  const float* forward_max = amax_of(products, layer, forward, layer.weight, out, in, nullptr, forward_amax);
+  const float* forward_max = take_amax(products, layer, forward, layer.weight, out, in, forward_amax);
   // Tensorwise both codings have the one scale.
   const float* input_gradient_max =
       recipe == Fp8Recipe::tensorwise
           ? forward_max
-          : amax_of(products, layer, input_gradient, layer.weight, out, in, nullptr, input_gradient_amax);
+          : take_amax(products, layer, input_gradient, layer.weight, out, in, input_gradient_amax);
   CodedPair pair =
       code_pair(products, layer, forward, forward_max, input_gradient, input_gradient_max, layer.weight, out, in);
   forward_ = std::move(pair.summed_columns);
@@ -152,7 +156,7 @@ void fp8_forward_matmul(const Fp8Products& products, const LinearLayer& layer, c
   const std::int64_t in = layer.spec.in_features, out = layer.spec.out_features;
   const Fp8OperandScales x_scales = fp8_operands(layer.precision.fp8, LinearProduct::forward, layer.spec, rows)[0];
   Buffer own_amax;
-  const float* x_amax = amax_of(products, layer, x_scales, input, rows, in, &input_amax, own_amax);
+  const float* x_amax = shared_amax(products, layer, x_scales, input, rows, in, input_amax, own_amax);
   const Fp8Codes x = code(products, layer, x_scales, x_amax, input, rows, in);
   multiply(products, layer,
            {.m = rows, .n = out, .k = in, .bias = bias == BiasPlace::in_product ? layer.bias : nullptr, .c = pre,
@@ -172,10 +176,10 @@ void fp8_backward_matmul(const Fp8Products& products, const LinearLayer& layer, 
   // d(pre)'s amax: shared by both products (tensorwise), each product's own (rowwise).
   Buffer g_input_amax, g_weight_amax, x_weight_amax;
   const float* g_input_max =
-      input_gradient ? amax_of(products, layer, g_for_input, grad_pre, rows, out, &amax.output_grad, g_input_amax)
+      input_gradient ? shared_amax(products, layer, g_for_input, grad_pre, rows, out, amax.output_grad, g_input_amax)
                      : nullptr;
   const float* g_weight_max =
-      weight_gradient ? amax_of(products, layer, g_for_weight, grad_pre, rows, out, &amax.output_grad, g_weight_amax)
+      weight_gradient ? shared_amax(products, layer, g_for_weight, grad_pre, rows, out, amax.output_grad, g_weight_amax)
                       : nullptr;
   // d(pre) coded for both products in one pass where both run, else for the one.
   Fp8Codes g_input, g_weight;
@@ -196,7 +200,7 @@ void fp8_backward_matmul(const Fp8Products& products, const LinearLayer& layer, 
              g_input, weight.input_gradient());
   if (!weight_gradient) return;
   // dW [out, in] (+)= g^T [out, rows] x [rows, in]: x^T [in, rows] summed over rows.
-  const float* x_max = amax_of(products, layer, x_for_weight, input, rows, in, &amax.input, x_weight_amax);
+  const float* x_max = shared_amax(products, layer, x_for_weight, input, rows, in, amax.input, x_weight_amax);
   const Fp8Codes x = code(products, layer, x_for_weight, x_max, input, rows, in);
   multiply(products, layer,
            {.m = out, .n = in, .k = rows, .bias = nullptr, .c = layer.weight_grad, .c_type = layer.precision.reduce,
