@@ -5,7 +5,8 @@ namespace mlptrain {
 
 ChunkLayers::ChunkLayers(const ParameterStore& parameters, const std::vector<LayerSpec>& specs, LayerRange chunk,
                          const MoeSettings& moe)
-    : first_(chunk.first), last_(chunk.last), model_layers_(static_cast<int>(specs.size())) {
+    : precision_(parameters.precision()), first_(chunk.first), last_(chunk.last),
+      model_layers_(static_cast<int>(specs.size())) {
   for (int layer = chunk.first; layer < chunk.last; ++layer) {
     const LayerSpec& spec = specs[static_cast<std::size_t>(layer)];
     const std::string path = layer_path(layer, model_layers_);

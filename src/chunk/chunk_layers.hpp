@@ -28,6 +28,8 @@ class ChunkLayers {
   bool starts_model() const { return first_ == 0; }
   bool ends_model() const { return last_ == model_layers_; }
   const LayerSpec& spec(std::size_t local) const { return views_[local].spec; }
+  // The parameters' and activations' types, and the fp8 recipe, every layer's alike.
+  const Precision& precision() const { return precision_; }
   std::vector<LayerSpec> specs() const;
   // An MoE layer's passes (none for a Linear layer).
   const std::optional<MoeLayer>& moe(std::size_t local) const { return moe_layers_[local]; }
@@ -64,6 +66,7 @@ class ChunkLayers {
   std::vector<LinearLayer> views_;  // a Linear layer's into the store; an MoE layer's shape alone
   std::vector<std::optional<MoeLayer>> moe_layers_;
   std::vector<StoreUnit> units_;
+  Precision precision_;
   int first_ = 0;
   int last_ = 0;
   int model_layers_ = 0;

@@ -173,7 +173,7 @@ MoeStatistics LayerStep::take_moe_statistics() {
 }
 
 bool LayerStep::takes_fp8_amax(std::size_t local) const {
-  const Precision& precision = layers_.place(local, layers_.unit(local, false)).linear.precision;
+  const Precision& precision = layers_.precision();
   return !layers_.moe(local) && precision.fp8_gemms() && precision.fp8 == Fp8Recipe::tensorwise;
 }
 
