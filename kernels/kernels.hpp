@@ -167,6 +167,14 @@ class Kernels {
   // to nearest even, subnormals kept, NaN kept NaN; see core/half_float.hpp). Equal types copy.
   virtual void convert(const void* source, DataType source_type, void* destination,
                        DataType destination_type, std::size_t count) = 0;
+  // convert, and amax[0] = the largest |destination[i]| as stored: the loss's gradient rounded
+  // to the param type, the last layer's fp8 d(pre), its amax taken where it is made (§2.7). The
+  // default runs the two passes.
+  virtual void convert_amax(const void* source, DataType source_type, void* destination, DataType destination_type,
+                            std::size_t count, float* amax) {
+    convert(source, source_type, destination, destination_type, count);
+    absolute_max(destination, destination_type, 1, static_cast<std::int64_t>(count), Fp8Scaling::tensor, amax);
+  }
 
   // activated = GELU(pre) (exact, erf form, in fp32 on the stored pre-activation), both of `type`.
   virtual void gelu_forward(const void* pre, void* activated, std::int64_t rows, std::int64_t cols,

@@ -112,6 +112,20 @@ class CpuKernels final : public Kernels {
                        [](std::int64_t) {});
   }
 
+  // The amax of each block taken while it is in cache.
+  void convert_amax(const void* source, DataType source_type, void* destination, DataType destination_type,
+                    std::size_t count, float* amax) override {
+    constexpr std::size_t block = 1 << 14;
+    float largest = 0.0f;
+    for (std::size_t first = 0; first < count; first += block) {
+      const std::size_t size = std::min(block, count - first);
+      void* out = advance(destination, first, destination_type);
+      convert_elements(advance(source, first, source_type), source_type, out, destination_type, size);
+      largest = cpu_fp8::larger_magnitude(
+          largest, cpu_fp8::largest_magnitude(out, destination_type, static_cast<std::int64_t>(size)));
+    }
+    amax[0] = largest;
+  }
   // The amax of each block of rows taken while it is in cache.
   void gelu_forward_amax(const void* pre, void* activated, std::int64_t rows, std::int64_t cols, DataType type,
                          float* amax) override {

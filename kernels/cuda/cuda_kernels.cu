@@ -80,14 +80,13 @@ class CudaKernels final : public Kernels {
               "cudaMemcpyAsync");
       return;
     }
-    with_device_element(source_type, [&](auto in) {
-      with_device_element(destination_type, [&](auto out) {
-        using In = decltype(in);
-        using Out = decltype(out);
-        launch(convert_kernel<In, Out>, static_cast<std::int64_t>(count), static_cast<const Stored<In>*>(source),
-               static_cast<Stored<Out>*>(destination), static_cast<std::int64_t>(count));
-      });
-    });
+    launch_convert<false>(source, source_type, destination, destination_type, count, nullptr);
+  }
+  void convert_amax(const void* source, DataType source_type, void* destination, DataType destination_type,
+                    std::size_t count, float* amax) override {
+    check(cudaMemsetAsync(amax, 0, sizeof(float), stream_), "cudaMemsetAsync");
+    launch_convert<true>(source, source_type, destination, destination_type, count,
+                         reinterpret_cast<std::uint32_t*>(amax));
   }
 
   void gelu_forward(const void* pre, void* activated, std::int64_t rows, std::int64_t cols, DataType type) override {
@@ -303,6 +302,19 @@ class CudaKernels final : public Kernels {
     if (count <= 0) return;
     kernel<<<blocks_for(count), block_threads, 0, stream_>>>(arguments...);
     check(cudaGetLastError(), "kernel launch");
+  }
+  template <bool takes_amax>
+  void launch_convert(const void* source, DataType source_type, void* destination, DataType destination_type,
+                      std::size_t count, std::uint32_t* amax_bits) {
+    with_device_element(source_type, [&](auto in) {
+      with_device_element(destination_type, [&](auto out) {
+        using In = decltype(in);
+        using Out = decltype(out);
+        launch(convert_kernel<In, Out, takes_amax>, static_cast<std::int64_t>(count),
+               static_cast<const Stored<In>*>(source), static_cast<Stored<Out>*>(destination),
+               static_cast<std::int64_t>(count), amax_bits);
+      });
+    });
   }
   // GELU in packs where the pointers and the count allow, one element at a time otherwise.
   template <bool takes_amax>

@@ -260,9 +260,16 @@ __global__ void add_kernel(Stored<E>* destination, const Stored<E>* source, std:
   GRID_STRIDE(i, count) destination[i] = E::store(E::load(destination[i]) + E::load(source[i]));
 }
 
-template <typename In, typename Out>
-__global__ void convert_kernel(const Stored<In>* source, Stored<Out>* destination, std::int64_t count) {
-  GRID_STRIDE(i, count) destination[i] = Out::store(In::load(source[i]));
+// With `takes_amax`, also the largest |destination| as stored into *amax_bits.
+template <typename In, typename Out, bool takes_amax>
+__global__ void convert_kernel(const Stored<In>* source, Stored<Out>* destination, std::int64_t count,
+                               std::uint32_t* amax_bits) {
+  std::uint32_t largest = 0;
+  GRID_STRIDE(i, count) {
+    destination[i] = Out::store(In::load(source[i]));
+    if constexpr (takes_amax) largest = max(largest, magnitude_bits(Out::load(destination[i])));
+  }
+  if constexpr (takes_amax) warp_amax(largest, amax_bits);
 }
 
 }  // namespace

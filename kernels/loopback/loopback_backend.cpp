@@ -186,6 +186,10 @@ class LoopbackKernels final : public Kernels {
     cpu_->gelu_backward(host(grad_activated), host(pre), host(grad_pre), type, host(bias_grad), bias_grad_type,
                         accumulate, rows, cols);
   }
+  void convert_amax(const void* source, DataType source_type, void* destination, DataType destination_type,
+                    std::size_t count, float* amax) override {
+    cpu_->convert_amax(host(source), source_type, host(destination), destination_type, count, host(amax));
+  }
   void gelu_forward_amax(const void* pre, void* activated, std::int64_t rows, std::int64_t cols, DataType type,
                          float* amax) override {
     cpu_->gelu_forward_amax(host(pre), host(activated), rows, cols, type, host(amax));

@@ -83,7 +83,17 @@ LossSums ChunkRunner::loss(MicroBatchActivations& activations, bool training, Lo
   activations.targets.reset();
   activations.labels.reset();
   if (loss_scale != 1.0f) kernels.scale(grad, count, loss_scale);
-  if (widened) kernels.convert(grad, DataType::float32, activations.loss_grad.as<void>(), type, count);
+  if (!widened) return sums;
+  // The last layer's fp8 d(pre) is this gradient: its amax taken as it is rounded.
+  const std::size_t last = layers_.size() - 1;
+  if (step_.takes_fp8_amax(last) && !layers_.spec(last).gelu) {
+    SharedAmax& shared = activations.fp8_amax[last].output_grad;
+    if (shared.value.empty()) shared.value = tools_.allocator.allocate_floats(MemoryState::workspace, 1);
+    kernels.convert_amax(grad, DataType::float32, activations.loss_grad.as<void>(), type, count, shared.value.floats());
+    shared.state = AmaxState::local;
+    return sums;
+  }
+  kernels.convert(grad, DataType::float32, activations.loss_grad.as<void>(), type, count);
   return sums;
 }
 

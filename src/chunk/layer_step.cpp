@@ -99,11 +99,14 @@ LayerStep::ProductGradient LayerStep::product_gradient(MicroBatchActivations& ac
   if (!sums_bias)
     made.unused_bias_sums =
         tools_.allocator.allocate_elements(MemoryState::workspace, static_cast<std::size_t>(out), layer.precision.reduce);
-  // Unsplit, the GELU's backward makes the products' d(pre) and takes its amax on the way.
+  // Unsplit, the GELU's backward makes the products' d(pre) and takes its amax on the way; without
+  // a GELU, the last layer's d(pre) is the loss's gradient, whose amax the loss took.
   std::optional<float*> grad_amax;
   if (layer.precision.fp8_gemms()) {
     SharedAmax& shared = activations.fp8_amax[local].output_grad;
-    shared.state = AmaxState::absent;
+    const bool loss_took = shared.state == AmaxState::local && !layer.spec.gelu && !split &&
+                           grad_output == activations.loss_grad.as<void>();
+    shared.state = loss_took ? AmaxState::local : AmaxState::absent;
     if (!split && layer.spec.gelu && takes_fp8_amax(local)) {
       if (shared.value.empty()) shared.value = tools_.allocator.allocate_floats(MemoryState::workspace, 1);
       grad_amax = shared.value.floats();

@@ -63,6 +63,11 @@ class LayerStep {
   void backward(MicroBatchActivations& activations, std::size_t local, BackwardStart& start, const void* grad_output,
                 void* workspace, float loss_scale);
 
+  // Whether layer `local`'s products share a tensorwise amax of its operands, which the kernels
+  // that make them take where they can (--fp8 tensorwise, a dense layer): the GELU before it
+  // (its input), its own GELU's backward or the loss (its d(pre)).
+  bool takes_fp8_amax(std::size_t local) const;
+
   // Called with a layer's index before each forward of it reads its parameters (whose values may
   // still be arriving: an offloaded update runs into the next forward).
   void set_gate(std::function<void(int layer)> gate) { gate_ = std::move(gate); }
@@ -79,9 +84,6 @@ class LayerStep {
   void backward_products(MicroBatchActivations& activations, std::size_t local, const LayerCall& call,
                          const LinearLayer& layer, const void* input, const void* grad_pre, std::int64_t rows,
                          void* grad_input, bool accumulate, ProductGradients which) const;
-  // Under --fp8 tensorwise, where a layer's GELU takes the amax of what it writes: the next
-  // layer's input (forward), its own d(pre) (backward).
-  bool takes_fp8_amax(std::size_t local) const;
   // The strategies' agreement on an fp8 operand's amax, for the layer's call.
   AmaxAgreement agreement(const LayerCall& call) const;
   // The layer's weight codes, made at the step's first forward of it.

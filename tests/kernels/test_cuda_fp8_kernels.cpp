@@ -204,7 +204,8 @@ TEST_F(CudaKernelsTest, Fp8GemmOfOddShapesMatchesTheEmulation) {
 }  // namespace
 
 // The fused passes against the GPU's own separate ones, bit for bit: GELU forward and backward
-// taking the amax of what they write (packed and unpacked shapes), and one operand coded for two
+// and the loss gradient's rounding taking the amax of what they write (packed and unpacked
+// shapes), and one operand coded for two
 // products in one pass (tensorwise and rowwise pairs; the tensorwise as_is codes in packs too),
 // whose codes are also the CPU's.
 TEST_F(CudaKernelsTest, Fp8FusedPassesEqualTheSeparateOnes) {
@@ -229,6 +230,12 @@ TEST_F(CudaKernelsTest, Fp8FusedPassesEqualTheSeparateOnes) {
     gpu->absolute_max(plain.get(), DataType::bfloat16, rows, cols, Fp8Scaling::tensor, expected.get());
     ASSERT_EQ(fused.host(), plain.host());
     ASSERT_EQ(fused_sums.host(), plain_sums.host());
+    ASSERT_EQ(amax.host(), expected.host());
+    DeviceArray<float> widened(random_values(static_cast<std::size_t>(count), 25, -40.0f, 40.0f));
+    gpu->convert_amax(widened.get(), DataType::float32, fused.get(), DataType::bfloat16, count, amax.get());
+    gpu->convert(widened.get(), DataType::float32, plain.get(), DataType::bfloat16, count);
+    gpu->absolute_max(plain.get(), DataType::bfloat16, 1, count, Fp8Scaling::tensor, expected.get());
+    ASSERT_EQ(fused.host(), plain.host());
     ASSERT_EQ(amax.host(), expected.host());
 
     const std::pair<Fp8Scaling, Fp8Scaling> scalings[] = {{Fp8Scaling::tensor, Fp8Scaling::tensor},

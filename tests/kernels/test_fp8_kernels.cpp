@@ -3,8 +3,9 @@
 // two of core/fp8.hpp, rounded and coded (its rounding is tested against the formats' tables in
 // tests/core/test_fp8.cpp), as it is or transposed, and the GEMM of codes unscaled with the bias
 // or the gradient already there added in fp32 and rounded once. The fused passes (GELU forward
-// and backward taking the amax of what they write; one operand coded for two products in one
-// pass) equal the separate passes bit for bit, on the CPU and on the loopback device.
+// and backward and the rounding of the loss's gradient taking the amax of what they write; one
+// operand coded for two products in one pass) equal the separate passes bit for bit, on the CPU
+// and on the loopback device.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -226,8 +227,9 @@ std::vector<std::uint8_t> spread_values(std::int64_t count, DataType type, std::
 
 }  // namespace
 
-// Rows crossing the CPU's blocks of 16 and tiles of 64; the largest magnitude in the last block.
-TEST(Fp8Kernels, GeluPassesTakeTheAmaxOfWhatTheyWriteAsAPassOverItWould) {
+// GELU forward and backward, and the loss gradient's rounding: rows crossing the CPU's blocks of
+// 16 and tiles of 64, the largest magnitude in the last block.
+TEST(Fp8Kernels, KernelsThatMakeAnOperandTakeItsAmaxAsAPassOverItWould) {
   constexpr std::int64_t gelu_rows = 70, gelu_cols = 33;
   constexpr std::int64_t count = gelu_rows * gelu_cols;
   for (auto& backend : backends())
@@ -256,6 +258,20 @@ TEST(Fp8Kernels, GeluPassesTakeTheAmaxOfWhatTheyWriteAsAPassOverItWould) {
       kernels.absolute_max(plain_out.as<void>(), type, gelu_rows, gelu_cols, Fp8Scaling::tensor, expected.floats());
       EXPECT_EQ(backend->download<std::uint8_t>(fused_out, bytes), backend->download<std::uint8_t>(plain_out, bytes));
       EXPECT_EQ(backend->download<float>(fused_sums, gelu_cols), backend->download<float>(plain_sums, gelu_cols));
+      EXPECT_EQ(backend->download<float>(amax, 1), backend->download<float>(expected, 1));
+      // The loss's gradient rounded from fp32 (blocks of 16384 on the CPU: a long one crosses them).
+      if (type == DataType::float32) continue;
+      constexpr std::int64_t long_count = 40000;
+      Buffer widened = backend->upload(spread_values(long_count, DataType::float32, 4, long_count - 7));
+      Buffer fused_rounded = backend->memory->allocate_elements(MemoryState::workspace, long_count, type);
+      Buffer plain_rounded = backend->memory->allocate_elements(MemoryState::workspace, long_count, type);
+      kernels.convert_amax(widened.as<void>(), DataType::float32, fused_rounded.as<void>(), type, long_count,
+                           amax.floats());
+      kernels.convert(widened.as<void>(), DataType::float32, plain_rounded.as<void>(), type, long_count);
+      kernels.absolute_max(plain_rounded.as<void>(), type, 1, long_count, Fp8Scaling::tensor, expected.floats());
+      const std::size_t rounded_bytes = long_count * size_of(type);
+      EXPECT_EQ(backend->download<std::uint8_t>(fused_rounded, rounded_bytes),
+                backend->download<std::uint8_t>(plain_rounded, rounded_bytes));
       EXPECT_EQ(backend->download<float>(amax, 1), backend->download<float>(expected, 1));
     }
 }
