@@ -26,8 +26,8 @@ def main():
     precisions = {}
     for precision in ("fp32", "tf32", "bf16"):
         path = os.path.join(folder, f"planner_{precision}.json")
-        if precision not in measured or not os.path.exists(path):
-            continue
+        if not measured.get(precision, {}).get("step_ms") or not os.path.exists(path):
+            continue  # not measured, or refused (a run whose model did not train gives no figure)
         with open(path) as handle:
             planned = json.loads(handle.readline())["step_ms"]
         step_ms = measured[precision]["step_ms"]
