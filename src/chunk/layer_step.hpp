@@ -11,6 +11,10 @@
 // The sums are the whole backward's (the same kernels over the same rows in the same order), so a
 // split run gives the same gradients as a whole one. An MoE layer runs its whole backward in B:
 // its experts' products and their gradients are one exchange.
+//
+// Under --fp8 the step keeps each dense layer's weight codes for the step (made at its first
+// forward) and has a GELU take the amax of what it writes where the products of the operand want
+// it (model/fp8_linear.hpp says which amax each product takes).
 #pragma once
 
 #include <cstdint>
