@@ -49,10 +49,16 @@ void LayerStep::forward(MicroBatchActivations& activations, std::size_t local, v
     tools_.strategies.after_layer_matmul(computed);
   } else {
     if (placed.linear.precision.fp8_gemms()) {
-      // The weight is coded once a step, at its first forward (after the hooks placed it).
-      if (pass.micro_batch == 0 && !pass.recomputing)
-        weight_codes_[local].emplace(Fp8Products{tools_.kernels, tools_.allocator, agreement(layer_call)},
-                                     placed.linear);
+      // The weight's scales are taken once a step, at its first forward (after the hooks placed
+      // it), and a weight that stays in the store is coded then for the whole step.
+      if (pass.micro_batch == 0 && !pass.recomputing) {
+        const AmaxAgreement agree = agreement(layer_call);
+        const Fp8Products products{tools_.kernels, tools_.allocator, agree};
+        weight_scales_[local].emplace(products, placed.linear);
+        weight_codes_[local].reset();
+        if (start.unit.values == layers_.unit(local, false).values)
+          weight_codes_[local].emplace(products, placed.linear, *weight_scales_[local]);
+      }
       activations.fp8_amax[local].input.state = amax_taken ? AmaxState::local : AmaxState::absent;
     }
     forward_product(activations, local, layer_call, placed.linear, start.layer_input(), layer_rows, product,
@@ -180,11 +186,11 @@ bool LayerStep::takes_fp8_amax(std::size_t local) const {
   return !layers_.moe(local) && precision.fp8_gemms() && precision.fp8 == Fp8Recipe::tensorwise;
 }
 
-const Fp8WeightCodes& LayerStep::weight_codes(std::size_t local) const {
-  if (!weight_codes_[local])
-    throw std::logic_error(fmt::format("layer {}: an fp8 product before the step's first forward coded its weight",
+const Fp8WeightScales& LayerStep::weight_scales(std::size_t local) const {
+  if (!weight_scales_[local])
+    throw std::logic_error(fmt::format("layer {}: an fp8 product before the step's first forward took its weight's scales",
                                        layers_.global(local)));
-  return *weight_codes_[local];
+  return *weight_scales_[local];
 }
 
 AmaxAgreement LayerStep::agreement(const LayerCall& call) const {
@@ -202,21 +208,32 @@ void LayerStep::forward_product(MicroBatchActivations& activations, std::size_t 
     return;
   }
   const AmaxAgreement agree = agreement(call);
-  fp8_forward_matmul({tools_.kernels, tools_.allocator, agree}, layer, weight_codes(local), input, rows, pre,
-                     activations.fp8_amax[local].input, bias);
+  const Fp8Products products{tools_.kernels, tools_.allocator, agree};
+  // A weight gathered for this use is coded for it.
+  std::optional<Fp8WeightCodes> gathered;
+  if (!weight_codes_[local]) gathered.emplace(products, layer, weight_scales(local), LinearProduct::forward);
+  fp8_forward_matmul(products, layer, (weight_codes_[local] ? *weight_codes_[local] : *gathered).forward(), input, rows,
+                     pre, activations.fp8_amax[local].input, bias);
 }
 
 void LayerStep::backward_products(MicroBatchActivations& activations, std::size_t local, const LayerCall& call,
                                   const LinearLayer& layer, const void* input, const void* grad_pre,
                                   std::int64_t rows, void* grad_input, bool accumulate,
-                                  ProductGradients which) const {
+                                  ProductGradients which) {
   if (!layer.precision.fp8_gemms()) {
     linear_backward_matmul(tools_.kernels, layer, input, grad_pre, rows, grad_input, accumulate, which);
     return;
   }
   const AmaxAgreement agree = agreement(call);
-  fp8_backward_matmul({tools_.kernels, tools_.allocator, agree}, layer, weight_codes(local), input, grad_pre, rows,
-                      grad_input, accumulate, activations.fp8_amax[local], which);
+  const Fp8Products products{tools_.kernels, tools_.allocator, agree};
+  std::optional<Fp8WeightCodes> gathered;
+  const auto weight = [&]() -> const Fp8Codes& {
+    if (weight_codes_[local]) return weight_codes_[local]->input_gradient();
+    gathered.emplace(products, layer, weight_scales(local), LinearProduct::input_gradient);
+    return gathered->input_gradient();
+  };
+  fp8_backward_matmul(products, layer, weight, input, grad_pre, rows, grad_input, accumulate,
+                      activations.fp8_amax[local], which);
 }
 
 }  // namespace mlptrain

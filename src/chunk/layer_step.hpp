@@ -49,7 +49,7 @@ struct ForwardPass {
 class LayerStep {
  public:
   LayerStep(const StepTools& tools, const ChunkLayers& layers)
-      : tools_(tools), layers_(layers), weight_codes_(layers.size()) {}
+      : tools_(tools), layers_(layers), weight_scales_(layers.size()), weight_codes_(layers.size()) {}
 
   // Layer `local` forward from the input it receives, into its pre-activation and output
   // (allocated for its rows unless kept); the output goes to `scratch` when given (a recomputed
@@ -87,11 +87,11 @@ class LayerStep {
                        const LinearLayer& layer, const void* input, std::int64_t rows, void* pre, BiasPlace bias);
   void backward_products(MicroBatchActivations& activations, std::size_t local, const LayerCall& call,
                          const LinearLayer& layer, const void* input, const void* grad_pre, std::int64_t rows,
-                         void* grad_input, bool accumulate, ProductGradients which) const;
+                         void* grad_input, bool accumulate, ProductGradients which);
   // The strategies' agreement on an fp8 operand's amax, for the layer's call.
   AmaxAgreement agreement(const LayerCall& call) const;
-  // The layer's weight codes, made at the step's first forward of it.
-  const Fp8WeightCodes& weight_codes(std::size_t local) const;
+  // The step's scales of the layer's weight, taken at the step's first forward of it.
+  const Fp8WeightScales& weight_scales(std::size_t local) const;
   // d loss / d product of a whole backward or B (with a Linear layer's bias sums where the part
   // computes them), and the buffers d loss / d pre took, held until the layer's backward ends: a
   // hook's transfer may still read them.
@@ -107,7 +107,9 @@ class LayerStep {
   const ChunkLayers& layers_;
   std::function<void(int layer)> gate_;
   MoeStatistics moe_statistics_;
-  // Per local layer under --fp8: its weight's codes for the step (fp8_linear.hpp).
+  // Per local layer under --fp8: its weight's scales for the step, and its codes for the step
+  // where the weight stays in the store (fp8_linear.hpp; one gathered for a use is coded there).
+  std::vector<std::optional<Fp8WeightScales>> weight_scales_;
   std::vector<std::optional<Fp8WeightCodes>> weight_codes_;
   // The local layer whose input's amax the last forward's GELU took, for that layer's forward.
   std::optional<std::size_t> amax_taken_for_;

@@ -1,6 +1,8 @@
 // A Linear layer's products from fp8 operands (see fp8_linear.hpp).
 #include "model/fp8_linear.hpp"
 
+#include <stdexcept>
+
 namespace mlptrain {
 
 namespace {
@@ -116,24 +118,6 @@ void multiply(const Fp8Products& products, const LinearLayer& layer, const Fp8Pr
 
 }  // namespace
 
-Fp8WeightCodes::Fp8WeightCodes(const Fp8Products& products, const LinearLayer& layer) {
-  const std::int64_t in = layer.spec.in_features, out = layer.spec.out_features;
-  const Fp8Recipe recipe = layer.precision.fp8;
-  const Fp8OperandScales forward = fp8_operands(recipe, LinearProduct::forward, layer.spec, 0)[1];
-  const Fp8OperandScales input_gradient = fp8_operands(recipe, LinearProduct::input_gradient, layer.spec, 0)[1];
-  Buffer forward_amax, input_gradient_amax;
-  const float* forward_max = take_amax(products, layer, forward, layer.weight, out, in, forward_amax);
-  // Tensorwise both codings have the one scale.
-  const float* input_gradient_max =
-      recipe == Fp8Recipe::tensorwise
-          ? forward_max
-          : take_amax(products, layer, input_gradient, layer.weight, out, in, input_gradient_amax);
-  CodedPair pair =
-      code_pair(products, layer, forward, forward_max, input_gradient, input_gradient_max, layer.weight, out, in);
-  forward_ = std::move(pair.summed_columns);
-  input_gradient_ = std::move(pair.summed_rows);
-}
-
 std::array<Fp8OperandScales, 2> fp8_operands(Fp8Recipe recipe, LinearProduct product, const LayerSpec& spec,
                                              std::int64_t rows) {
   const std::int64_t in = spec.in_features, out = spec.out_features;
@@ -151,7 +135,45 @@ std::array<Fp8OperandScales, 2> fp8_operands(Fp8Recipe recipe, LinearProduct pro
   return {};
 }
 
-void fp8_forward_matmul(const Fp8Products& products, const LinearLayer& layer, const Fp8WeightCodes& weight,
+Fp8WeightScales::Fp8WeightScales(const Fp8Products& products, const LinearLayer& layer) {
+  const std::int64_t in = layer.spec.in_features, out = layer.spec.out_features;
+  const Fp8Recipe recipe = layer.precision.fp8;
+  take_amax(products, layer, fp8_operands(recipe, LinearProduct::forward, layer.spec, 0)[1], layer.weight, out, in,
+            forward_);
+  if (recipe != Fp8Recipe::tensorwise)
+    take_amax(products, layer, fp8_operands(recipe, LinearProduct::input_gradient, layer.spec, 0)[1], layer.weight,
+              out, in, input_gradient_);
+}
+
+Fp8WeightCodes::Fp8WeightCodes(const Fp8Products& products, const LinearLayer& layer, const Fp8WeightScales& scales) {
+  const Fp8Recipe recipe = layer.precision.fp8;
+  CodedPair pair = code_pair(products, layer, fp8_operands(recipe, LinearProduct::forward, layer.spec, 0)[1],
+                             scales.forward(), fp8_operands(recipe, LinearProduct::input_gradient, layer.spec, 0)[1],
+                             scales.input_gradient(), layer.weight, layer.spec.out_features, layer.spec.in_features);
+  forward_ = std::move(pair.summed_columns);
+  input_gradient_ = std::move(pair.summed_rows);
+}
+
+Fp8WeightCodes::Fp8WeightCodes(const Fp8Products& products, const LinearLayer& layer, const Fp8WeightScales& scales,
+                               LinearProduct product) {
+  const Fp8OperandScales weight = fp8_operands(layer.precision.fp8, product, layer.spec, 0)[1];
+  const bool forward = product == LinearProduct::forward;
+  (forward ? forward_ : input_gradient_) =
+      code(products, layer, weight, forward ? scales.forward() : scales.input_gradient(), layer.weight,
+           layer.spec.out_features, layer.spec.in_features);
+}
+
+const Fp8Codes& Fp8WeightCodes::forward() const {
+  if (!forward_) throw std::logic_error("fp8: the weight was not coded for the forward");
+  return *forward_;
+}
+
+const Fp8Codes& Fp8WeightCodes::input_gradient() const {
+  if (!input_gradient_) throw std::logic_error("fp8: the weight was not coded for the input gradient");
+  return *input_gradient_;
+}
+
+void fp8_forward_matmul(const Fp8Products& products, const LinearLayer& layer, const Fp8Codes& weight,
                         const void* input, std::int64_t rows, void* pre, SharedAmax& input_amax, BiasPlace bias) {
   const std::int64_t in = layer.spec.in_features, out = layer.spec.out_features;
   const Fp8OperandScales x_scales = fp8_operands(layer.precision.fp8, LinearProduct::forward, layer.spec, rows)[0];
@@ -161,10 +183,10 @@ void fp8_forward_matmul(const Fp8Products& products, const LinearLayer& layer, c
   multiply(products, layer,
            {.m = rows, .n = out, .k = in, .bias = bias == BiasPlace::in_product ? layer.bias : nullptr, .c = pre,
             .c_type = layer.precision.param, .accumulate = false},
-           x, weight.forward());
+           x, weight);
 }
 
-void fp8_backward_matmul(const Fp8Products& products, const LinearLayer& layer, const Fp8WeightCodes& weight,
+void fp8_backward_matmul(const Fp8Products& products, const LinearLayer& layer, const Fp8WeightForInput& weight,
                          const void* input, const void* grad_pre, std::int64_t rows, void* grad_input,
                          bool accumulate, Fp8LayerAmax& amax, ProductGradients which) {
   const std::int64_t in = layer.spec.in_features, out = layer.spec.out_features;
@@ -197,7 +219,7 @@ void fp8_backward_matmul(const Fp8Products& products, const LinearLayer& layer, 
     multiply(products, layer,
              {.m = rows, .n = in, .k = out, .bias = nullptr, .c = grad_input, .c_type = layer.precision.param,
               .accumulate = false},
-             g_input, weight.input_gradient());
+             g_input, weight());
   if (!weight_gradient) return;
   // dW [out, in] (+)= g^T [out, rows] x [rows, in]: x^T [in, rows] summed over rows.
   const float* x_max = shared_amax(products, layer, x_for_weight, input, rows, in, amax.input, x_weight_amax);

@@ -7,7 +7,8 @@
 // linear_forward_matmul and linear_backward_matmul read and write.
 //
 // Each operand's amax is taken once and its codes made once for every product that reads them:
-// the weight's for both its products once a step (Fp8WeightCodes); under tensorwise scaling x's
+// the weight's once a step (Fp8WeightScales), its codes for both products made once a step where
+// it stays in place (Fp8WeightCodes); under tensorwise scaling x's
 // by the forward (or by the GELU that made it) for the weight gradient too, and d(pre)'s by its
 // first product (or by the GELU's backward) for the other (Fp8LayerAmax); an operand two
 // products read in one micro-batch is coded for both in one pass (Kernels::quantize_fp8_pair).
@@ -16,6 +17,7 @@
 #include <array>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <vector>
 
 #include "model/linear.hpp"
@@ -77,35 +79,52 @@ struct Fp8LayerAmax {
   SharedAmax output_grad;
 };
 
-// A layer's weight coded for its forward and its input gradient in one pass, its amax taken and
-// agreed (tensorwise once; rowwise by rows for the forward and by columns for the input
-// gradient). Made at a step's first forward of the layer; every product of the step reads them
-// (the weight does not change within a step).
-class Fp8WeightCodes {
+// A layer's weight's amax for a step's products, taken and agreed once, at the step's first
+// forward of the layer (tensorwise one; rowwise by rows for the forward and by columns for the
+// input gradient): the weight does not change within a step.
+class Fp8WeightScales {
  public:
-  Fp8WeightCodes(const Fp8Products& products, const LinearLayer& layer);
-  const Fp8Codes& forward() const { return forward_; }
-  const Fp8Codes& input_gradient() const { return input_gradient_; }
+  Fp8WeightScales(const Fp8Products& products, const LinearLayer& layer);
+  const float* forward() const { return forward_.floats(); }
+  const float* input_gradient() const { return (input_gradient_.empty() ? forward_ : input_gradient_).floats(); }
 
  private:
-  Fp8Codes forward_;
-  Fp8Codes input_gradient_;
+  Buffer forward_;
+  Buffer input_gradient_;  // tensorwise: none, the forward's one scale
 };
 
-// As linear_forward_matmul: pre [rows, out] = input W^T (+ b), from fp8 operands; x's amax into
-// (or, where its producer took it, from) `input_amax`.
-void fp8_forward_matmul(const Fp8Products& products, const LinearLayer& layer, const Fp8WeightCodes& weight,
+// The weight coded with the step's scales: for both its products in one pass (a weight that
+// stays where it is through the step, coded once and read by every micro-batch), or for one
+// product (a weight a strategy gathers for each use, as ZeRO-3 does: its codes go with it).
+class Fp8WeightCodes {
+ public:
+  Fp8WeightCodes(const Fp8Products& products, const LinearLayer& layer, const Fp8WeightScales& scales);
+  Fp8WeightCodes(const Fp8Products& products, const LinearLayer& layer, const Fp8WeightScales& scales,
+                 LinearProduct product);
+  const Fp8Codes& forward() const;
+  const Fp8Codes& input_gradient() const;
+
+ private:
+  std::optional<Fp8Codes> forward_;
+  std::optional<Fp8Codes> input_gradient_;
+};
+
+// As linear_forward_matmul: pre [rows, out] = input W^T (+ b), from fp8 operands, the weight's
+// codes given; x's amax into (or, where its producer took it, from) `input_amax`.
+void fp8_forward_matmul(const Fp8Products& products, const LinearLayer& layer, const Fp8Codes& weight,
                         const void* input, std::int64_t rows, void* pre, SharedAmax& input_amax,
                         BiasPlace bias = BiasPlace::in_product);
 // As linear_backward_matmul: grad_input (if not null) and the weight gradient (written or added),
-// sharing the micro-batch's amax of x and d(pre) in `amax`.
-void fp8_backward_matmul(const Fp8Products& products, const LinearLayer& layer, const Fp8WeightCodes& weight,
+// sharing the micro-batch's amax of x and d(pre) in `amax`; `weight` gives the weight's codes for
+// the input gradient, asked where that is computed.
+using Fp8WeightForInput = std::function<const Fp8Codes&()>;
+void fp8_backward_matmul(const Fp8Products& products, const LinearLayer& layer, const Fp8WeightForInput& weight,
                          const void* input, const void* grad_pre, std::int64_t rows, void* grad_input,
                          bool accumulate, Fp8LayerAmax& amax, ProductGradients which = ProductGradients::both);
 
 // The operands whose amax each product takes and agrees on itself (the cost model counts the
-// agreements from it): the weight's two codings once a step (`codes_weight`, a step's first
-// forward of the layer), x in the forward, d(pre) in its first product (the input gradient, or
+// agreements from it): the weight's scales once a step (`codes_weight`, a step's first forward
+// of the layer), x in the forward, d(pre) in its first product (the input gradient, or
 // the weight gradient where the layer computes no input gradient); rowwise, the weight
 // gradient's d(pre) and x as well.
 std::vector<Fp8OperandScales> fp8_operands_taken(Fp8Recipe recipe, LinearProduct product, const LayerSpec& spec,
