@@ -4,12 +4,14 @@ memory experiment's predicted model state equals the measured one; PyTorch's com
 where PyTorch is installed and is refused with one line where it is not; MPI against NCCL runs
 where a GPU is present, is skipped with the reason where none is, and runs its MPI half on the
 loopback device when asked. The scaling experiment keeps the layouts mlptrain accepts (asked of
-mlpplan)."""
+mlpplan). The comparison of two builds times every layout in both."""
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
+import tempfile
 import types
 import unittest
 
@@ -121,6 +123,33 @@ class ScalingLayouts(unittest.TestCase):
             with self.subTest(ranks=ranks, layout=layout):
                 self.assertFalse(experiments.fits(options, ranks, layout))
                 self.assertIn(line, layout_problem(ranks, options + layout))
+
+
+class BuildComparison(unittest.TestCase):
+    """scripts/bench/builds.py against a baseline that is this build: each layout timed in both
+    builds every round, the ratio the one of their medians, the run appended to its history with
+    the baseline's tree."""
+
+    def test_both_builds_time_every_layout(self):
+        folder = tempfile.mkdtemp(prefix="mlptrain-builds-")
+        self.addCleanup(shutil.rmtree, folder, ignore_errors=True)
+        history = os.path.join(folder, "build_comparisons.jsonl")
+        for run in (1, 2):
+            result = subprocess.run([sys.executable, os.path.join(SOURCE_ROOT, "scripts", "bench", "builds.py"),
+                                     "--baseline", MLPTRAIN, "--rounds", "2", "--steps", "4", "--layouts", "2",
+                                     "--output", history], capture_output=True, text=True, timeout=600,
+                                    env=dict(os.environ, MLPTRAIN=os.path.abspath(MLPTRAIN)))
+            self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
+        with open(history) as handle:
+            runs = [json.loads(line) for line in handle]
+        self.assertEqual([r["run"] for r in runs], [1, 2])
+        rows = runs[-1]["layouts"]
+        self.assertEqual([(r["layout"], r["ranks"]) for r in rows], [("one process", 1), ("--dp 2", 2)])
+        for row in rows:
+            self.assertEqual((len(row["this"]), len(row["baseline"])), (2, 2))
+            self.assertAlmostEqual(row["this_over_baseline"],
+                                   statistics.median(row["this"]) / statistics.median(row["baseline"]))
+        self.assertTrue(runs[-1]["baseline_tree"])
 
 
 if __name__ == "__main__":
