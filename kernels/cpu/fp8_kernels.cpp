@@ -150,7 +150,7 @@ struct Coder {
   std::vector<float> column_scales;
 };
 
-// Codes of the operand's rows [first_col, last_col) of `row` into `out`, contiguous.
+// Codes of columns [first_col, last_col) of the operand's row `row` into `out`, contiguous.
 template <typename E>
 void code_row(const typename E::Storage* in, std::int64_t cols, const Coder& coder, std::int64_t row,
               std::int64_t first_col, std::int64_t last_col, Fp8Format format, std::uint8_t* out) {
