@@ -211,7 +211,7 @@ for phase in "${phases[@]}"; do
       # updates, and the table covers the launches between them, one whole step.
       check copy_rate sh -c "build-gpu/layerbench 8192 8192 8192 3 --device cuda --dtype bf16 > '$output/layerbench_bf16.json'"
       # The bf16 step, and the fp8 tensorwise step beside it (about 30 launches a layer: more
-      # skipped and counted to hold two updates).
+      # skipped and counted to hold two updates), trained as bench.py trains the model.
       copy_gbps=$("${python:-python3}" -c "import json, sys; rows = json.load(open(sys.argv[1]))['kernel_table']
 print(next(r['gbytes_per_s'] / r['of_copy_rate'] for r in rows if r['kernel'] == 'gelu_forward'))" "$output/layerbench_bf16.json")
       for profiled in "bf16::${PROFILE_SKIP:-200}:${PROFILE_COUNT:-250}" \
@@ -222,7 +222,8 @@ print(next(r['gbytes_per_s'] / r['of_copy_rate'] for r in rows if r['kernel'] ==
             --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \
             --launch-skip $skip --launch-count $count build-gpu/mlptrain --dataset mixture \
             --layers 16 --hidden 8192 --input-dim 8192 --output-dim 10 --global-batch 8192 --steps 5 \
-            --param-dtype bf16 $flags --device cuda --log-every 0 > '$output/profile${suffix:+_$suffix}.csv'"
+            --param-dtype bf16 $flags --lr 0.000122 --warmup-steps 10 --grad-clip 1 --device cuda --log-every 0 \
+            > '$output/profile${suffix:+_$suffix}.csv'"
         check "kernel_table${suffix:+_$suffix}" "${python:-python3}" scripts/gpu/ncu_kernels.py \
           "$output/profile${suffix:+_$suffix}.csv" --copy-gbps "$copy_gbps" \
           --output "$output/results/kernels_ncu${suffix:+_$suffix}.json"
